@@ -1,0 +1,3 @@
+from aoti_farm.cli import main
+
+raise SystemExit(main())

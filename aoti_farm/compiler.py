@@ -1,0 +1,224 @@
+"""Compiling one signature: a small interface and its one real implementation.
+
+``Compiler.compile(sig, workdir)`` returns the files of a kernel that torch's AOTI
+model-container runner loads, *already checked against eager* on fresh random inputs, or
+raises :class:`CompileRefused` for a deterministic failure (an ineligible op, an Inductor
+error, a disagreement with eager).  Any other exception is an infrastructure failure that
+the farm may retry.
+
+This is the only module that touches private torch APIs:
+
+* ``torch._inductor.aot_compile`` -- AOTInductor's entry point that writes a .so to
+  ``aot_inductor.output_path``.  Upstream's own ``aoti_compile_with_persistent_cache``
+  goes through ``torch._export.aot_compile``, which wraps the same function.
+* ``torch._C._aoti.AOTIModelContainerRunnerCpu/Cuda`` -- the runner upstream's C++
+  ``AOTIPythonKernelHolder`` uses; we load kernels the same way it does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from aoti_farm import signature as S
+from aoti_farm.errors import CompileRefused
+
+#: (rtol, atol) per output dtype.  Integers and bools compare exactly.
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (2e-2, 1e-2),
+    torch.complex64: (1e-4, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
+
+#: How many fresh random input sets a kernel must match eager on.
+VERIFY_TRIALS = 2
+
+
+@dataclass
+class CompileResult:
+    files: dict[str, str]              # name in the entry -> path on disk
+    seconds: float                     # wall time of the compile alone
+    verification: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)   # export/inductor/verify seconds
+
+
+class Compiler(Protocol):
+    name: str
+
+    def options(self) -> dict:
+        """Inductor options that change the generated code (part of the fingerprint)."""
+
+    def compile(self, sig: S.Signature, workdir: str) -> CompileResult:
+        """Compile and verify ``sig`` into ``workdir``; see the module docstring."""
+
+
+def load_runner(kernel_path: str, device: str):
+    """Load a kernel the way upstream's C++ holder does."""
+    if device.startswith("cuda"):
+        return torch._C._aoti.AOTIModelContainerRunnerCuda(kernel_path, 1, device)
+    return torch._C._aoti.AOTIModelContainerRunnerCpu(kernel_path, 1)
+
+
+def flat_tensors(sig: S.Signature, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The runner's inputs: every tensor argument in schema order (lists flattened)."""
+    info = sig.info()
+    vals = list(args) + [kwargs[n] for n, kwo in zip(info.arg_names, info.kwarg_only) if kwo and n in kwargs]
+    out = []
+    for i, j in S.tensor_positions(sig):
+        v = vals[i]
+        out.append(v if j is None else v[j])
+    return out
+
+
+class _OpModule(torch.nn.Module):
+    """forward(*tensors) -> op(*args) with every non-tensor argument baked in."""
+
+    def __init__(self, sig: S.Signature, args: tuple, kwargs: dict):
+        super().__init__()
+        self.op = S.resolve_op(sig.op)
+        self.positions = S.tensor_positions(sig)
+        self.template_args = list(args)
+        self.template_kwargs = dict(kwargs)
+        self.n_pos = len(args)
+        self.names = sig.info().arg_names
+
+    def forward(self, *tensors):
+        args = [list(a) if isinstance(a, list) else a for a in self.template_args]
+        kwargs = {k: (list(v) if isinstance(v, list) else v) for k, v in self.template_kwargs.items()}
+        for t, (i, j) in zip(tensors, self.positions):
+            if i < self.n_pos:
+                if j is None:
+                    args[i] = t
+                else:
+                    args[i][j] = t
+            else:
+                name = self.names[i]
+                if j is None:
+                    kwargs[name] = t
+                else:
+                    kwargs[name][j] = t
+        return self.op(*args, **kwargs)
+
+
+def compare(expected: Any, got: list[torch.Tensor]) -> dict | None:
+    """None if ``got`` matches eager's ``expected``, else the evidence of the mismatch."""
+    exp = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    if len(exp) != len(got):
+        return {"problem": "output count", "eager": len(exp), "kernel": len(got)}
+    for n, (e, g) in enumerate(zip(exp, got)):
+        if not isinstance(g, torch.Tensor):
+            return {"output": n, "problem": "not a tensor"}
+        if e.dtype != g.dtype:
+            return {"output": n, "problem": "dtype", "eager": str(e.dtype), "kernel": str(g.dtype)}
+        if e.shape != g.shape:
+            return {"output": n, "problem": "shape", "eager": list(e.shape), "kernel": list(g.shape)}
+        if e.device != g.device:
+            return {"output": n, "problem": "device", "eager": str(e.device), "kernel": str(g.device)}
+        if any(se != sg for se, sg, sz in zip(e.stride(), g.stride(), e.shape) if sz > 1):
+            return {"output": n, "problem": "strides", "eager": list(e.stride()), "kernel": list(g.stride())}
+        if e.dtype in TOLERANCES:
+            rtol, atol = TOLERANCES[e.dtype]
+            ec, gc = e.detach().cpu().to(torch.complex128 if e.is_complex() else torch.float64), g.detach().cpu().to(
+                torch.complex128 if g.is_complex() else torch.float64)
+            g_nan = torch.isnan(gc) if not gc.is_complex() else torch.isnan(gc.real) | torch.isnan(gc.imag)
+            e_nan = torch.isnan(ec) if not ec.is_complex() else torch.isnan(ec.real) | torch.isnan(ec.imag)
+            if bool((g_nan & ~e_nan).any()):
+                idx = int((g_nan & ~e_nan).flatten().nonzero()[0])
+                return {"output": n, "problem": "NaN where eager has a number", "flat_index": idx}
+            ok = torch.isclose(gc, ec, rtol=rtol, atol=atol, equal_nan=True)
+            if not bool(ok.all()):
+                diff = (gc - ec).abs().flatten()
+                bad = (~ok).flatten().nonzero()
+                i = int(bad[0])
+                return {"output": n, "problem": "values", "mismatched": int(bad.numel()),
+                        "numel": e.numel(), "first_index": i, "eager": complex(ec.flatten()[i]).real if not ec.is_complex() else str(ec.flatten()[i]),
+                        "kernel": complex(gc.flatten()[i]).real if not gc.is_complex() else str(gc.flatten()[i]),
+                        "max_abs_err": float(diff[~diff.isnan()].max()) if bool((~diff.isnan()).any()) else math.nan,
+                        "rtol": rtol, "atol": atol}
+        elif not torch.equal(e.cpu(), g.cpu()):
+            bad = (e.cpu() != g.cpu()).flatten().nonzero()
+            return {"output": n, "problem": "values", "mismatched": int(bad.numel()), "numel": e.numel(),
+                    "first_index": int(bad[0])}
+    return None
+
+
+class AOTICompiler:
+    """Compiles one op call with AOTInductor, in this process, and verifies it."""
+
+    name = "aoti"
+
+    def __init__(self, inductor_options: dict | None = None, verify_trials: int = VERIFY_TRIALS):
+        self._options = dict(inductor_options or {})
+        self.verify_trials = verify_trials
+
+    def options(self) -> dict:
+        return dict(self._options)
+
+    def compile(self, sig: S.Signature, workdir: str) -> CompileResult:
+        info = sig.info()
+        if info.ineligible:
+            raise CompileRefused(f"ineligible: {info.ineligible}")
+        device = sig.device
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("CUDA signature on a worker without a GPU")
+        os.makedirs(workdir, exist_ok=True)
+        t0 = time.perf_counter()
+        try:
+            args, kwargs = S.materialize(sig, seed=0)
+            tensors = flat_tensors(sig, args, kwargs)
+            with torch.no_grad():
+                # eager must accept the example inputs, or the signature itself is bad
+                try:
+                    S.resolve_op(sig.op)(*args, **kwargs)
+                except Exception as e:
+                    raise CompileRefused(f"eager rejects the example inputs: {type(e).__name__}: {_first_line(e)}")
+                mod = _OpModule(sig, args, kwargs)
+                ep = torch.export.export(mod, tuple(tensors), strict=False)
+                t1 = time.perf_counter()
+                out = os.path.join(workdir, "kernel.so")
+                opts = {**self._options, "aot_inductor.output_path": out}
+                path = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
+        except CompileRefused:
+            raise
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
+                torch._inductor.exc.InductorError, NotImplementedError, AssertionError, TypeError,
+                ValueError, RuntimeError) as e:
+            # Export/Inductor errors are deterministic for a given signature + toolchain.
+            raise CompileRefused(f"compile error: {type(e).__name__}: {_first_line(e)}") from None
+        t2 = time.perf_counter()
+        if not isinstance(path, str) or not os.path.exists(path):
+            raise CompileRefused(f"AOTInductor produced no library (got {path!r})")
+        verification = self.verify(sig, path)
+        t3 = time.perf_counter()
+        return CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,
+                             phases={"export": t1 - t0, "inductor": t2 - t1, "verify": t3 - t2})
+
+    def verify(self, sig: S.Signature, kernel_path: str) -> dict:
+        """Run the kernel and eager on fresh random inputs; raise CompileRefused on any
+        disagreement (shape, dtype, strides, a NaN, a value out of tolerance)."""
+        device = sig.device
+        runner = load_runner(kernel_path, "cuda:0" if device == "cuda" else "cpu")
+        op = S.resolve_op(sig.op)
+        for trial in range(self.verify_trials):
+            args, kwargs = S.materialize(sig, seed=1000 + trial)
+            with torch.no_grad():
+                expected = op(*args, **kwargs)
+                got = runner.run(flat_tensors(sig, args, kwargs))
+            bad = compare(expected, got)
+            if bad is not None:
+                bad["trial"] = trial
+                raise CompileRefused("kernel disagrees with eager", bad)
+        return {"trials": self.verify_trials, "ok": True}
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return s[0][:300] if s else type(e).__name__

@@ -1,0 +1,131 @@
+"""The toolchain fingerprint: what must match for a kernel to be served.
+
+A kernel built under one fingerprint is never served under another.  The cache is
+namespaced by the fingerprint id, so a foreign kernel is not even looked at; a manifest
+whose recorded fingerprint disagrees with its namespace is counted as *foreign*.
+
+Fields (all reused from torch, nothing re-derived):
+  * torch version and git revision (the build), debug flag;
+  * Triton version, when Triton is installed;
+  * CPU: Inductor's own choice of vector ISA (``torch._inductor.cpu_vec_isa.pick_vec_isa``);
+  * CUDA: ``torch.version.cuda``, the GPU name and compute capability;
+  * the Inductor options the farm compiles with.
+
+``pick_vec_isa`` builds test programs (about 2 s), so its answer is remembered per host
+and torch build in ``$XDG_CACHE_HOME/aoti-farm/isa-<host>.json`` (a serving process then
+starts in milliseconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+from dataclasses import dataclass
+from functools import lru_cache
+
+import msgpack
+import torch
+
+FINGERPRINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    fields: tuple  # ((name, value), ...) sorted by name
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(msgpack.packb([list(f) for f in self.fields], use_bin_type=True)).hexdigest()[:24]
+
+    def as_dict(self) -> dict:
+        return dict(self.fields)
+
+    def diff(self, other: dict) -> dict:
+        """Fields that differ: {name: (ours, theirs)}."""
+        mine = self.as_dict()
+        return {k: (mine.get(k), other.get(k)) for k in sorted(set(mine) | set(other))
+                if mine.get(k) != other.get(k)}
+
+
+def _triton_version() -> str | None:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_id() -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "model name", "Features")):
+                    flags += line
+                    if line.startswith(("flags", "Features")):
+                        break
+    except OSError:
+        pass
+    return hashlib.sha256((platform.machine() + flags).encode()).hexdigest()[:16]
+
+
+def _isa_memo_path() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "aoti-farm", f"isa-{_cpu_id()}-{torch.version.git_version[:12]}.json")
+
+
+@lru_cache(maxsize=1)
+def cpu_isa() -> str:
+    """Inductor's chosen CPU vector ISA, e.g. 'avx512 avx512_vnni' ('' for none)."""
+    path = _isa_memo_path()
+    try:
+        with open(path) as f:
+            return json.load(f)["isa"]
+    except (OSError, ValueError, KeyError):
+        pass
+    from torch._inductor import cpu_vec_isa
+
+    isa = str(cpu_vec_isa.pick_vec_isa())
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"isa": isa}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs the 2 s again next time
+    return isa
+
+
+@lru_cache(maxsize=8)
+def _cuda_fields(index: int) -> tuple:
+    if not torch.cuda.is_available():
+        return (("cuda", torch.version.cuda), ("gpu", None), ("gpu_cc", None))
+    cc = torch.cuda.get_device_capability(index)
+    return (("cuda", torch.version.cuda), ("gpu", torch.cuda.get_device_name(index)),
+            ("gpu_cc", f"{cc[0]}.{cc[1]}"))
+
+
+def fingerprint(device: str, inductor_options: dict | None = None) -> Fingerprint:
+    """The fingerprint for compiling/serving on ``device`` ('cpu' or 'cuda[:N]')."""
+    base = [
+        ("fingerprint_version", FINGERPRINT_VERSION),
+        ("torch", torch.__version__),
+        ("torch_git", torch.version.git_version),
+        ("torch_debug", bool(torch.version.debug)),
+        ("triton", _triton_version()),
+        ("device_type", device.split(":")[0]),
+        ("inductor_options", sorted((inductor_options or {}).items())),
+    ]
+    if device.startswith("cuda"):
+        idx = int(device.split(":")[1]) if ":" in device else 0
+        base += list(_cuda_fields(idx))
+    else:
+        base += [("cpu_isa", cpu_isa()), ("machine", platform.machine())]
+    return Fingerprint(tuple(sorted(((k, _freeze(v)) for k, v in base), key=lambda kv: kv[0])))
+
+
+def _freeze(v):
+    return tuple(_freeze(x) for x in v) if isinstance(v, (list, tuple)) else v

@@ -1,0 +1,73 @@
+"""One unit of farm work: lease, compile, verify, publish (or record the failure).
+
+Shared by the Ray compile actors, the runtime's background compile worker and
+``aoti-farm compile-one`` so that every path obeys the same rules.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+from aoti_farm import leases
+from aoti_farm.cache import Cache
+from aoti_farm.compiler import Compiler
+from aoti_farm.errors import CompileRefused
+from aoti_farm.fingerprint import Fingerprint
+from aoti_farm.signature import Signature
+
+# statuses
+COMPILED, CACHED, FAILED, BUSY = "compiled", "cached", "failed", "busy"
+
+
+@dataclass
+class Outcome:
+    key: str
+    status: str                       # compiled | cached | failed | busy (leased elsewhere)
+    seconds: float = 0.0
+    worker: str = ""
+    error: str | None = None
+    evidence: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: Signature, *,
+                        owner: str, attempts: int = 1, lease_ttl: float = leases.DEFAULT_TTL,
+                        workroot: str | None = None) -> Outcome:
+    key = sig.key
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    if cache.has_entry(fp.id, key):
+        return Outcome(key, CACHED, worker=worker)
+    if cache.failure(fp.id, key) is not None:
+        rec = cache.failure(fp.id, key) or {}
+        return Outcome(key, FAILED, worker=worker, error=rec.get("reason"), evidence=rec.get("evidence") or {})
+    cache.ensure(fp)
+    lease = leases.try_acquire(cache, fp.id, key, owner, lease_ttl)
+    if lease is None:
+        return Outcome(key, BUSY, worker=worker)
+    t0 = time.perf_counter()
+    workdir = tempfile.mkdtemp(prefix=f"aoti-farm-{key[:12]}-", dir=workroot)
+    try:
+        # re-check under the lease: someone may have published while we waited
+        if cache.has_entry(fp.id, key):
+            return Outcome(key, CACHED, worker=worker)
+        try:
+            res = compiler.compile(sig, workdir)
+        except CompileRefused as e:
+            cache.record_failure(fp, sig, e.reason, evidence=e.evidence, attempts=attempts)
+            return Outcome(key, FAILED, time.perf_counter() - t0, worker, e.reason, e.evidence)
+        cache.publish(fp, sig, res.files, {
+            "compile_seconds": res.seconds, "phases": res.phases, "verification": res.verification,
+            "worker": worker, "compiler": compiler.name, "attempts": attempts,
+        })
+        return Outcome(key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases)
+    finally:
+        lease.release()
+        shutil.rmtree(workdir, ignore_errors=True)

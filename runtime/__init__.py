@@ -1,0 +1,1 @@
+"""The serving-side hook (imported as aoti_farm.runtime). Never imports Ray."""

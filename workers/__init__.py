@@ -1,0 +1,1 @@
+"""Ray compile actors (imported as aoti_farm.workers)."""
