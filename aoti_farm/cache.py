@@ -141,6 +141,9 @@ def load_signing_key(explicit: str | bytes | None = None) -> bytes | None:
     return None
 
 
+_FROM_ENV = object()
+
+
 @dataclass(frozen=True)
 class Entry:
     """A verified entry: safe to dlopen ``kernel_path``."""
@@ -171,10 +174,12 @@ class BadEntry(FarmError):
 class Cache:
     """One cache directory.  Cheap to construct; creates nothing until written to."""
 
-    def __init__(self, root: str | os.PathLike | None = None, *, signing_key: bytes | None = None,
+    def __init__(self, root: str | os.PathLike | None = None, *, signing_key: bytes | None | object = _FROM_ENV,
                  allow_insecure: bool = False):
+        """``signing_key`` defaults to the configured one (``load_signing_key()``); pass
+        None to sign and check nothing, or bytes to use that key."""
         self.root = Path(root or default_cache_dir()).absolute()
-        self.signing_key = signing_key
+        self.signing_key = load_signing_key() if signing_key is _FROM_ENV else signing_key
         self.allow_insecure = allow_insecure
         self._uid = os.getuid()
 

@@ -152,3 +152,19 @@ def test_file_owned_by_another_user_refused(entry):
         cache.open_entry(fp, key)
     assert ei.value.kind == "insecure" and "owned by uid 65534" in str(ei.value)
     assert Cache(cache.root, allow_insecure=True).open_entry(fp, key).key == key
+
+
+def test_signing_key_from_environment_signs_every_publish(entry, tmp_path, monkeypatch):
+    cache, fp, key, d = entry
+    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "fleet-secret")
+    signed = Cache(tmp_path / "signed")           # picks the key up from the environment
+    assert signed.signing_key == b"fleet-secret"
+    sig = cache.open_entry(fp, key).signature
+    signed.publish(fp, sig, {KERNEL: d / KERNEL}, {"compile_seconds": 1.0})
+    m = _manifest(signed.entry_dir(fp.id, key))
+    assert m["hmac"] == sign(m, b"fleet-secret")
+    assert signed.open_entry(fp, key).key == key
+    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "another-secret")
+    with pytest.raises(BadEntry) as ei:
+        Cache(tmp_path / "signed").open_entry(fp, key)
+    assert ei.value.kind == "forged"
