@@ -1,0 +1,597 @@
+"""Interop with torch's own AOTI-eager cache (``torch._inductor.aoti_eager``).
+
+Upstream's C++ ``AOTIPythonKernelHolder`` (registered by
+``torch.library.Library(ns, "IMPL")._impl_with_aoti_compile(op, "CPU")``) reads, once when
+it is registered, ``load_aoti_eager_cache(ns, op, device)``: by default the file
+``$TORCHINDUCTOR_CACHE_DIR/aoti_eager/<ns>/<device>/<op>.json``, a list of
+``{"meta_info": [...], "kernel_path": "<relative to the device dir>"}``.  On each call it
+builds the same metadata from the call's arguments and serves the first item whose
+metadata equals it.  The rules of that lookup, which this module reproduces exactly
+(checked against a cache written by upstream itself, see tests/test_upstream.py):
+
+* an argument whose value equals the schema default is left out; ``arg_order`` counts
+  only the arguments that are kept, in schema order.  The comparison is ``IValue``'s,
+  which is type-strict: ``alpha=1`` is the default, ``alpha=1.0`` is not;
+* a ``None`` for an ``Optional[Tensor]`` without a default takes an ``arg_order`` slot
+  but has no metadata; a ``None`` for any other argument is not supported by the holder;
+* tensors: device_type, device_index (-1 on CPU), dtype, sizes, strides,
+  requires_grad (always False here), dispatch_key_set (the raw key set of a plain dense
+  tensor of that dtype and device);
+* Python numbers: ``dtype`` int -> torch.int32, float -> torch.float32, bool ->
+  torch.bool (upstream's ``supported_builtin_dtype_torch_dtype``) and ``scalar_value``;
+  a ``float`` schema argument is always a float, an ``int`` one always an int;
+* str -> ``string_value``; dtype -> ``dtype_value``; layout -> ``layout_value``;
+  device -> ``device_type_value``/``device_index_value``;
+* int/float/bool lists and memory formats (other than their defaults) are not supported
+  by the holder: such signatures are skipped with that reason.
+
+``export_upstream`` writes that layout from verified entries; ``import_upstream`` adopts
+an upstream cache, re-verifying every kernel against eager before publishing it.
+:func:`meta_info` with ``as_objects=True`` is the already-converted form that upstream's
+``register_aoti_compile_backend`` load functions return (used by
+``aoti_farm.runtime.upstream``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aoti_farm import signature as S
+from aoti_farm.cache import KERNEL, BadEntry, Cache, atomic_write, sha256_file
+from aoti_farm.errors import CompileRefused, FarmError, Ineligible, UserError
+from aoti_farm.fingerprint import Fingerprint, fingerprint
+
+#: where kernel libraries go inside ``<DIR>/aoti_eager/<ns>/<device>/``
+LIB_SUBDIR = "aoti_farm"
+DEVICES = ("cpu", "cuda")
+
+
+# --- the metadata upstream's holder matches ------------------------------------------------
+
+
+def _scalar_dtypes() -> dict[type, torch.dtype]:
+    try:
+        from torch._inductor.aoti_eager import supported_builtin_dtype_torch_dtype
+
+        return supported_builtin_dtype_torch_dtype()
+    except ImportError:  # pragma: no cover - torch without aoti_eager
+        return {int: torch.int32, float: torch.float32, bool: torch.bool}
+
+
+@lru_cache(maxsize=None)
+def _dispatch_key_set(dtype: str, device: str) -> int:
+    """Raw dispatch key set of a plain dense tensor, as the holder records it."""
+    if device != "cpu" and not torch.cuda.is_available():
+        raise Ineligible(f"a {device} tensor's dispatch key set can only be computed on a host with a GPU")
+    t = torch.empty(0, dtype=S.dtype_from_name(dtype), device=device)
+    return int(torch._C._dispatch_keys(t).raw_repr())
+
+
+def _base(kind: str) -> str:
+    return kind[4:] if kind.startswith("opt:") else kind
+
+
+def _ivalue(kind: str, enc: tuple) -> tuple:
+    """What the C++ IValue of an encoded argument looks like, for default comparison."""
+    tag, base = enc[0], _base(kind)
+    if tag == "N":
+        return ("none",)
+    if base == "float" and tag in ("i", "f"):
+        return ("double", float(enc[1]))
+    if base == "int" and tag == "i":
+        return ("int", int(enc[1]))
+    if tag == "b":
+        return ("bool", enc[1])
+    if tag == "i":
+        return ("int", enc[1])
+    if tag == "f":
+        return ("double", enc[1])
+    return enc
+
+
+def _is_default(info: S.OpInfo, i: int, enc: tuple) -> bool:
+    d = info.defaults[i]
+    if d is S._NODEFAULT:
+        return False
+    try:
+        denc = S._encode(info.kinds[i], d)
+    except (Ineligible, KeyError, TypeError, ValueError):
+        return False
+    return _ivalue(info.kinds[i], enc) == _ivalue(info.kinds[i], denc)
+
+
+def _tensor_meta(enc: tuple, as_objects: bool) -> dict:
+    _, dt, sizes, strides, dev = enc
+    dtype = S.dtype_from_name(dt)
+    dtype_type, index = ("cpu", -1) if dev == "cpu" else (dev.split(":")[0], int(dev.split(":")[1]))
+    return {"is_dynamic": False, "device_type": dtype_type, "device_index": index,
+            "dtype": dtype if as_objects else str(dtype), "sizes": list(sizes), "strides": list(strides),
+            "requires_grad": False, "dispatch_key_set": _dispatch_key_set(dt, dev)}
+
+
+def meta_info(sig: S.Signature, *, as_objects: bool = False) -> list[dict]:
+    """The ``meta_info`` list upstream's holder computes for a call of ``sig``.
+
+    ``as_objects=False``: the JSON form (dtype/layout as strings, like upstream writes);
+    True: the form ``load_aoti_eager_cache`` hands the holder (torch objects).
+    Raises :class:`Ineligible` when the holder cannot serve such a call."""
+    info = sig.info()
+    device = sig.device
+    py_dtype = _scalar_dtypes()
+    out: list[dict] = []
+    order = 0
+    for i, (name, kind, enc) in enumerate(zip(info.arg_names, info.kinds, sig.args)):
+        if _is_default(info, i, enc):
+            continue
+        tag, base = enc[0], _base(kind)
+        m: dict[str, Any] | None
+        if tag == "T":
+            m = _tensor_meta(enc, as_objects)
+        elif tag == "TL":
+            m = {"tensor_list": [_tensor_meta(t, as_objects) for t in enc[1] if t[0] == "T"]}
+        elif tag == "N":
+            if base != "opt_tensor":
+                raise Ineligible(f"argument {name!r} is None without being its default; upstream's holder "
+                                 "cannot take None for a non-tensor argument")
+            m = None  # takes an arg_order slot, no metadata (as the holder does)
+        elif tag in ("b", "i", "f"):
+            iv = _ivalue(kind, enc)
+            pytype = {"bool": bool, "int": int, "double": float}[iv[0]]
+            value = pytype(iv[1])
+            dt = py_dtype[pytype]
+            m = {"is_dynamic": False, "device_type": device, "device_index": -1 if device == "cpu" else 0,
+                 "dtype": dt if as_objects else str(dt), "scalar_value": value}
+        elif tag == "s":
+            m = {"string_value": enc[1]}
+        elif tag == "dtype":
+            d = S.dtype_from_name(enc[1])
+            m = {"dtype_value": d if as_objects else str(d)}
+        elif tag == "layout":
+            lay = S._LAYOUTS[enc[1]]
+            m = {"layout_value": lay if as_objects else str(lay)}
+        elif tag == "dev":
+            dtype_, _, idx = enc[1].partition(":")
+            m = {"device_type_value": dtype_, "device_index_value": int(idx) if idx else None}
+        else:
+            what = {"mf": "memory format", "il": "int list", "fl": "float list", "bl": "bool list"}.get(tag, tag)
+            raise Ineligible(f"argument {name!r} is a {what} other than its default; upstream's holder "
+                             "does not support such arguments")
+        if m is not None:
+            m["arg_order"] = order
+            out.append(m)
+        order += 1
+    # The holder matches metadata only, so metadata that fits two bindings of the schema
+    # (addmm(beta=2) vs addmm(alpha=2): one scalar at the same arg_order) would make it
+    # serve this kernel for the other call.  Such calls are never handed to it.
+    try:
+        back = signature_from_meta(sig.op, out, device, S.describe(sig))
+    except ValueError as e:
+        raise Ineligible(f"upstream's metadata cannot identify this call: {e}") from None
+    if back.key != sig.key:
+        raise Ineligible(f"upstream's metadata of this call describes another call, {S.describe(back)}")
+    return out
+
+
+def op_file_names(op: str) -> tuple[str, list[str]]:
+    """(namespace, [json stems]) for a qualified op: ``aten::add.Tensor`` -> ('aten',
+    ['add.Tensor']); a default overload gets both ``relu`` (what ``_impl_with_aoti_compile``
+    registers for an OpOverload) and ``relu.default``."""
+    ns, _, rest = op.partition("::")
+    if "." in rest:
+        return ns, [rest]
+    return ns, [rest, f"{rest}.default"]
+
+
+# --- reading metadata back into a Signature --------------------------------------------------
+
+
+def _dtype_name(v: Any, where: str) -> str:
+    s = str(v).split(".")[-1]
+    try:
+        S.dtype_from_name(s)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return s
+
+
+def _meta_tensor(m: Any, device: str, where: str) -> tuple:
+    if not isinstance(m, dict):
+        raise ValueError(f"{where}: must be an object")
+    for f in ("dtype", "sizes", "strides", "device_type"):
+        if f not in m:
+            raise ValueError(f"{where}: missing field {f!r}")
+    if m.get("is_dynamic"):
+        raise ValueError(f"{where}: dynamic shapes are not supported")
+    if m["device_type"] != device:
+        raise ValueError(f"{where}: device_type {m['device_type']!r} in the {device} directory")
+    idx = m.get("device_index", -1)
+    dev = "cpu" if device == "cpu" else f"{device}:{idx if isinstance(idx, int) and idx >= 0 else 0}"
+    d = {"dtype": _dtype_name(m["dtype"], f"{where}.dtype"), "sizes": m["sizes"], "strides": m["strides"],
+         "device": dev}
+    return S._tensor_from_json(d, where)
+
+
+def _meta_candidate(kind: str, m: dict, device: str, where: str) -> tuple | None:
+    """The encoding of one metadata item for a schema argument of ``kind``, or None when
+    the item cannot be that argument."""
+    base = _base(kind)
+    if "tensor_list" in m:
+        if base not in ("tensor_list", "opt_tensor_list"):
+            return None
+        items = m["tensor_list"]
+        if not isinstance(items, list):
+            raise ValueError(f"{where}.tensor_list: must be a list")
+        return ("TL", tuple(_meta_tensor(t, device, f"{where}.tensor_list[{k}]") for k, t in enumerate(items)))
+    if "scalar_value" in m:
+        dt = _dtype_name(m.get("dtype"), f"{where}.dtype")
+        v = m["scalar_value"]
+        if dt == "bool":
+            enc: tuple = ("b", bool(v))
+        elif dt in S.INT_DTYPES:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{where}.scalar_value: {v!r} is not an integer")
+            enc = ("i", v)
+        elif dt in S.FLOAT_DTYPES:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{where}.scalar_value: {v!r} is not a number")
+            enc = ("f", float(v))
+        else:
+            raise ValueError(f"{where}.dtype: scalar of dtype {dt} is not supported")
+        ok = {"scalar": ("b", "i", "f"), "int": ("i",), "float": ("f",), "bool": ("b",)}.get(base, ())
+        return enc if enc[0] in ok else None
+    if "string_value" in m:
+        return ("s", str(m["string_value"])) if base == "str" else None
+    if "dtype_value" in m:
+        return ("dtype", _dtype_name(m["dtype_value"], f"{where}.dtype_value")) if base == "dtype" else None
+    if "layout_value" in m:
+        name = str(m["layout_value"]).split(".")[-1]
+        return ("layout", name) if base == "layout" and name in S._LAYOUTS else None
+    if "memory_format_value" in m:
+        name = str(m["memory_format_value"]).split(".")[-1]
+        return ("mf", name) if base == "mf" and name in S._MEMFMTS else None
+    if "device_type_value" in m:
+        if base != "device":
+            return None
+        t, idx = m["device_type_value"], m.get("device_index_value")
+        return ("dev", "cpu" if t == "cpu" else f"{t}:{idx if isinstance(idx, int) else 0}")
+    if "sizes" in m:
+        return _meta_tensor(m, device, where) if base in ("tensor", "opt_tensor") else None
+    raise ValueError(f"{where}: not a metadata item upstream writes (no sizes/scalar_value/...)")
+
+
+def signature_from_meta(op: str, meta: Any, device: str, where: str = "meta_info") -> S.Signature:
+    """Rebuild the Signature a ``meta_info`` list describes, using the op's schema to
+    restore left-out defaults.  ValueError (naming ``where``) when it is malformed or
+    matches no binding, or more than one, of the schema's arguments."""
+    info = S.op_info(S.resolve_op(op))
+    if info.ineligible:
+        raise ValueError(f"{where}: {op} is never served by aoti-farm: {info.ineligible}")
+    if not isinstance(meta, list) or not all(isinstance(m, dict) for m in meta):
+        raise ValueError(f"{where}: must be a list of objects")
+    for k, m in enumerate(meta):
+        o = m.get("arg_order")
+        if isinstance(o, bool) or not isinstance(o, int) or o < 0:
+            raise ValueError(f"{where}[{k}].arg_order: missing or not a non-negative integer")
+    items = sorted(enumerate(meta), key=lambda km: km[1]["arg_order"])
+    n = len(info.arg_names)
+    found: dict[str, tuple] = {}
+
+    def walk(i: int, j: int, order: int, acc: list) -> None:
+        if len(found) > 1:
+            return
+        if i == n:
+            if j == len(items):
+                sig = S.Signature(info.name, tuple(acc))
+                found.setdefault(sig.key, sig.args)
+            return
+        kind = info.kinds[i]
+        if j < len(items) and items[j][1]["arg_order"] == order:
+            k, m = items[j]
+            enc = _meta_candidate(kind, m, device, f"{where}[{k}]")
+            if enc is not None:
+                walk(i + 1, j + 1, order + 1, acc + [enc])
+        if info.defaults[i] is not S._NODEFAULT:
+            try:
+                denc = S._encode(kind, info.defaults[i])
+            except Ineligible:
+                denc = None
+            if denc is not None:
+                walk(i + 1, j, order, acc + [denc])
+        if _base(kind) == "opt_tensor" and (j == len(items) or items[j][1]["arg_order"] > order):
+            walk(i + 1, j, order + 1, acc + [("N",)])
+
+    walk(0, 0, 0, [])
+    if not found:
+        raise ValueError(f"{where}: does not match the arguments of {info.name} "
+                         f"({', '.join(info.arg_names)})")
+    if len(found) > 1:
+        raise ValueError(f"{where}: matches the arguments of {info.name} in more than one way")
+    (args,) = found.values()
+    return S.Signature(info.name, args)
+
+
+# --- which fingerprints are "current" ----------------------------------------------------------
+
+
+def _current_fps(cache: Cache, fp: Fingerprint | None) -> list[Fingerprint]:
+    """``fp`` alone, or every fingerprint namespace of the cache that this host's torch
+    would compute itself (CPU; CUDA when a GPU is present), whatever its Inductor options."""
+    if fp is not None:
+        return [fp]
+    out = []
+    for fp_id in cache.fingerprint_ids():
+        try:
+            d = json.loads((cache.ns(fp_id) / "fingerprint.json").read_text())
+            opts = dict(tuple(kv) for kv in d.get("inductor_options") or [])
+            dev = d.get("device_type")
+        except (OSError, ValueError, TypeError):
+            continue
+        if dev == "cuda" and not torch.cuda.is_available():
+            continue
+        if dev not in DEVICES:
+            continue
+        mine = fingerprint("cpu" if dev == "cpu" else "cuda:0", opts)
+        if mine.id == fp_id:
+            out.append(mine)
+    return out
+
+
+# --- export --------------------------------------------------------------------------------------
+
+
+def _copy_checked(src: str, dst: Path, digest: str) -> None:
+    """Copy ``src`` to ``dst`` atomically and check the copy's sha256 against ``digest``."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}.{os.getpid()}.tmp"
+    try:
+        shutil.copyfile(src, tmp)
+        if sha256_file(tmp) != digest:
+            raise BadEntry("corrupt", f"{src}: changed while being exported (sha256 mismatch)")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dst)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def export_upstream(cache: Cache, to_dir: str | os.PathLike, fp: Fingerprint | None = None) -> dict:
+    """Write every verified entry of the current fingerprint(s) as upstream's aoti_eager
+    cache under ``to_dir`` (use it as ``TORCHINDUCTOR_CACHE_DIR``).
+
+    Items already in an op's JSON are kept, except those with the same metadata as an
+    exported entry (ours replace them).  Returns a report: ``exported`` (key, op, file),
+    ``skipped`` (key, op, reason: not servable by upstream's holder), ``bad`` (key, kind,
+    reason: failed verification), ``files`` (JSON files written)."""
+    to = Path(to_dir).absolute()
+    if to.exists() and not to.is_dir():
+        raise UserError(f"--to {to}: is not a directory; pass a directory (it is created if missing)")
+    report: dict[str, Any] = {"to": str(to), "fingerprints": [], "exported": [], "skipped": [], "bad": [],
+                              "files": []}
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for f in _current_fps(cache, fp):
+        report["fingerprints"].append(f.id)
+        for key in sorted(cache.list_keys(f.id)):
+            try:
+                entry = cache.open_entry(f, key)
+                sig = entry.signature
+            except BadEntry as e:
+                report["bad"].append({"key": key, "kind": e.kind, "reason": str(e)})
+                continue
+            try:
+                meta = meta_info(sig)
+            except Ineligible as e:
+                report["skipped"].append({"key": key, "op": sig.op, "signature": S.describe(sig), "reason": str(e)})
+                continue
+            ns, stems = op_file_names(sig.op)
+            device = sig.device
+            dev_dir = to / "aoti_eager" / ns / device
+            rel = f"{LIB_SUBDIR}/{key}.so"
+            try:
+                _copy_checked(entry.kernel_path, dev_dir / rel, entry.manifest["files"][KERNEL])
+            except BadEntry as e:
+                report["bad"].append({"key": key, "kind": e.kind, "reason": str(e)})
+                continue
+            except OSError as e:
+                raise UserError(f"--to {to}: cannot write {dev_dir / rel} ({e.strerror}); "
+                                "fix its permissions or pass another directory") from None
+            for stem in stems:
+                lst = groups.setdefault((ns, device, stem), [])
+                if any(it["meta_info"] == meta for it in lst):
+                    report["skipped"].append({"key": key, "op": sig.op, "signature": S.describe(sig),
+                                              "reason": "same upstream metadata as another exported entry"})
+                    break
+                lst.append({"meta_info": meta, "kernel_path": rel})
+            else:
+                report["exported"].append({"key": key, "op": sig.op, "signature": S.describe(sig),
+                                           "kernel_path": str(dev_dir / rel)})
+    for (ns, device, stem), items in sorted(groups.items()):
+        path = to / "aoti_eager" / ns / device / f"{stem}.json"
+        old: list = []
+        if path.exists():
+            try:
+                old = json.loads(path.read_text())
+            except (OSError, ValueError):
+                old = []
+            if not isinstance(old, list):
+                old = []
+        ours = [it["meta_info"] for it in items]
+        merged = [it for it in old if not (isinstance(it, dict) and it.get("meta_info") in ours)] + items
+        try:
+            atomic_write(path, json.dumps(merged, indent=4).encode())
+        except OSError as e:
+            raise UserError(f"--to {to}: cannot write {path} ({e.strerror}); "
+                            "fix its permissions or pass another directory") from None
+        report["files"].append(str(path))
+    return report
+
+
+# --- import --------------------------------------------------------------------------------------
+
+
+def import_upstream(cache: Cache, from_dir: str | os.PathLike, *, inductor_options: dict | None = None,
+                    compiler: Any = None) -> dict:
+    """Adopt the kernels of an upstream aoti_eager cache (a ``TORCHINDUCTOR_CACHE_DIR``).
+
+    Every item is rebuilt into a Signature, its library is copied, run against eager on
+    fresh random inputs (``AOTICompiler.verify``) and, if it agrees, published under this
+    host's fingerprint.  Returns a report: ``adopted``, ``present`` (already cached),
+    ``rejected`` (disagrees with eager or does not load: reason, evidence), ``skipped``
+    (malformed or unsupported items: where, reason)."""
+    from aoti_farm.compiler import AOTICompiler
+
+    src = Path(from_dir).absolute()
+    base = src / "aoti_eager"
+    if not base.is_dir():
+        raise UserError(f"--from {src}: has no aoti_eager/ directory; pass the TORCHINDUCTOR_CACHE_DIR "
+                        "that upstream's _impl_with_aoti_compile filled")
+    compiler = compiler or AOTICompiler(inductor_options)
+    report: dict[str, Any] = {"from": str(src), "adopted": [], "present": [], "rejected": [], "skipped": []}
+    seen: set[str] = set()
+    for ns_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+        for dev_dir in sorted(p for p in ns_dir.iterdir() if p.is_dir()):
+            device = dev_dir.name
+            if device not in DEVICES:
+                report["skipped"].append({"where": str(dev_dir), "reason": f"device {device!r} is not cpu or cuda"})
+                continue
+            if device == "cuda" and not torch.cuda.is_available():
+                report["skipped"].append({"where": str(dev_dir), "reason": "CUDA kernels need a GPU to be verified"})
+                continue
+            fp = fingerprint("cpu" if device == "cpu" else "cuda:0", compiler.options())
+            for jf in sorted(dev_dir.glob("*.json")):
+                _import_file(cache, compiler, fp, ns_dir.name, dev_dir, jf, report, seen)
+    return report
+
+
+def _import_file(cache: Cache, compiler: Any, fp: Fingerprint, ns: str, dev_dir: Path, jf: Path,
+                 report: dict, seen: set[str]) -> None:
+    device = dev_dir.name
+    stem = jf.name[:-len(".json")]
+    op = f"{ns}::{stem[:-len('.default')] if stem.endswith('.default') else stem}"
+    try:
+        S.resolve_op(op)
+        data = json.loads(jf.read_text())
+        if not isinstance(data, list):
+            raise ValueError("must be a list of {meta_info, kernel_path} objects")
+    except (ValueError, OSError) as e:
+        report["skipped"].append({"where": str(jf), "reason": str(e)})
+        return
+    root = dev_dir.resolve()
+    for idx, item in enumerate(data):
+        where = f"{jf}[{idx}]"
+        try:
+            if not isinstance(item, dict) or not isinstance(item.get("kernel_path"), str):
+                raise ValueError("must be an object with a string kernel_path")
+            sig = signature_from_meta(op, item.get("meta_info"), device, "meta_info")
+            lib = (dev_dir / item["kernel_path"]).resolve()
+            if root not in lib.parents:
+                raise ValueError(f"kernel_path {item['kernel_path']!r} leaves {dev_dir}")
+            if not lib.is_file():
+                raise ValueError(f"kernel_path {item['kernel_path']!r}: no such file")
+        except ValueError as e:
+            report["skipped"].append({"where": where, "reason": str(e)})
+            continue
+        rec = {"where": where, "key": sig.key, "signature": S.describe(sig)}
+        if sig.key in seen:
+            continue
+        seen.add(sig.key)
+        if cache.has_entry(fp.id, sig.key):
+            try:
+                cache.open_entry(fp, sig.key)
+                report["present"].append(rec)
+                continue
+            except BadEntry:
+                cache.remove(fp.id, sig.key)  # a broken entry: replaced below
+        work = tempfile.mkdtemp(prefix="aoti-farm-import-")
+        try:
+            copy = os.path.join(work, KERNEL)
+            shutil.copyfile(lib, copy)
+            try:
+                verification = compiler.verify(sig, copy)
+            except CompileRefused as e:
+                report["rejected"].append({**rec, "reason": e.reason, "evidence": e.evidence})
+                continue
+            except Exception as e:  # a library that does not load or run
+                report["rejected"].append({**rec, "reason": f"kernel does not run: {type(e).__name__}: "
+                                                            f"{_first_line(e)}", "evidence": {}})
+                continue
+            cache.publish(fp, sig, {KERNEL: copy}, {
+                "compiler": "upstream-import", "imported_from": str(lib), "verification": verification,
+                "sha256_source": sha256_file(copy),
+            })
+            report["adopted"].append(rec)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return s[0][:300] if s else type(e).__name__
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+
+def _open(ns: Any, create: bool) -> Cache:
+    from aoti_farm.cache_cmds import open_cache
+
+    return open_cache(getattr(ns, "cache_dir", None), create=create)
+
+
+def _print(ns: Any, report: dict, lines: list[str]) -> None:
+    if getattr(ns, "json", False):
+        json.dump(report, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write("\n".join(lines) + "\n")
+
+
+def export_command(ns: Any) -> int:
+    """``aoti-farm cache export-upstream --to DIR``: 0 if every verified entry was written or
+    skipped as unservable by upstream; 1 if some entry failed verification."""
+    to = getattr(ns, "to", None)
+    if not to:
+        raise UserError("cache export-upstream: missing --to DIR; pass the directory to use as TORCHINDUCTOR_CACHE_DIR")
+    cache = _open(ns, create=False)
+    try:
+        rep = export_upstream(cache, to)
+    except FarmError as e:
+        raise UserError(f"cache {cache.root}: {e}; fix the cache directory or pass another --cache-dir") from None
+    lines = [f"exported {len(rep['exported'])} kernel(s) to {rep['to']} (use TORCHINDUCTOR_CACHE_DIR={rep['to']})"]
+    lines += [f"  skipped {s['key'][:12]} {s['signature']}: {s['reason']}" for s in rep["skipped"]]
+    lines += [f"  BAD {b['key'][:12]} ({b['kind']}): {b['reason']}" for b in rep["bad"]]
+    if not rep["fingerprints"]:
+        lines.append("  (no fingerprint in the cache matches this host's torch; nothing to export)")
+    _print(ns, rep, lines)
+    return 1 if rep["bad"] else 0
+
+
+def import_command(ns: Any) -> int:
+    """``aoti-farm cache import-upstream --from DIR``: 0 if every kernel was adopted or already
+    present; 1 if some were rejected or skipped."""
+    src = getattr(ns, "from_", None) or getattr(ns, "src", None)
+    if not src:
+        raise UserError("cache import-upstream: missing --from DIR; pass the TORCHINDUCTOR_CACHE_DIR of an upstream cache")
+    cache = _open(ns, create=True)
+    try:
+        rep = import_upstream(cache, src)
+    except FarmError as e:
+        raise UserError(f"cache {cache.root}: {e}; fix the cache directory or pass another --cache-dir") from None
+    lines = [f"adopted {len(rep['adopted'])}, already present {len(rep['present'])}, "
+             f"rejected {len(rep['rejected'])}, skipped {len(rep['skipped'])} from {rep['from']}"]
+    lines += [f"  rejected {r['signature']}: {r['reason']}" for r in rep["rejected"]]
+    lines += [f"  skipped {s['where']}: {s['reason']}" for s in rep["skipped"]]
+    _print(ns, rep, lines)
+    return 1 if rep["rejected"] or rep["skipped"] else 0
+
+
+__all__ = ["export_upstream", "import_upstream", "export_command", "import_command", "meta_info",
+           "signature_from_meta", "op_file_names"]
