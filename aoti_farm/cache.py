@@ -302,6 +302,8 @@ class Cache:
             os.rename(d, trash)
         except FileNotFoundError:
             return False
+        except OSError as e:  # read-only or vanished cache: a FarmError, never a raw OSError
+            raise FarmError(f"cache {self.root}: cannot remove entry {key[:12]}: {e.strerror}") from None
         shutil.rmtree(trash, ignore_errors=True)
         return True
 

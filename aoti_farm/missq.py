@@ -11,6 +11,7 @@ published or recorded as failing.
 from __future__ import annotations
 
 import os
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -61,7 +62,7 @@ def pending(cache: Cache, fp_id: str) -> list[str]:
 def read(cache: Cache, fp_id: str, key: str) -> Signature:
     p = queue_dir(cache, fp_id) / f"{check_key(key)}.msgpack"
     try:
-        obj = msgpack.unpackb(p.read_bytes(), raw=False)
+        obj = msgpack.unpackb(_read_plain(p), raw=False)
         sig = parse_signature(obj["signature"])
     except FileNotFoundError:
         raise
@@ -70,6 +71,22 @@ def read(cache: Cache, fp_id: str, key: str) -> Signature:
     if sig.key != key:
         raise FarmError(f"queue item {p}: holds another signature")
     return sig
+
+
+MAX_ITEM_BYTES = 1 << 20
+
+
+def _read_plain(p: Path) -> bytes:
+    """A queue item is a small regular file: never follow a symlink out of the cache, never
+    block on a FIFO or read an endless device."""
+    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ITEM_BYTES:
+            raise FarmError(f"queue item {p}: not a small regular file")
+        return os.read(fd, MAX_ITEM_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def done(cache: Cache, fp_id: str, key: str) -> None:
