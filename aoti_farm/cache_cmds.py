@@ -1,0 +1,425 @@
+"""`aoti-farm cache stats | ls | verify | gc | rm`: looking after a cache directory.
+
+Every command works on :class:`aoti_farm.cache.Cache` and its layout (see cache.py) and
+never bypasses it to write: removal goes through ``Cache.remove`` (an atomic rename into
+``tmp/``), so a serving process sees an entry or no entry, never half of one.
+
+Each command takes an argparse namespace (``cache_dir``, ``json``, ...), prints a table or
+one JSON document, and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from aoti_farm.cache import CACHE_FORMAT, KERNEL, MANIFEST, BadEntry, Cache, default_cache_dir
+from aoti_farm.errors import FarmError, UserError
+
+#: Things in tmp/ older than this are orphans of a crashed publish/removal.
+ORPHAN_AGE = 3600.0
+_FP_NAME = re.compile(r"^[0-9a-f]{24}$")
+
+
+# --- opening ----------------------------------------------------------------------------
+
+
+def open_cache(cache_dir: str | None, *, create: bool = False, signing_key: Any = None,
+               write: bool = False) -> Cache:
+    """A Cache for a command, or UserError (one line) if the directory is unusable
+    (``write``/``create``: also if it exists but cannot be written, e.g. a read-only mount)."""
+    root = Path(cache_dir or default_cache_dir())
+    fix = "pass another --cache-dir or fix the directory"
+    if root.exists() and not root.is_dir():
+        raise UserError(f"cache {root}: is not a directory; {fix}")
+    if not root.exists():
+        if not create:
+            raise UserError(f"cache {root}: no such directory; pass the --cache-dir of an existing cache "
+                            f"(or fill one with `aoti-farm warm`)")
+    else:
+        if not os.access(root, os.R_OK | os.X_OK):
+            raise UserError(f"cache {root}: unreadable (permission denied); fix its permissions or {fix}")
+        try:
+            names = os.listdir(root)
+        except OSError as e:
+            raise UserError(f"cache {root}: unreadable ({e.strerror}); {fix}") from None
+        if names and not any(n in ("VERSION", "CACHEDIR.TAG", "tmp") or _FP_NAME.match(n) for n in names):
+            # A non-empty directory with nothing of a cache in it: a wrong --cache-dir.
+            raise UserError(f"cache {root}: has files but none of an aoti-farm cache (no VERSION); {fix}")
+        if (root / "VERSION").exists() and not (root / "VERSION").is_file():
+            raise UserError(f"cache {root}: VERSION is not a file, the cache is corrupt; {fix}")
+        if (write or create) and not os.access(root, os.W_OK | os.X_OK):
+            why = "read-only file system" if _read_only_fs(root) else "permission denied"
+            raise UserError(f"cache {root}: not writable ({why}); fix its mount or permissions or {fix}")
+    kw = {} if signing_key is None else {"signing_key": signing_key}
+    cache = Cache(root, **kw)
+    cache.check_version()
+    return cache
+
+
+def _read_only_fs(root: Path) -> bool:
+    try:
+        return bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _fp_ids(cache: Cache) -> list[str]:
+    try:
+        return cache.fingerprint_ids()
+    except FarmError as e:
+        raise UserError(f"{e}; fix the cache directory's permissions or pass another --cache-dir") from None
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def dir_bytes(d: Path) -> int:
+    total = 0
+    try:
+        for e in os.scandir(d):
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += dir_bytes(Path(e.path)) if stat.S_ISDIR(st.st_mode) else st.st_size
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return total
+
+
+def human(n: float) -> str:
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(n) < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n}"
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    """'500M', '2G', '1024K', '1.5G', '123' (bytes) -> bytes; powers of 1024."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise UserError(f"--max-size {text!r}: not a size; write it like 500M, 2G or 1024K")
+    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+def _manifest(cache: Cache, d: Path) -> dict | None:
+    try:
+        return cache.read_manifest(d)
+    except BadEntry:
+        return None
+
+
+def _last_used(d: Path) -> float:
+    for name in ("used", MANIFEST):
+        try:
+            return os.stat(d / name).st_mtime
+        except OSError:
+            continue
+    try:
+        return os.stat(d).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _emit(ns, obj: Any, lines: list[str]) -> None:
+    if getattr(ns, "json", False):
+        json.dump(obj, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        for line in lines:
+            print(line)
+
+
+def _tmp_items(cache: Cache) -> list[tuple[Path, float]]:
+    try:
+        return [(Path(e.path), e.stat(follow_symlinks=False).st_mtime) for e in os.scandir(cache.tmp_dir())]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _rm_path(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+# --- stats ------------------------------------------------------------------------------
+
+
+def stats(ns) -> int:
+    from aoti_farm import leases, missq
+
+    cache = open_cache(ns.cache_dir)
+    per = {}
+    for f in _fp_ids(cache):
+        keys = cache.list_keys(f)
+        per[f] = {
+            "entries": len(keys),
+            "bytes": sum(dir_bytes(cache.entry_dir(f, k)) for k in keys),
+            "failures": len(cache.failed_keys(f)),
+            "queue": len(missq.pending(cache, f)),
+            "leases": len(leases.list_leases(cache, f)),
+            "fingerprint": _fp_summary(cache, f),
+        }
+    tot = {k: sum(v[k] for v in per.values()) for k in ("entries", "bytes", "failures", "queue", "leases")}
+    tmp = _tmp_items(cache)
+    obj = {"cache_dir": str(cache.root), **tot, "tmp_items": len(tmp), "fingerprints": per}
+    lines = [f"cache {cache.root}",
+             f"  entries {tot['entries']}  size {human(tot['bytes'])}  failures {tot['failures']}  "
+             f"queue {tot['queue']}  leases {tot['leases']}  tmp/ items {len(tmp)}"]
+    for f, v in per.items():
+        lines.append(f"  fingerprint {f} ({v['fingerprint']}): entries {v['entries']}  size {human(v['bytes'])}  "
+                     f"failures {v['failures']}  queue {v['queue']}  leases {v['leases']}")
+    _emit(ns, obj, lines)
+    return 0
+
+
+def _fp_summary(cache: Cache, fp_id: str) -> str:
+    try:
+        d = json.loads((cache.ns(fp_id) / "fingerprint.json").read_text())
+        parts = [f"torch {d.get('torch')}", d.get("device_type") or "?"]
+        if d.get("gpu"):
+            parts.append(str(d["gpu"]))
+        elif d.get("cpu_isa") is not None:
+            parts.append(d.get("cpu_isa") or "no-vec")
+        return ", ".join(parts)
+    except (OSError, ValueError, AttributeError):
+        return "fingerprint.json unreadable"
+
+
+# --- ls ---------------------------------------------------------------------------------
+
+
+def ls(ns) -> int:
+    from aoti_farm.signature import describe, parse_signature
+
+    cache = open_cache(ns.cache_dir)
+    rows = []
+    for f in _fp_ids(cache):
+        for k in sorted(cache.list_keys(f)):
+            d = cache.entry_dir(f, k)
+            m = _manifest(cache, d)
+            op, desc, secs = "?", "(unreadable manifest)", None
+            if m is not None:
+                try:
+                    sig = parse_signature(m.get("signature"))
+                    op, desc = sig.op, describe(sig)
+                except (ValueError, KeyError, TypeError) as e:
+                    desc = f"(bad signature: {e})"
+                secs = m.get("compile_seconds")
+            rows.append({"fingerprint": f, "key": k, "op": op, "description": desc,
+                         "bytes": dir_bytes(d), "compile_seconds": secs, "last_used": _last_used(d)})
+        if getattr(ns, "failed", False):
+            for k in sorted(cache.failed_keys(f)):
+                rec = cache.failure(f, k) or {}
+                rows.append({"fingerprint": f, "key": k, "failed": True, "reason": rec.get("reason"),
+                             "attempts": rec.get("attempts")})
+    lines = []
+    for r in rows:
+        if r.get("failed"):
+            lines.append(f"{r['key'][:16]}  FAILED  {r['reason']}")
+        else:
+            s = "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.1f}s"
+            lines.append(f"{r['key'][:16]}  {human(r['bytes']):>7}  {s:>6}  {r['description']}")
+    if not rows:
+        lines.append(f"(no entries in {cache.root})")
+    _emit(ns, rows, lines)
+    return 0
+
+
+# --- verify -----------------------------------------------------------------------------
+
+
+def verify(ns) -> int:
+    """Verify every entry; with ``--repair`` remove what is bad.  Exit 1 if anything bad
+    is left unrepaired."""
+    from aoti_farm import leases, missq
+
+    cache = open_cache(ns.cache_dir, write=bool(getattr(ns, "repair", False)))
+    repair = bool(getattr(ns, "repair", False))
+    now = time.time()
+    bad: list[dict] = []
+    ok = 0
+    for f in _fp_ids(cache):
+        for k in sorted(cache.list_keys(f)):
+            try:
+                cache.open_entry(f, k)
+                ok += 1
+            except BadEntry as e:
+                item = {"what": "entry", "fingerprint": f, "key": k, "kind": e.kind, "detail": str(e)}
+                if repair:
+                    item["repaired"] = cache.remove(f, k)
+                bad.append(item)
+        for k in sorted(cache.failed_keys(f)):
+            p = cache.failure_path(f, k)
+            try:
+                rec = msgpack.unpackb(p.read_bytes(), raw=False)
+                readable = isinstance(rec, dict) and rec.get("key") == k
+            except FileNotFoundError:
+                continue
+            except Exception:  # noqa: BLE001 -- garbage in any form
+                readable = False
+            if not readable:
+                item = {"what": "failure-record", "fingerprint": f, "key": k, "kind": "corrupt",
+                        "detail": f"{p}: unreadable failure record"}
+                if repair:
+                    _rm_path(p)
+                    item["repaired"] = True
+                bad.append(item)
+        for k in sorted(leases.list_leases(cache, f)):
+            try:
+                info = leases.holder_info(cache, f, k)
+            except Exception:  # noqa: BLE001
+                info = None
+            p = cache.ns(f) / "leases" / f"{k}.lease"
+            stale = info is None or info.get("stale")
+            if stale and (info is not None or now - _mtime(p) > leases.DEFAULT_TTL):
+                item = {"what": "lease", "fingerprint": f, "key": k, "kind": "stale",
+                        "detail": f"{p}: holder {info.get('owner') if info else '?'} stopped heartbeating"}
+                if repair:
+                    _rm_path(p)
+                    item["repaired"] = True
+                bad.append(item)
+        for k in missq.pending(cache, f):
+            try:
+                missq.read(cache, f, k)
+            except FileNotFoundError:
+                continue
+            except FarmError as e:
+                item = {"what": "queue-item", "fingerprint": f, "key": k, "kind": "corrupt", "detail": str(e)}
+                if repair:
+                    missq.done(cache, f, k)
+                    item["repaired"] = True
+                bad.append(item)
+    for p, mtime in _tmp_items(cache):
+        age = now - mtime
+        if age > ORPHAN_AGE:
+            item = {"what": "orphan", "path": str(p), "kind": "orphan", "age_s": round(age),
+                    "detail": f"{p}: left in tmp/ by an interrupted publish or removal"}
+            if repair:
+                _rm_path(p)
+                item["repaired"] = True
+            bad.append(item)
+    unrepaired = [b for b in bad if not b.get("repaired")]
+    by_kind: dict[str, int] = {}
+    for b in bad:
+        by_kind[b["kind"]] = by_kind.get(b["kind"], 0) + 1
+    obj = {"cache_dir": str(cache.root), "ok": ok, "bad": bad, "by_kind": by_kind,
+           "repaired": len(bad) - len(unrepaired), "unrepaired": len(unrepaired)}
+    lines = []
+    for b in bad:
+        where = b.get("key", b.get("path", ""))
+        tag = " (removed)" if b.get("repaired") else ""
+        lines.append(f"BAD {b['what']} {b['kind']}: {where[:16] if 'key' in b else where}{tag}: {b['detail']}")
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(by_kind.items())) or "none bad"
+    lines.append(f"verified {ok} good entries in {cache.root}; {summary}"
+                 + (f"; repaired {obj['repaired']}" if repair else
+                    ("; run `aoti-farm cache verify --repair` to remove them" if unrepaired else "")))
+    _emit(ns, obj, lines)
+    return 1 if unrepaired else 0
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return os.stat(p).st_mtime
+    except OSError:
+        return 0.0
+
+
+# --- gc ---------------------------------------------------------------------------------
+
+
+def gc(ns) -> int:
+    """Evict least-recently-used entries until the total entry size is <= --max-size."""
+    limit = parse_size(ns.max_size)
+    cache = open_cache(ns.cache_dir, write=True)
+    items = []
+    for f in _fp_ids(cache):
+        for k in cache.list_keys(f):
+            d = cache.entry_dir(f, k)
+            items.append((_last_used(d), f, k, dir_bytes(d)))
+    items.sort()
+    total = sum(i[3] for i in items)
+    before = total
+    evicted = []
+    for used, f, k, size in items:
+        if total <= limit:
+            break
+        if cache.remove(f, k):
+            evicted.append({"fingerprint": f, "key": k, "bytes": size, "last_used": used})
+        total -= size
+    obj = {"cache_dir": str(cache.root), "max_bytes": limit, "bytes_before": before, "bytes_after": total,
+           "evicted": evicted, "kept": len(items) - len(evicted)}
+    lines = [f"evicted {k['key'][:16]} ({human(k['bytes'])})" for k in evicted]
+    lines.append(f"gc {cache.root}: {human(before)} -> {human(total)} (limit {human(limit)}); "
+                 f"evicted {len(evicted)}, kept {len(items) - len(evicted)}")
+    _emit(ns, obj, lines)
+    return 0
+
+
+# --- rm ---------------------------------------------------------------------------------
+
+
+def rm(ns) -> int:
+    keys = list(getattr(ns, "keys", None) or [])
+    failed, every = bool(getattr(ns, "failed", False)), bool(getattr(ns, "all", False))
+    if not keys and not failed and not every:
+        raise UserError("cache rm: nothing to remove; name KEYs, or pass --failed or --all")
+    cache = open_cache(ns.cache_dir, write=True)
+    fps = _fp_ids(cache)
+    removed, failures = [], 0
+    if every:
+        for f in fps:
+            for k in sorted(cache.list_keys(f)):
+                if cache.remove(f, k):
+                    removed.append(k)
+            failures += cache.remove_failures(f)
+    else:
+        for want in keys:
+            if not re.fullmatch(r"[0-9a-f]{6,64}", want):
+                raise UserError(f"cache rm: {want!r} is not a key (6 to 64 lowercase hex digits); "
+                                f"see `aoti-farm cache ls` for keys")
+            hits = [(f, k) for f in fps for k in (cache.list_keys(f) | cache.failed_keys(f)) if k.startswith(want)]
+            if not hits:
+                raise UserError(f"cache rm: no entry or failure record with key {want!r} in {cache.root}; "
+                                f"see `aoti-farm cache ls`")
+            if len({k for _, k in hits}) > 1:
+                raise UserError(f"cache rm: key prefix {want!r} is ambiguous ({len(hits)} matches); give more digits")
+            for f, k in hits:
+                if cache.remove(f, k):
+                    removed.append(k)
+                try:
+                    cache.failure_path(f, k).unlink()
+                    failures += 1
+                except FileNotFoundError:
+                    pass
+        if failed:
+            failures += cache.remove_failures()
+    obj = {"cache_dir": str(cache.root), "removed": removed, "failure_records_removed": failures}
+    lines = [f"removed {k[:16]}" for k in removed]
+    lines.append(f"removed {len(removed)} entries and {failures} failure records from {cache.root}")
+    _emit(ns, obj, lines)
+    return 0
+
+
+COMMANDS = {"stats": stats, "ls": ls, "verify": verify, "gc": gc, "rm": rm}
+__all__ = ["open_cache", "parse_size", "stats", "ls", "verify", "gc", "rm", "COMMANDS", "CACHE_FORMAT", "KERNEL"]
