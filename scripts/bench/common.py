@@ -1,0 +1,397 @@
+"""Shared helpers for the benchmarks: machine description, statistics, subprocess
+isolation, and cheap construction of caches (real kernels, fake entries, upstream layout).
+
+Nothing here asserts on time; the runner compares measurements with targets and prints
+them.  Every measurement that touches a kernel runs in its own subprocess
+(:func:`run_worker`) so that one benchmark's loaded libraries, caches and registrations
+cannot leak into another's numbers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+PY = sys.executable
+MARK = "BENCH_JSON:"
+
+
+# --- machine ------------------------------------------------------------------------------
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict:
+    import torch
+
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_at_start": list(load) if load else None,
+    }
+
+
+# --- statistics ---------------------------------------------------------------------------
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = (len(s) - 1) * p / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summary(xs: list[float]) -> dict:
+    if not xs:
+        return {"n": 0}
+    return {"n": len(xs), "median": statistics.median(xs), "p50": pct(xs, 50), "p99": pct(xs, 99),
+            "min": min(xs), "max": max(xs), "mean": statistics.fmean(xs)}
+
+
+def time_per_call(fn, *, warmup: int, repeats: int, inner: int) -> dict:
+    """Median over ``repeats`` of (time of ``inner`` back-to-back calls) / ``inner``, in µs."""
+    for _ in range(warmup):
+        fn()
+    per = []
+    pc = time.perf_counter
+    for _ in range(repeats):
+        t0 = pc()
+        for _ in range(inner):
+            fn()
+        per.append((pc() - t0) / inner * 1e6)
+    return {"us_median": statistics.median(per), "us_min": min(per), "repeats": repeats, "inner": inner}
+
+
+# --- subprocesses -------------------------------------------------------------------------
+
+def bench_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    env["PYTHONWARNINGS"] = "ignore"
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.pop("AOTI_FARM_SIGNING_KEY", None)
+    env.pop("AOTI_FARM_SIGNING_KEY_FILE", None)
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+def run_worker(func: str, args: dict, *, env: dict | None = None, timeout: float = 600) -> dict:
+    """Run ``worker.<func>(**args)`` in a fresh interpreter; return its JSON result."""
+    cmd = [PY, str(HERE / "worker.py"), func, json.dumps(args)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=bench_env(env), capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith(MARK):
+            out = json.loads(line[len(MARK):])
+            out.setdefault("_process_wall_s", wall)
+            return out
+    tail = (p.stderr or "")[-3000:] + (p.stdout or "")[-1000:]
+    raise WorkerError(f"worker {func} exited {p.returncode} without a result:\n{tail}")
+
+
+def emit(obj: dict) -> None:
+    """Called inside a worker: print the result line the parent looks for."""
+    sys.stdout.write(MARK + json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+# --- CPU accounting of process trees -----------------------------------------------------
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def system_busy_s() -> float:
+    """Busy CPU seconds of the whole machine so far (/proc/stat: all but idle and iowait).
+    A delta over a run is an honest total on a quiet machine (includes Ray's own daemons)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v[:8]) - idle) / CLK_TCK
+
+
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (ppid, user+system seconds of the process itself)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        rest = st[st.rfind(")") + 2:].split()
+        out[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
+    return out
+
+
+class TreeCPU:
+    """Samples the CPU time of every process descending from ``root`` (Ray's raylet and
+    workers, the compiler processes they start) every ``interval`` seconds, keeping each
+    process's last value.  A lower bound: time after a process's last sample, and
+    processes that live less than one interval, are missed."""
+
+    def __init__(self, root: int, interval: float = 0.2):
+        import threading
+        self.root, self.interval = root, interval
+        self.last: dict[int, float] = {}
+        self.seen_pids = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            tab = _proc_table()
+            kids: dict[int, list[int]] = {}
+            for pid, (pp, _) in tab.items():
+                kids.setdefault(pp, []).append(pid)
+            todo, tree = [self.root], []
+            while todo:
+                p = todo.pop()
+                tree.append(p)
+                todo.extend(kids.get(p, []))
+            for p in tree:
+                if p in tab:
+                    self.last[p] = max(self.last.get(p, 0.0), tab[p][1])
+            self._stop.wait(self.interval)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._t.join()
+        self.seen_pids = len(self.last)
+        return sum(self.last.values())
+
+
+# --- caches -------------------------------------------------------------------------------
+
+@contextmanager
+def no_fsync():
+    """Building throw-away benchmark caches: skip fsync (10,000 fsyncs cost minutes)."""
+    real = os.fsync
+    os.fsync = lambda fd: None
+    try:
+        yield
+    finally:
+        os.fsync = real
+
+
+def add_sig(n: int, m: int = 1):
+    """aten::add.Tensor on two float32 (m, n) tensors."""
+    import torch
+    from aoti_farm import signature as S
+
+    a = torch.empty((m, n))
+    return S.from_call(torch.ops.aten.add.Tensor, (a, a), {})
+
+
+def sig_from_spec(spec: dict):
+    """{"op": "aten::add.Tensor", "shapes": [[64,128],[64,128]], "kwargs": {}} -> Signature."""
+    import torch
+    from aoti_farm import signature as S
+
+    op = S.resolve_op(spec["op"])
+    args = tuple(torch.empty(s, dtype=getattr(torch, spec.get("dtype", "float32"))) for s in spec["shapes"])
+    return S.from_call(op, args, dict(spec.get("kwargs", {})))
+
+
+def compile_into(cache_dir: str, sigs: list) -> list[dict]:
+    """Real compiles (in this process) of ``sigs`` into an aoti-farm cache; skips present ones."""
+    from aoti_farm.cache import Cache
+    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.fingerprint import fingerprint
+    from aoti_farm.job import compile_and_publish
+
+    cache, fp, comp = Cache(cache_dir, signing_key=None), fingerprint("cpu"), AOTICompiler()
+    return [compile_and_publish(cache, comp, fp, s, owner="bench").to_dict() for s in sigs]
+
+
+def find_kernel(cache_dir: str, op: str | None = None) -> tuple[str, object] | None:
+    """(kernel path, signature) of some entry in an aoti-farm cache (of ``op`` if given)."""
+    from aoti_farm.cache import Cache
+    from aoti_farm.fingerprint import fingerprint
+
+    cache = Cache(cache_dir, signing_key=None)
+    fp = fingerprint("cpu")
+    for key in sorted(cache.list_keys(fp.id)):
+        try:
+            e = cache.open_entry(fp, key)
+        except Exception:  # noqa: BLE001 -- a bad entry is just not a source
+            continue
+        if op is None or e.signature.op == op:
+            return e.kernel_path, e.signature
+    return None
+
+
+def small_kernel(kernel_path: str, workdir: str) -> str:
+    """A stripped copy of a real kernel (1.4 MB -> ~0.3 MB; still loads: the dynamic
+    symbol table is kept), so 10,000 fake entries fit on disk.  Falls back to the original."""
+    out = os.path.join(workdir, "fake-kernel.so")
+    if not os.path.exists(out):
+        try:
+            subprocess.run(["strip", "--strip-unneeded", "-o", out, kernel_path], check=True,
+                           capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return kernel_path
+    return out
+
+
+def fake_cache(cache_dir: str, kernel_path: str, n: int, start: int = 1) -> list:
+    """Publish copies of one real kernel under ``n`` distinct add.Tensor (1, k) signatures.
+
+    Fine for planning/start-up benchmarks (warm checks presence; the hook lists keys;
+    upstream's holder loads each copy at registration); never call these kernels.
+    Returns the signatures.
+    """
+    from aoti_farm.cache import Cache
+    from aoti_farm.fingerprint import fingerprint
+
+    cache, fp = Cache(cache_dir, signing_key=None), fingerprint("cpu")
+    kernel_path = small_kernel(kernel_path, str(Path(cache_dir).parent))
+    sigs = [add_sig(k) for k in range(start, start + n)]
+    have = cache.list_keys(fp.id)
+    with no_fsync():
+        for s in sigs:
+            if s.key not in have:
+                cache.publish(fp, s, {"kernel.so": kernel_path}, {"compile_seconds": 0.0, "bench_fake": True})
+    return sigs
+
+
+def write_trace(path: str, sigs: list) -> None:
+    from aoti_farm.trace import Trace, TraceEntry, save_trace
+
+    save_trace(Trace([TraceEntry(s, 1, i) for i, s in enumerate(sigs)]), path)
+
+
+# --- upstream layout ----------------------------------------------------------------------
+
+def upstream_item(sig, kernel_path: str) -> dict:
+    """One item of upstream's ``<op>.json``, describing ``sig`` the way
+    ``aoti_compile_with_persistent_cache`` would (arguments equal to their schema default
+    are left out, as upstream's C++ holder leaves them out of the call it compiles)."""
+    import torch
+    from torch._inductor import aoti_eager as ae
+    from aoti_farm import signature as S
+
+    args, kwargs = S.materialize(sig, seed=0)
+    info = sig.info()
+    allv = list(args) + list(kwargs.values())      # schema order
+    vals = []
+    for v, enc, default in zip(allv, sig.args, info.defaults):
+        if enc[0] not in ("T", "TL") and (enc[0] == "N" or (default is not S._NODEFAULT and v == default)):
+            continue  # left at its default: upstream's holder does not pass it
+        vals.append(v)
+    meta = []
+    for i, v in enumerate(vals):
+        if isinstance(v, torch.Tensor):
+            m = ae.extract_tensor_metadata(False, v)
+        elif isinstance(v, (list, tuple)) and v and all(isinstance(t, torch.Tensor) for t in v):
+            m = ae.extract_tensor_list_metadata(False, list(v))
+        elif isinstance(v, (bool, int, float)):
+            m = ae.extract_scalar_metadata("cpu", v)
+        elif isinstance(v, str):
+            m = ae.extract_string_metadata(v)
+        elif isinstance(v, torch.dtype):
+            m = ae.extract_dtype_metadata(v)
+        else:
+            raise ValueError(f"cannot describe {type(v).__name__} for upstream")
+        m["arg_order"] = i
+        meta.append(m)
+    return {"meta_info": meta, "kernel_path": str(Path(kernel_path).absolute())}
+
+
+def write_upstream(inductor_cache_dir: str, items_by_op: dict[str, list[dict]]) -> None:
+    """Write ``<TORCHINDUCTOR_CACHE_DIR>/aoti_eager/aten/cpu/<op>.json`` files (a default
+    overload under both ``relu`` and ``relu.default``, as the holder may look up either)."""
+    d = Path(inductor_cache_dir) / "aoti_eager" / "aten" / "cpu"
+    d.mkdir(parents=True, exist_ok=True)
+    for op, items in items_by_op.items():
+        stem = op.split("::")[-1]
+        for name in ([stem] if not stem.endswith(".default") and "." in stem else
+                     [stem.removesuffix(".default"), stem.removesuffix(".default") + ".default"]):
+            (d / f"{name}.json").write_text(json.dumps(items))
+
+
+def upstream_in_place(inductor_cache_dir: str, sigs_and_kernels: list[tuple]) -> None:
+    """Upstream JSON that points at the kernels where they are (absolute paths; nothing
+    copied) -- for the 10,000-entry start-up benchmark.  Metadata from the project's
+    ``aoti_farm.upstream.meta_info`` when it exists, else from upstream's own extractors."""
+    try:
+        from aoti_farm.upstream import meta_info  # type: ignore
+    except ImportError:
+        meta_info = None
+    by_op: dict[str, list] = {}
+    for sig, kp in sigs_and_kernels:
+        item = ({"meta_info": meta_info(sig), "kernel_path": str(Path(kp).absolute())} if meta_info
+                else upstream_item(sig, kp))
+        by_op.setdefault(sig.op, []).append(item)
+    write_upstream(inductor_cache_dir, by_op)
+
+
+def export_to_upstream(cache_dir: str, inductor_cache_dir: str, sigs_and_kernels: list[tuple]) -> str:
+    """Put the given kernels in upstream's layout: with ``aoti_farm.upstream.export_upstream``
+    when it exists (the project's own exporter), else by writing upstream's JSON here.
+    Returns which path was used."""
+    try:
+        from aoti_farm.upstream import export_upstream  # type: ignore
+    except ImportError:
+        export_upstream = None
+    if export_upstream is not None:
+        try:
+            from aoti_farm.cache import Cache
+
+            export_upstream(Cache(cache_dir, signing_key=None), inductor_cache_dir)
+            if any((Path(inductor_cache_dir) / "aoti_eager").rglob("*.json")):
+                return "aoti_farm.upstream.export_upstream"
+        except Exception as e:  # noqa: BLE001 -- fall back to our own writer, but say so
+            print(f"[bench] export_upstream failed ({type(e).__name__}: {e}); writing upstream JSON directly",
+                  file=sys.stderr)
+    by_op: dict[str, list] = {}
+    for sig, kp in sigs_and_kernels:
+        by_op.setdefault(sig.op, []).append(upstream_item(sig, kp))
+    write_upstream(inductor_cache_dir, by_op)
+    return "scripts/bench upstream JSON writer"
+
+
+def rmtree(p) -> None:
+    shutil.rmtree(p, ignore_errors=True)
