@@ -1,0 +1,108 @@
+"""The serving process's background compile worker (``python -m aoti_farm.runtime.compile_worker``).
+
+Started by the hook (``on_miss="compile"``) as a separate, niced process so serving keeps
+its cores and its GIL.  It drains the miss queue of one cache namespace: for each pending
+key, ``job.compile_and_publish`` (which takes the fleet-wide lease, so a signature is
+compiled once however many workers race), then ``missq.done`` once the signature is
+compiled, cached or recorded as failing.  A key leased elsewhere (``busy``) stays queued
+and is looked at again.  It exits after ``--idle`` seconds with nothing to do.
+
+Every outcome is printed as one JSON line on stdout (the hook sends it to its worker log).
+Exit status: 0 when idle, 2 on bad arguments or a fingerprint that is not this host's.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # before torch is imported
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+POLL = 0.5
+
+
+def _out(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="aoti_farm.runtime.compile_worker")
+    p.add_argument("--cache-dir", required=True)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--fp-id", required=True, help="the namespace to drain (must be this host's)")
+    p.add_argument("--idle", type=float, default=20.0, help="exit after this many idle seconds")
+    p.add_argument("--inductor-options", default="{}", help="JSON object")
+    p.add_argument("--allow-insecure", action="store_true")
+    ns = p.parse_args(argv)
+
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    from aoti_farm import job, leases, missq
+    from aoti_farm.cache import Cache
+    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.errors import FarmError
+    from aoti_farm.fingerprint import fingerprint
+
+    try:
+        opts = json.loads(ns.inductor_options)
+        assert isinstance(opts, dict)
+    except (ValueError, AssertionError):
+        print(f"compile_worker: --inductor-options {ns.inductor_options!r} is not a JSON object", file=sys.stderr)
+        return 2
+    fp = fingerprint(ns.device, opts)
+    if fp.id != ns.fp_id:
+        print(f"compile_worker: --fp-id {ns.fp_id} is not this host's fingerprint {fp.id}; "
+              f"start the worker with the hook's inductor options", file=sys.stderr)
+        return 2
+    cache = Cache(ns.cache_dir, allow_insecure=ns.allow_insecure)
+    compiler = AOTICompiler(opts)
+    owner = leases.new_owner("hook-worker")
+    idle_since = time.monotonic()
+    retry_at: dict[str, float] = {}
+    _out({"event": "start", "pid": os.getpid(), "fp": fp.id})
+    while time.monotonic() - idle_since < ns.idle:
+        try:
+            keys = missq.pending(cache, fp.id)
+        except OSError:
+            keys = []
+        now = time.monotonic()
+        todo = [k for k in keys if retry_at.get(k, 0) <= now]
+        if not todo:
+            time.sleep(POLL)
+            continue
+        for key in todo:
+            try:
+                sig = missq.read(cache, fp.id, key)
+            except FileNotFoundError:
+                continue
+            except FarmError as e:  # unreadable/hostile item: never compiled, left for `cache verify`
+                _out({"event": "bad-item", "key": key, "error": str(e)})
+                retry_at[key] = float("inf")
+                continue
+            try:
+                out = job.compile_and_publish(cache, compiler, fp, sig, owner=owner)
+            except Exception as e:  # noqa: BLE001 -- infrastructure trouble: retry later
+                _out({"event": "error", "key": key, "error": f"{type(e).__name__}: {e}"})
+                retry_at[key] = time.monotonic() + 30
+                continue
+            _out({"event": "outcome", **out.to_dict()})
+            if out.status == job.BUSY:
+                retry_at[key] = time.monotonic() + 1.0
+                idle_since = time.monotonic()
+                continue
+            try:
+                missq.done(cache, fp.id, key)
+            except (OSError, FarmError):
+                pass
+            idle_since = time.monotonic()
+    _out({"event": "idle-exit", "pid": os.getpid()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

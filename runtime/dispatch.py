@@ -1,0 +1,284 @@
+"""torch.library registration shared by the serving hook and the recorder.
+
+Both see exactly the same calls: a :class:`Registration` registers one Python kernel per
+served op at the ``CPU`` key (and ``CUDA`` where the op has a CUDA kernel), with
+``torch.library.Library("aten", "IMPL").impl(op, fn, key, with_keyset=True)``.  The
+original kernel is captured first with ``torch.library.get_kernel(op, key)``;
+:func:`call_original` runs it (``orig.call_boxed(keyset, ...)``), which is exactly eager.
+``uninstall()`` is ``lib._destroy()``, which puts the originals back.
+
+Re-entrancy: a thread-local flag per registration.  A call made while this thread is
+already inside one of our kernels (an op dispatched by the original kernel, by the AOTI
+runner, by our own bookkeeping) goes straight to the original kernel.
+
+Wrapped numbers: a Python number that a C++ caller passed as a Tensor (``x * 2.5``,
+``torch.allclose``) reaches a Python kernel as a plain ``float``/``int``/``bool``, which
+``call_boxed`` refuses.  :func:`call_original` turns it into a 0-dim tensor whose dtype
+gives the same result dtype and the same value as the wrapped number would (see
+:func:`_scalar_tensor`).
+
+``ops=None`` means every aten op whose ``op_info(op).ineligible`` is None, that has a
+kernel at the key, takes a tensor (no factories: ``empty``, ``zeros``...) and is not tagged
+``nondeterministic_bitwise`` (about 480 ops on CPU with torch 2.13).  Enumerating them costs about
+150 ms the first time per torch build, so the list of names is memoised on disk
+(``$XDG_CACHE_HOME/aoti-farm/ops-<torch git>.json``); after that registering all of them
+costs about 25 ms (see ``Registration.install_seconds``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+from typing import Any, Callable, Iterable
+
+import torch
+
+from aoti_farm import signature as S
+
+#: handler(info, device, orig, keyset, args, kwargs) -> result
+Handler = Callable[[S.OpInfo, str, Any, Any, tuple, dict], Any]
+
+_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+# --- which ops ------------------------------------------------------------------------------
+
+
+def _memo_path() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "aoti-farm", f"ops-v3-{torch.version.git_version[:12]}-{torch.__version__}.json")
+
+
+_TENSOR_KINDS = ("tensor", "opt_tensor", "tensor_list", "opt_tensor_list")
+
+
+def _compute_eligible(key: str) -> list[str]:
+    out = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        try:
+            op = S.resolve_op(name)
+        except ValueError:
+            continue
+        if torch.Tag.nondeterministic_bitwise in op.tags:
+            continue  # empty_like() etc.: uninitialised memory, nothing to serve
+        info = S.op_info(op)
+        if not any(k in _TENSOR_KINDS for k in info.kinds):
+            continue  # factories (empty, zeros, arange): nothing to gain, empty() is garbage
+        if info.ineligible is None and torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
+            out.append(S.op_name(op))
+    return sorted(out)
+
+
+def eligible_op_names(device: str = "cpu") -> list[str]:
+    """Names of every servable aten op with a kernel for ``device`` (memoised on disk)."""
+    key = _KEYS[device]
+    path = _memo_path()
+    try:
+        with open(path) as f:
+            memo = json.load(f)
+        if isinstance(memo.get(key), list):
+            return memo[key]
+    except (OSError, ValueError, AttributeError):
+        memo = {}
+    names = _compute_eligible(key)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        memo = dict(memo) if isinstance(memo, dict) else {}
+        memo[key] = names
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(memo, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # read-only home: recomputed next time
+    return names
+
+
+def resolve_ops(ops: Iterable | None, device: str = "cpu") -> list[torch._ops.OpOverload]:
+    """``ops``: None (every eligible op), or names ('aten::add.Tensor') / OpOverloads.
+    Names that are unknown or ineligible raise ValueError naming them."""
+    if ops is None:
+        names: Iterable = eligible_op_names(device)
+    else:
+        names = ops
+    out = []
+    for o in names:
+        op = o if isinstance(o, torch._ops.OpOverload) else S.resolve_op(str(o))
+        reason = S.op_info(op).ineligible
+        if reason and ops is not None:
+            raise ValueError(f"op {S.op_name(op)} cannot be served ({reason}); remove it from ops")
+        if not reason:
+            out.append(op)
+    return out
+
+
+# --- calling the original kernel ----------------------------------------------------------
+
+
+def _category(dt: torch.dtype) -> int:
+    if dt is torch.bool:
+        return 0
+    if dt.is_complex:
+        return 3
+    if dt.is_floating_point:
+        return 2
+    return 1
+
+
+def _scalar_tensor(v: Any, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A 0-dim tensor that acts like the wrapped number ``v`` among ``tensors``.
+
+    Type promotion ranks wrapped numbers below 0-dim tensors, which rank below tensors with
+    dimensions, each only within a category (bool < int < float < complex).  If a tensor
+    of ``v``'s category or higher is present, the widest dtype of ``v``'s category
+    (int64/float64/complex128) changes no result dtype and keeps ``v`` exact, as the
+    wrapped double/long would.  Otherwise ``v`` raises the category and the result takes
+    the default dtype of that category, which is what we give the 0-dim tensor.
+    """
+    if isinstance(v, bool):
+        cat, wide, default = 0, torch.bool, torch.bool
+    elif isinstance(v, int):
+        cat, wide, default = 1, torch.int64, torch.int64
+    elif isinstance(v, float):
+        cat, wide, default = 2, torch.float64, torch.get_default_dtype()
+    elif isinstance(v, complex):
+        d = torch.get_default_dtype()
+        cat, wide, default = 3, torch.complex128, (torch.complex128 if d is torch.float64 else torch.complex64)
+    else:
+        raise TypeError(f"cannot pass {type(v).__name__} as a tensor")
+    dims = [t for t in tensors if t.dim() > 0]
+    if not dims and tensors:
+        # only 0-dim tensors: a 0-dim tensor of ours would take part in promotion as their
+        # peer, so take their promoted dtype when it is of v's category or higher (exact for
+        # ints; a float v is rounded to that dtype, a documented approximation)
+        dt = tensors[0].dtype
+        for t in tensors[1:]:
+            dt = torch.promote_types(dt, t.dtype)
+        if _category(dt) >= cat:
+            return torch.tensor(v, dtype=dt) if _category(dt) == cat else torch.tensor(v, dtype=wide)
+        return torch.tensor(v, dtype=default)
+    top = max((_category(t.dtype) for t in dims), default=-1)
+    # a 0-dim CPU tensor is accepted next to CUDA tensors, like a wrapped number
+    return torch.tensor(v, dtype=wide if top >= cat else default)
+
+
+def _fix_numbers(info: S.OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Replace Python numbers found in Tensor slots; None if there are none."""
+    slots = []
+    for i, (name, kind) in enumerate(zip(info.arg_names, info.kinds)):
+        if kind not in ("tensor", "opt_tensor"):
+            continue
+        if i < len(args) and not info.kwarg_only[i]:
+            v = args[i]
+        else:
+            v = kwargs.get(name)
+        if isinstance(v, (bool, int, float, complex)):
+            slots.append((i, name))
+    if not slots:
+        return None
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    args, kwargs = list(args), dict(kwargs)
+    for i, name in slots:
+        if i < len(args) and not info.kwarg_only[i]:
+            args[i] = _scalar_tensor(args[i], tensors)
+        else:
+            kwargs[name] = _scalar_tensor(kwargs[name], tensors)
+    return tuple(args), kwargs
+
+
+def call_original(info: S.OpInfo, orig: Any, keyset: Any, args: tuple, kwargs: dict) -> Any:
+    """Exactly eager: the kernel that was registered before ours."""
+    try:
+        return orig.call_boxed(keyset, *args, **kwargs)
+    except RuntimeError:
+        fixed = _fix_numbers(info, args, kwargs)
+        if fixed is None:
+            raise
+    return orig.call_boxed(keyset, *fixed[0], **fixed[1])
+
+
+def has_number_in_tensor_slot(info: S.OpInfo, args: tuple, kwargs: dict) -> bool:
+    return _fix_numbers(info, args, kwargs) is not None
+
+
+# --- the registration -------------------------------------------------------------------------
+
+
+class Registration:
+    """Python kernels for ``ops`` on ``devices``; ``handler`` decides what each call does.
+
+    The handler runs with this thread's re-entrancy flag set; it must call
+    :func:`call_original` itself for the eager result.  ``enabled`` may be flipped to make
+    every call go straight to the original kernel.
+    """
+
+    def __init__(self, ops: Iterable | None, handler: Handler, devices: Iterable[str] = ("cpu",)):
+        self._handler = handler
+        self._tls = threading.local()
+        self.enabled = True
+        self.ops: list[str] = []
+        t0 = time.perf_counter()
+        self._lib = torch.library.Library("aten", "IMPL")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+                for device in devices:
+                    if device not in _KEYS:
+                        raise ValueError(f"device {device!r} is not 'cpu' or 'cuda'")
+                    key = _KEYS[device]
+                    for op in resolve_ops(ops, device):
+                        name = op._schema.name + (f".{op._schema.overload_name}" if op._schema.overload_name else "")
+                        if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
+                            continue
+                        orig = torch.library.get_kernel(op, key)
+                        self._lib.impl(op, self._kernel(S.op_info(op), device, orig), key, with_keyset=True)
+                        if device == "cpu" or name not in self.ops:
+                            self.ops.append(name)
+        except BaseException:
+            self._lib._destroy()
+            raise
+        self.install_seconds = time.perf_counter() - t0
+
+    def inside(self) -> bool:
+        return getattr(self._tls, "active", False)
+
+    def _kernel(self, info: S.OpInfo, device: str, orig: Any):
+        tls, handler = self._tls, self._handler
+
+        def kernel(keyset, *args, **kwargs):
+            if getattr(tls, "active", False) or not self.enabled:
+                return call_original(info, orig, keyset, args, kwargs)
+            tls.active = True
+            try:
+                return handler(info, device, orig, keyset, args, kwargs)
+            finally:
+                tls.active = False
+
+        kernel.__name__ = f"aoti_farm_{info.name.replace('::', '_').replace('.', '_')}"
+        return kernel
+
+    def uninstall(self) -> None:
+        """Restore the original kernels (idempotent)."""
+        self.enabled = False
+        lib, self._lib = self._lib, None
+        if lib is not None:
+            lib._destroy()
+
+
+def requires_grad_input(args: tuple, kwargs: dict) -> bool:
+    """True if grad mode is on and a tensor input requires grad (never served)."""
+    if not torch.is_grad_enabled():
+        return False
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                return True
+        elif isinstance(a, (list, tuple)):
+            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in a):
+                return True
+    return False

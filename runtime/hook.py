@@ -1,0 +1,507 @@
+"""The serving hook: serve cached AOTInductor kernels for eager aten calls, never block.
+
+``install(...) -> Hook`` registers a Python kernel on every served op (see
+:mod:`aoti_farm.runtime.dispatch`).  Per call:
+
+1. ``encode_call`` normalises the call (``Ineligible`` -> eager, counted by reason; so is
+   a tensor input that requires grad while grad mode is on).
+2. ``(op, encoding)`` -> a memoised :class:`_Call` holding the signature key.
+3. Key published under the device's fingerprint -> **hit**: the kernel is loaded on first
+   use (``Cache.open_entry`` verifies sha256, fingerprint, HMAC and permissions *before*
+   ``load_runner`` dlopens it) and run; no lock is held while it runs.  A ``BadEntry`` is
+   counted (``foreign`` or ``integrity_failures``), dropped from the index, queued again,
+   and the call returns eager's result.
+4. Otherwise **miss**: eager's result is returned at once; a background thread writes the
+   signature to the shared miss queue (``missq.enqueue`` dedups across processes) and,
+   with ``on_miss="compile"``, starts a low-priority compile worker process
+   (``python -m aoti_farm.runtime.compile_worker``, niced 19, spawned not forked) that
+   drains the queue and exits when idle.  ``on_miss="queue"`` only queues (for
+   ``aoti-farm serve``), ``"ignore"`` does neither.
+
+Hot reload: a daemon thread stats the 256 shard directories of ``<fp>/entries/`` and
+``<fp>/failed/`` every ``poll_interval`` seconds and rescans only shards whose
+``(mtime_ns, nlink)`` changed; new entries become hits, removed ones stop being served.
+
+Nothing the cache, the queue or a kernel does raises into the caller: every such error is
+counted and the call returns eager's result.  Counters: :class:`HookStats`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from aoti_farm import missq
+from aoti_farm import signature as S
+from aoti_farm.cache import BadEntry, Cache
+from aoti_farm.compiler import flat_tensors, load_runner
+from aoti_farm.errors import Ineligible, UserError
+from aoti_farm.fingerprint import Fingerprint, fingerprint
+from aoti_farm.runtime import dispatch
+
+log = logging.getLogger("aoti_farm.hook")
+
+#: Most distinct (op, encoding) pairs memoised; beyond, keys are computed per call.
+MEMO_LIMIT = 65536
+#: In-process queue of signatures waiting to be written to the miss queue.
+PENDING_LIMIT = 4096
+#: Seconds a compile worker waits for new queue items before it exits.
+WORKER_IDLE_SECONDS = 20.0
+
+
+@dataclass
+class OpCounts:
+    hits: int = 0
+    misses: int = 0
+    fallbacks: int = 0
+
+
+@dataclass
+class HookStats:
+    """Named counters of one hook.  ``stats()`` returns them as a dict."""
+
+    calls: int = 0                    # calls that reached the hook (not re-entrant ones)
+    hits: int = 0                     # served by a cached kernel
+    misses: int = 0                   # eligible, not (yet) in the cache: eager
+    failed_signatures: int = 0        # calls whose signature has a failure record: eager
+    fallbacks: dict = field(default_factory=dict)   # ineligible calls by reason: eager
+    queued: int = 0                   # signatures this process added to the miss queue
+    queue_dedup: int = 0              # signatures already in the miss queue
+    queue_dropped: int = 0            # dropped: the in-process pending queue was full
+    queue_errors: int = 0             # the miss queue could not be written (cache RO/full/gone)
+    served_after_miss: int = 0        # signatures missed earlier in this process, now hits
+    kernels_loaded: int = 0           # kernels verified and loaded
+    kernels_dropped: int = 0          # loaded kernels dropped because their entry went away
+    load_errors: int = 0              # load_runner failed on a verified entry
+    kernel_errors: int = 0            # a loaded kernel raised while running: eager
+    integrity_failures: int = 0       # entries refused by verification (not foreign)
+    integrity_failures_by_kind: dict = field(default_factory=dict)
+    foreign: int = 0                  # entries built under another fingerprint
+    rescans: int = 0                  # shard directories rescanned by the poller
+    poll_errors: int = 0
+    workers_started: int = 0          # background compile worker processes started
+    worker_errors: int = 0            # a compile worker could not be started
+    per_op: dict = field(default_factory=dict)      # op -> OpCounts
+
+
+@dataclass
+class _Call:
+    """What the hook knows about one (op, encoding)."""
+
+    sig: S.Signature
+    key: str
+    device: str
+    missed: bool = False
+
+
+class _Index:
+    """Published and failed keys of one fingerprint namespace, kept fresh by shard stats."""
+
+    def __init__(self, cache: Cache, fp: Fingerprint):
+        self.cache, self.fp = cache, fp
+        self.keys: set[str] = set()
+        self.failed: set[str] = set()
+        self._stats: dict[tuple[str, str], tuple[int, int]] = {}
+        self._shard: dict[tuple[str, str], set[str]] = {}
+
+    def _dir(self, which: str) -> str:
+        return str(self.cache.root / self.fp.id / which)
+
+    def refresh(self) -> tuple[set[str], set[str], int]:
+        """Rescan changed shards; returns (added keys, removed keys, shards rescanned)."""
+        added: set[str] = set()
+        removed: set[str] = set()
+        n = 0
+        for which, target in (("entries", self.keys), ("failed", self.failed)):
+            base = self._dir(which)
+            try:
+                shards = {e.name: e.path for e in os.scandir(base) if len(e.name) == 2}
+            except (FileNotFoundError, NotADirectoryError):
+                shards = {}
+            for sk in [k for k in self._stats if k[0] == which and k[1] not in shards]:
+                gone = self._shard.pop(sk, set())
+                self._stats.pop(sk, None)
+                target.difference_update(gone)
+                if which == "entries":
+                    removed |= gone
+            for name, path in shards.items():
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                sig = (st.st_mtime_ns, st.st_nlink)
+                sk = (which, name)
+                if self._stats.get(sk) == sig:
+                    continue
+                try:
+                    names = os.listdir(path)
+                except OSError:
+                    continue
+                self._stats[sk] = sig
+                n += 1
+                if which == "entries":
+                    now = {x for x in names if len(x) == 64}
+                else:
+                    now = {x[:-8] for x in names if x.endswith(".msgpack") and len(x) == 72}
+                before = self._shard.get(sk, set())
+                self._shard[sk] = now
+                target.difference_update(before - now)
+                target.update(now)
+                if which == "entries":
+                    added |= now - before
+                    removed |= before - now
+        return added, removed, n
+
+
+class Hook:
+    """An installed serving hook.  Use :func:`install`."""
+
+    def __init__(self, cache_dir=None, ops=None, devices=("cpu", "cuda"), on_miss="compile",
+                 poll_interval=1.0, signing_key=None, allow_insecure=False, inductor_options=None,
+                 worker_log: str | None = None, worker_idle: float = WORKER_IDLE_SECONDS):
+        if on_miss not in ("compile", "queue", "ignore"):
+            raise UserError(f"on_miss: {on_miss!r} is not one of compile, queue, ignore")
+        if not poll_interval or poll_interval <= 0:
+            raise UserError(f"poll_interval: {poll_interval!r} must be a positive number of seconds")
+        self.on_miss = on_miss
+        self.poll_interval = float(poll_interval)
+        self.inductor_options = dict(inductor_options or {})
+        key = signing_key.encode() if isinstance(signing_key, str) else signing_key
+        self.cache = (Cache(cache_dir, allow_insecure=allow_insecure) if key is None
+                      else Cache(cache_dir, signing_key=key, allow_insecure=allow_insecure))
+        self.worker_log = worker_log or os.path.join(tempfile.gettempdir(), f"aoti-farm-worker-{os.getpid()}.log")
+        self.worker_idle = worker_idle
+        self.c = HookStats()
+        self._lock = threading.Lock()             # counters, memo, loads bookkeeping
+        self._load_locks: dict[str, threading.Lock] = {}
+        self._memo: dict[tuple, _Call] = {}
+        self._runners: dict[str, Any] = {}
+        self._bad: dict[str, tuple] = {}          # key -> (device, entry dir stat) when refused
+        self._reported: set[str] = set()          # keys handed to the miss writer
+        self._missed: set[str] = set()
+        self._pending: queue.Queue = queue.Queue(maxsize=PENDING_LIMIT)
+        self._stop = threading.Event()
+        self._worker: subprocess.Popen | None = None
+
+        served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
+        bad = [d for d in devices if d not in ("cpu", "cuda")]
+        if bad:
+            raise UserError(f"devices: {bad[0]!r} is not 'cpu' or 'cuda'")
+        self.fps: dict[str, Fingerprint] = {d: fingerprint(d, self.inductor_options) for d in served}
+        if on_miss != "ignore":  # a fresh cache: create it so misses can be queued
+            for fp in self.fps.values():
+                try:
+                    self.cache.ensure(fp)
+                except Exception as e:  # noqa: BLE001 -- read-only or full: misses are not queued
+                    log.warning("cache %s: %s", self.cache.root, e)
+        self._index = {d: _Index(self.cache, fp) for d, fp in self.fps.items()}
+        for d in self._index:
+            self._refresh(d)
+        try:
+            self._reg = dispatch.Registration(ops, self._handle, served)
+        except ValueError as e:
+            raise UserError(f"ops: {e}") from None
+        self.install_seconds = self._reg.install_seconds
+        self._threads = [threading.Thread(target=self._poll_loop, name="aoti-farm-poll", daemon=True),
+                         threading.Thread(target=self._writer_loop, name="aoti-farm-missq", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # -- the per-call path ---------------------------------------------------------------------
+    def _count_op(self, name: str, what: str) -> None:
+        oc = self.c.per_op.get(name)
+        if oc is None:
+            oc = self.c.per_op[name] = OpCounts()
+        setattr(oc, what, getattr(oc, what) + 1)
+
+    def _fallback(self, info, reason: str) -> None:
+        with self._lock:
+            self.c.calls += 1
+            self.c.fallbacks[reason] = self.c.fallbacks.get(reason, 0) + 1
+            self._count_op(info.name, "fallbacks")
+
+    def _handle(self, info: S.OpInfo, device: str, orig, keyset, args: tuple, kwargs: dict):
+        try:
+            if dispatch.requires_grad_input(args, kwargs):
+                self._fallback(info, "requires_grad")
+                return dispatch.call_original(info, orig, keyset, args, kwargs)
+            enc = S.encode_call(info, args, kwargs)
+        except Ineligible as e:
+            self._fallback(info, str(e))
+            return dispatch.call_original(info, orig, keyset, args, kwargs)
+        except Exception as e:  # noqa: BLE001 -- an odd argument is never the caller's problem
+            self._fallback(info, f"unencodable: {type(e).__name__}")
+            return dispatch.call_original(info, orig, keyset, args, kwargs)
+        call = self._memo.get((info.name, enc))
+        if call is None:
+            call = self._new_call(info, enc)
+        if call is None:
+            self._fallback(info, "device not served")
+            return dispatch.call_original(info, orig, keyset, args, kwargs)
+        index = self._index[call.device]
+        if call.key in index.keys and call.key not in self._bad:
+            runner = self._runners.get(call.key) or self._load(call)
+            if runner is not None:
+                try:
+                    out = runner.run(flat_tensors(call.sig, args, kwargs))
+                except Exception as e:  # noqa: BLE001
+                    log.warning("kernel %s raised %s; serving eager", call.key[:12], e)
+                    with self._lock:
+                        self.c.kernel_errors += 1
+                else:
+                    with self._lock:
+                        self.c.calls += 1
+                        self.c.hits += 1
+                        self._count_op(info.name, "hits")
+                        if call.missed:
+                            call.missed = False
+                            self.c.served_after_miss += 1
+                    return out[0] if info.n_returns == 1 else tuple(out)
+        with self._lock:
+            self.c.calls += 1
+            if call.key in index.failed:
+                self.c.failed_signatures += 1
+                self._count_op(info.name, "fallbacks")
+                report = False
+            else:
+                self.c.misses += 1
+                self._count_op(info.name, "misses")
+                call.missed = True
+                report = call.key not in self._reported
+                if report:
+                    self._reported.add(call.key)
+        if report:
+            self._report(call)
+        return dispatch.call_original(info, orig, keyset, args, kwargs)
+
+    def _new_call(self, info: S.OpInfo, enc: tuple) -> _Call | None:
+        sig = S.Signature(info.name, enc)
+        device = sig.device
+        if device not in self._index:
+            return None
+        call = _Call(sig, sig.key, device)
+        if len(self._memo) < MEMO_LIMIT:
+            self._memo[(info.name, enc)] = call
+        return call
+
+    def _report(self, call: _Call) -> None:
+        if self.on_miss == "ignore":
+            return
+        try:
+            self._pending.put_nowait(call)
+        except queue.Full:
+            with self._lock:
+                self.c.queue_dropped += 1
+                self._reported.discard(call.key)
+
+    def _load(self, call: _Call):
+        """Verify and load the kernel of ``call`` (once; concurrent callers wait)."""
+        with self._lock:
+            lk = self._load_locks.setdefault(call.key, threading.Lock())
+        with lk:
+            runner = self._runners.get(call.key)
+            if runner is not None:
+                return runner
+            fp = self.fps[call.device]
+            try:
+                entry = self.cache.open_entry(fp, call.key)
+            except BadEntry as e:
+                self._refused(call, e)
+                return None
+            except Exception as e:  # noqa: BLE001 -- a vanished or odd cache is a miss
+                log.warning("cannot open entry %s: %s", call.key[:12], e)
+                with self._lock:
+                    self.c.load_errors += 1
+                return None
+            try:
+                runner = load_runner(entry.kernel_path, "cuda:0" if call.device == "cuda" else "cpu")
+            except Exception as e:  # noqa: BLE001
+                log.warning("cannot load kernel %s: %s", call.key[:12], e)
+                with self._lock:
+                    self.c.load_errors += 1
+                    self._bad[call.key] = (call.device, self._entry_stat(call.device, call.key))
+                return None
+            self.cache.touch_used(entry)
+            with self._lock:
+                self._runners[call.key] = runner
+                self.c.kernels_loaded += 1
+            return runner
+
+    def _entry_stat(self, device: str, key: str):
+        try:
+            st = os.stat(self.cache.entry_dir(self.fps[device].id, key))
+            return (st.st_ino, st.st_mtime_ns)
+        except OSError:
+            return None
+
+    def _refused(self, call: _Call, e: BadEntry) -> None:
+        log.warning("refusing cache entry %s: %s", call.key[:12], e)
+        st = self._entry_stat(call.device, call.key)
+        with self._lock:
+            if e.kind == "foreign":
+                self.c.foreign += 1
+            elif st is not None:  # the entry is there but bad (not merely removed meanwhile)
+                self.c.integrity_failures += 1
+                by = self.c.integrity_failures_by_kind
+                by[e.kind] = by.get(e.kind, 0) + 1
+            self._bad[call.key] = (call.device, st)
+            self._index[call.device].keys.discard(call.key)
+            self._reported.add(call.key)
+        # queued again: a good kernel replaces it (after `cache verify --repair`)
+        self._report(call)
+
+    # -- background threads ----------------------------------------------------------------------
+    def _refresh(self, device: str) -> None:
+        idx = self._index[device]
+        added, removed, n = idx.refresh()
+        with self._lock:
+            self.c.rescans += n
+            for k in removed:
+                if self._runners.pop(k, None) is not None:
+                    self.c.kernels_dropped += 1
+        if n:  # a refused entry that was replaced (new directory) is tried again
+            for k, (dev, st) in list(self._bad.items()):
+                if dev == device and self._entry_stat(dev, k) != st:
+                    self._bad.pop(k, None)
+
+    def _poll_loop(self) -> None:
+        while not self._stop.wait(self.poll_interval):
+            for d in list(self._index):
+                try:
+                    self._refresh(d)
+                except Exception as e:  # noqa: BLE001
+                    log.debug("poll failed: %s", e)
+                    with self._lock:
+                        self.c.poll_errors += 1
+
+    def _writer_loop(self) -> None:
+        while True:
+            call = self._pending.get()
+            if call is None:
+                return
+            if isinstance(call, _Flush):
+                call.ev.set()
+                continue
+            self._write_miss(call)
+
+    def _write_miss(self, call: _Call) -> None:
+        fp = self.fps[call.device]
+        try:
+            if not self.cache.root.is_dir():
+                raise FileNotFoundError(f"cache {self.cache.root} is gone")
+            added = missq.enqueue(self.cache, fp.id, call.sig)
+        except Exception as e:  # noqa: BLE001 -- read-only, full or vanished cache
+            log.debug("cannot queue %s: %s", call.key[:12], e)
+            with self._lock:
+                self.c.queue_errors += 1
+                self._reported.discard(call.key)   # try again on a later miss
+            return
+        with self._lock:
+            if added:
+                self.c.queued += 1
+            else:
+                self.c.queue_dedup += 1
+        if self.on_miss == "compile":
+            self._ensure_worker(call.device)
+
+    def _ensure_worker(self, device: str) -> None:
+        if self._worker is not None and self._worker.poll() is None:
+            return
+        fp = self.fps[device]
+        cmd = [sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", str(self.cache.root),
+               "--device", device, "--fp-id", fp.id, "--idle", str(self.worker_idle),
+               "--inductor-options", json.dumps(self.inductor_options)]
+        if self.cache.allow_insecure:
+            cmd.append("--allow-insecure")
+        env = {k: v for k, v in os.environ.items() if k not in ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD",
+                                                                 "AOTI_FARM_RECORD_DIR")}
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+        env.pop("AOTI_FARM_SIGNING_KEY_FILE", None)
+        env.pop("AOTI_FARM_SIGNING_KEY", None)
+        if self.cache.signing_key:
+            env["AOTI_FARM_SIGNING_KEY"] = self.cache.signing_key.decode("latin-1")
+        try:
+            logf = open(self.worker_log, "ab")
+            try:
+                self._worker = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=logf,
+                                                stderr=logf, preexec_fn=lambda: os.nice(19))
+            finally:
+                logf.close()
+        except Exception as e:  # noqa: BLE001
+            log.warning("cannot start the compile worker: %s", e)
+            with self._lock:
+                self.c.worker_errors += 1
+            return
+        with self._lock:
+            self.c.workers_started += 1
+
+    # -- public ------------------------------------------------------------------------------------
+    @property
+    def worker(self) -> subprocess.Popen | None:
+        """The compile worker process last started (None if never)."""
+        return self._worker
+
+    @property
+    def ops(self) -> list[str]:
+        return list(self._reg.ops)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dataclasses.asdict(self.c)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every reported miss has been written to the miss queue."""
+        done = threading.Event()
+        self._pending.put(_Flush(done))
+        done.wait(timeout)
+
+    def uninstall(self, stop_worker: bool = False) -> None:
+        """Restore eager kernels, write pending misses, stop the threads (idempotent).
+
+        The compile worker keeps running until idle unless ``stop_worker``."""
+        if self._stop.is_set():
+            return
+        self._reg.uninstall()
+        self._stop.set()
+        self._pending.put(None)
+        for t in self._threads:
+            t.join(timeout=30)
+        self._runners.clear()
+        if stop_worker and self._worker is not None and self._worker.poll() is None:
+            self._worker.terminate()
+            try:
+                self._worker.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._worker.kill()
+
+    def __enter__(self) -> "Hook":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.uninstall()
+
+
+class _Flush:
+    def __init__(self, ev: threading.Event):
+        self.ev = ev
+
+
+def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = None,
+            devices: Iterable[str] = ("cpu", "cuda"), on_miss: str = "compile", poll_interval: float = 1.0,
+            signing_key: bytes | str | None = None, allow_insecure: bool = False,
+            inductor_options: dict | None = None, **kw) -> Hook:
+    """Install the serving hook; see the module docstring.  ``uninstall()`` or use as a
+    context manager.  Bad arguments raise :class:`UserError`."""
+    return Hook(cache_dir, ops, tuple(devices), on_miss, poll_interval, signing_key, allow_insecure,
+                inductor_options, **kw)

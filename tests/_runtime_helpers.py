@@ -1,0 +1,79 @@
+"""Helpers for tests/test_runtime.py and tests/test_recorder.py (no tests here).
+
+Run as a script it is one serving process of the two-process miss test:
+``python tests/_runtime_helpers.py CACHE BARRIER_DIR INDEX WORKER_LOG`` prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+
+
+def cat_inputs(seed: int = 0):
+    """The tensor-list case: cat of a non-contiguous and a contiguous tensor."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(6, 4, generator=g).t()          # (4, 6), strides (1, 4)
+    b = torch.randn(3, 6, generator=g)
+    return [a, b], 0
+
+
+def same(got: torch.Tensor, exp: torch.Tensor) -> bool:
+    """Equal to eager exactly: values, dtype, shape and strides."""
+    return (got.dtype == exp.dtype and got.shape == exp.shape and got.stride() == exp.stride()
+            and torch.equal(got, exp))
+
+
+def wait_until(pred, timeout: float = 300.0, step: float = 0.1):
+    """Poll ``pred`` until true; the timeout only bounds a hang (no timing is asserted)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def _serve(cache: str, barrier: str, index: int, worker_log: str) -> dict:
+    from aoti_farm.cache import Cache
+    from aoti_farm.runtime import install
+    from aoti_farm.signature import from_call
+
+    tensors, dim = cat_inputs()
+    expected = torch.cat(tensors, dim)
+    key = from_call(torch.ops.aten.cat.default, (tensors, dim), {}).key
+    hook = install(cache_dir=cache, ops=["aten::cat"], on_miss="compile", poll_interval=0.1,
+                   worker_log=worker_log, worker_idle=3.0)
+    fp = hook.fps["cpu"]
+    # both processes make their first call together
+    open(os.path.join(barrier, f"ready-{index}"), "w").close()
+    wait_until(lambda: len(os.listdir(barrier)) >= 2, 120, 0.01)
+    first = torch.cat(tensors, dim)
+    published_at_return = Cache(cache, signing_key=None).has_entry(fp.id, key)
+    after_first = hook.stats()
+    results = [first]
+
+    def hit():
+        results.append(torch.cat(tensors, dim))
+        return hook.stats()["hits"] > 0
+
+    wait_until(hit, 600, 0.2)
+    hook.flush()
+    st = hook.stats()
+    hook.uninstall()
+    return {"first_miss": after_first["misses"] == 1 and after_first["hits"] == 0,
+            "published_when_first_returned": published_at_return,
+            "all_equal": all(same(r, expected) for r in results), "stats": st,
+            "worker_pid": hook.worker.pid if hook.worker else None}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])))
