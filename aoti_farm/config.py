@@ -34,6 +34,7 @@ class FarmConfig:
     inductor_options: dict = field(default_factory=dict)
     signing_key_file: str | None = None
     poll_interval: float = 1.0            # serve: queue polling, seconds
+    warmup: str = "light"                 # compile actors' warm-up: none | light | compile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +148,8 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
     cfg = cls(**values)
     if isinstance(cfg, HookConfig) and cfg.on_miss not in ("compile", "queue", "ignore"):
         raise UserError(f"on_miss: {cfg.on_miss!r} is not one of compile, queue, ignore")
+    if isinstance(cfg, FarmConfig) and cfg.warmup not in ("none", "light", "compile"):
+        raise UserError(f"warmup: {cfg.warmup!r} is not one of none, light, compile")
     if isinstance(cfg, FarmConfig) and cfg.address == "":
         raise UserError("address: empty; pass 'auto' or host:port, or leave it unset for a local Ray")
     return cfg

@@ -1,0 +1,381 @@
+"""`aoti-farm warm` and `aoti-farm serve`: plan the work, then compile it on a Ray pool.
+
+warm
+  1. :func:`load_signatures` reads every ``--model`` trace and dedupes by key.
+  2. :func:`plan` fingerprints per device and drops what the cache already has
+     (``Cache.list_keys``: one directory scan per namespace, not a stat per key) or has
+     recorded as failing.  A CUDA signature is planned as "to do" unless this host has a
+     GPU: its fingerprint is computed by the GPU actor that compiles it.
+  3. Nothing left: done, without importing Ray.  Otherwise :func:`start_ray` (embedded
+     ``ray.init()``, or ``--address``/``$RAY_ADDRESS``), one actor pool sized from
+     ``ray.cluster_resources()`` (:func:`aoti_farm.workers.pool.pool_sizes`) and the
+     :class:`~aoti_farm.workers.pool.Scheduler` (bounded in-flight, timeouts, retries,
+     leases).  Exit 0 when every signature is in the cache, 1 when some failed, 2 on bad
+     input (a :class:`UserError`, raised before anything is written).
+
+serve
+  Polls the miss queue (:mod:`aoti_farm.missq`) of every fingerprint namespace its
+  workers compile for and drains it with the same pool, until SIGTERM/SIGINT; then it
+  abandons in-flight work (kills the actors, breaks their leases), shuts Ray down and
+  exits 0.
+
+Ray is imported only here and in ``aoti_farm.workers``, and only when there is work.
+Set ``AOTI_FARM_RAY_DASHBOARD=0`` to start an embedded Ray without its dashboard (it is
+started when Ray's dashboard dependencies are installed, never required).
+
+Warm-up measurement (2-core host, torch 2.13 CPU, one process, /tmp/wu.py-style): the
+first AOTInductor compile in a process takes ~9-10 s, later ones ~5.5 s.  With warm-up
+"none" the actor starts in 4.2 s and its first compile takes 10.0 s; with "light"
+(imports, fingerprint, a torch.export of a trivial op) it starts in 5.4 s and its first
+compile takes 8.9 s: the same 14.3 s in all, but the 1.1 s moves into start-up, where it
+overlaps with the other actors starting, so "light" is the default.  "compile" would pay
+a whole ~9 s trivial compile to save ~3.5 s, so it only suits long-lived `serve` pools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+from aoti_farm.config import FarmConfig, resolve
+from aoti_farm.errors import FarmError, UserError
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def _pool_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", default=None, help="cache directory (default: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm)")
+    p.add_argument("--config", default=None, help="TOML config file, table [farm] (default: $AOTI_FARM_CONFIG); "
+                   "see configs/farm.toml")
+    p.add_argument("--address", default=None, help="Ray cluster: 'auto' or host:port (default: $RAY_ADDRESS, "
+                   "else an embedded local Ray)")
+    p.add_argument("--cpu-workers", type=int, default=None, metavar="N", help="CPU compile actors (default: cluster CPUs)")
+    p.add_argument("--gpu-workers", type=int, default=None, metavar="N",
+                   help="GPU compile actors (default: cluster GPUs / --gpus-per-worker)")
+    p.add_argument("--gpus-per-worker", type=float, default=None, metavar="F",
+                   help="fraction of a GPU per GPU actor (default 0.25: four actors share a GPU)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="per-signature compile timeout (default 600)")
+    p.add_argument("--retries", type=int, default=None, metavar="K",
+                   help="retries after infrastructure failures (default 2); compile errors are never retried")
+    p.add_argument("--max-in-flight", type=int, default=None, metavar="N", help="compile calls in flight (default 2 x workers)")
+    p.add_argument("--lease-ttl", type=float, default=None, metavar="S", help="lease time-to-live (default 30)")
+
+
+def add_warm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", action="append", required=True, metavar="TRACE",
+                   help="trace.json to warm (repeatable; duplicates across traces are compiled once)")
+    _pool_args(p)
+    p.add_argument("--report", default=None, metavar="FILE",
+                   help="write a JSON report: per signature key, op, status, seconds, worker, attempts, error")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    _pool_args(p)
+    p.add_argument("--poll-interval", type=float, default=None, metavar="S", help="miss-queue polling (default 1)")
+
+
+def config_from(ns: argparse.Namespace) -> FarmConfig:
+    names = ("cache_dir", "address", "cpu_workers", "gpu_workers", "gpus_per_worker", "timeout", "retries",
+             "max_in_flight", "lease_ttl", "poll_interval")
+    cfg = resolve(FarmConfig, cli={n: getattr(ns, n, None) for n in names}, config_path=getattr(ns, "config", None))
+    if cfg.cpu_workers == 0 and cfg.gpu_workers == 0:
+        raise UserError("--cpu-workers 0 and --gpu-workers 0: no workers; allow at least one")
+    return cfg
+
+
+def warm_command(ns: argparse.Namespace) -> int:
+    cfg = config_from(ns)
+    if ns.report:
+        _check_writable(ns.report)
+    return warm(cfg, ns.model, report=ns.report)
+
+
+def serve_command(ns: argparse.Namespace) -> int:
+    return serve(config_from(ns), install_signals=True)
+
+
+def _check_writable(path: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise UserError(f"--report {path}: directory {d} does not exist; create it or pass another path")
+    if os.path.isdir(path):
+        raise UserError(f"--report {path}: is a directory; pass a file path")
+    if not os.access(d, os.W_OK):
+        raise UserError(f"--report {path}: directory {d} is not writable; pass another path")
+
+
+def _signing_key(cfg: FarmConfig) -> bytes | None:
+    from aoti_farm.cache import load_signing_key
+
+    if not cfg.signing_key_file:
+        return load_signing_key()
+    try:
+        with open(cfg.signing_key_file, "rb") as f:
+            return f.read().strip()
+    except OSError as e:
+        raise UserError(f"signing key file {cfg.signing_key_file}: {e.strerror}; fix signing_key_file") from None
+
+
+def _open_cache(cfg: FarmConfig):
+    from aoti_farm.cache_cmds import open_cache
+
+    key = _signing_key(cfg)
+    cache = open_cache(cfg.cache_dir, create=True, write=True, signing_key=key)
+    cache.signing_key = key
+    return cache
+
+
+# --- planning -------------------------------------------------------------------------------
+
+
+def load_signatures(paths: list[str]) -> list:
+    """Every signature of every trace, deduped by key, in first-seen order."""
+    from aoti_farm.trace import load_trace
+
+    seen: dict[str, object] = {}
+    for p in paths:
+        for e in load_trace(p).entries:
+            seen.setdefault(e.sig.key, e.sig)
+    return list(seen.values())
+
+
+@dataclass
+class Plan:
+    todo: list = field(default_factory=list)        # [pool.Task]
+    done: list = field(default_factory=list)        # [pool.Result] already cached or recorded failing
+    fingerprints: dict = field(default_factory=dict)  # device -> Fingerprint (computed locally)
+
+    @property
+    def total(self) -> int:
+        return len(self.todo) + len(self.done)
+
+
+def plan(sigs: list, cache, inductor_options: dict | None = None) -> Plan:
+    """Split ``sigs`` into work and what the cache already answers (see module doc)."""
+    from aoti_farm.fingerprint import fingerprint
+    from aoti_farm.workers.pool import Result, Task, route
+
+    out = Plan()
+    cuda_here = None
+    keys: dict[str, tuple[set, set]] = {}
+    for sig in sigs:
+        kind = route(sig)
+        dev = "cpu" if kind == "cpu" else "cuda:0"
+        if dev not in out.fingerprints:
+            if dev != "cpu":
+                if cuda_here is None:
+                    import torch
+
+                    cuda_here = torch.cuda.is_available()
+                if not cuda_here:
+                    out.todo.append(Task(sig, kind, None))
+                    continue
+            fp = out.fingerprints[dev] = fingerprint(dev, inductor_options)
+            keys[dev] = (cache.list_keys(fp.id), cache.failed_keys(fp.id))
+        fp = out.fingerprints[dev]
+        have, failed = keys[dev]
+        if sig.key in have:
+            out.done.append(Result(sig.key, sig.op, "cached", fp_id=fp.id))
+        elif sig.key in failed:
+            rec = cache.failure(fp.id, sig.key) or {}
+            out.done.append(Result(sig.key, sig.op, "failed", attempts=int(rec.get("attempts") or 0),
+                                   error=f"recorded failure: {rec.get('reason')} (clear it with "
+                                         f"`aoti-farm cache` to retry)", evidence=rec.get("evidence") or {},
+                                   fp_id=fp.id))
+        else:
+            out.todo.append(Task(sig, kind, fp.id))
+    return out
+
+
+# --- Ray ------------------------------------------------------------------------------------
+
+
+def start_ray(cfg: FarmConfig):
+    """(ray, started_here).  Reuses an already initialised Ray (tests, notebooks)."""
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        return ray, False
+    address = cfg.address or os.environ.get("RAY_ADDRESS") or None
+    kw: dict = {"address": address, "logging_level": logging.WARNING}
+    if address is None and os.environ.get("AOTI_FARM_RAY_DASHBOARD") == "0":
+        kw["include_dashboard"] = False
+    try:
+        ray.init(**kw)
+    except ConnectionError as e:
+        raise UserError(f"--address {address}: no Ray cluster there ({' '.join(str(e).split())[:160]}); "
+                        f"start one with `ray start --head` or leave --address/RAY_ADDRESS unset") from None
+    return ray, True
+
+
+def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,
+                   on_event: Callable | None = None):
+    from aoti_farm.workers.compile_actor import CompileActor
+    from aoti_farm.workers.pool import Scheduler, actor_options
+
+    remote_cls = ray.remote(CompileActor)
+
+    def make_actor(kind: str):
+        return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker)).remote(
+            str(cache.root), kind, cfg.inductor_options, cfg.lease_ttl, cache.signing_key, compiler_factory,
+            cfg.warmup)
+
+    return Scheduler(ray, cache, make_actor, sizes, timeout=cfg.timeout, retries=cfg.retries,
+                     lease_ttl=cfg.lease_ttl, max_in_flight=cfg.max_in_flight, on_event=on_event)
+
+
+# --- warm -----------------------------------------------------------------------------------
+
+
+def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, stream: TextIO | None = None,
+         compiler_factory: Callable | None = None, on_event: Callable | None = None,
+         counters_out: dict | None = None) -> int:
+    """Compile every signature of ``models`` into the cache; exit code 0/1 (UserError: 2)."""
+    from aoti_farm.progress import Progress, write_report
+    from aoti_farm.signature import describe
+
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    sigs = load_signatures(models)
+    cache = _open_cache(cfg)
+    p = plan(sigs, cache, cfg.inductor_options)
+    progress = Progress(p.total, stream)
+    by_key = {s.key: s for s in sigs}
+    results = {r.key: r for r in p.done}
+    for r in p.done:
+        progress.tally.cached += r.status == "cached"
+        progress.tally.failed += r.status == "failed"
+    counters = None
+    if p.todo:
+        ray, started = start_ray(cfg)
+        try:
+            from aoti_farm.workers.pool import pool_sizes
+
+            sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
+                               gpus_per_worker=cfg.gpus_per_worker,
+                               n_cpu_tasks=sum(t.kind == "cpu" for t in p.todo),
+                               n_gpu_tasks=sum(t.kind == "gpu" for t in p.todo))
+
+            def event(kind: str, data: dict) -> None:
+                progress.event(kind, data)
+                if on_event:
+                    on_event(kind, data)
+
+            sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
+            try:
+                for t in p.todo:
+                    sched.add(t)
+                sched.run()
+            finally:
+                sched.shutdown()
+            results.update(sched.results)
+            counters = sched.counters
+        finally:
+            if started:
+                ray.shutdown()
+    rows = []
+    for s in sigs:
+        r = results[s.key].to_dict()
+        r["description"] = describe(s)
+        r["device"] = s.device
+        rows.append(r)
+    progress.finish(rows)
+    if counters_out is not None and counters is not None:
+        from dataclasses import asdict
+
+        counters_out.update(asdict(counters))
+    if report:
+        from dataclasses import asdict
+
+        write_report(report, rows, {"cache_dir": str(cache.root), "models": list(models),
+                                    "pool": asdict(counters) if counters else None})
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+# --- serve ----------------------------------------------------------------------------------
+
+
+def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signals: bool = False,
+          stream: TextIO | None = None, compiler_factory: Callable | None = None,
+          on_event: Callable | None = None) -> int:
+    """Drain the miss queues until ``stop`` is set (or SIGTERM/SIGINT); returns 0."""
+    from aoti_farm import missq
+    from aoti_farm.progress import Progress
+    from aoti_farm.workers.pool import Task, pool_sizes, route
+
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    stop = stop or threading.Event()
+    cache = _open_cache(cfg)
+    cache.ensure()
+    progress = Progress(0, stream, tty=False)
+    ray, started = start_ray(cfg)
+    if install_signals and threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, lambda *_: stop.set())
+    try:
+        res = ray.cluster_resources()
+        big = 1 << 30
+        sizes = pool_sizes(res, cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
+                           gpus_per_worker=cfg.gpus_per_worker, n_cpu_tasks=big,
+                           n_gpu_tasks=big if res.get("GPU") else 0)
+
+        def event(kind: str, data: dict) -> None:
+            progress.event(kind, data)
+            if on_event:
+                on_event(kind, data)
+
+        sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
+        progress._log(f"serving {cache.root} with {sizes['cpu']} CPU and {sizes['gpu']} GPU workers")
+        try:
+            while not stop.is_set():
+                for kind in ("cpu", "gpu"):
+                    for fp_id in sched.fp_ids(kind):
+                        _enqueue_pending(cache, fp_id, kind, sched, progress, missq, Task, route)
+                for key, r in list(sched.results.items()):
+                    if r.fp_id:
+                        missq.done(cache, r.fp_id, key)
+                    del sched.results[key]
+                if sched.done() and all(w.state == "ready" for w in sched.workers):
+                    stop.wait(cfg.poll_interval)
+                else:
+                    sched.step(cfg.poll_interval)
+        finally:
+            sched.shutdown()
+            progress._log(f"stopped: compiled {sched.counters.compiled}, cached {sched.counters.cached}, "
+                          f"failed {sched.counters.failed}")
+    finally:
+        if started:
+            ray.shutdown()
+    return 0
+
+
+def _enqueue_pending(cache, fp_id, kind, sched, progress, missq, Task, route) -> None:
+    for key in missq.pending(cache, fp_id):
+        if key in sched.tasks:
+            continue
+        if cache.has_entry(fp_id, key) or cache.failure(fp_id, key) is not None:
+            missq.done(cache, fp_id, key)
+            continue
+        try:
+            sig = missq.read(cache, fp_id, key)
+        except FileNotFoundError:
+            continue
+        except (FarmError, ValueError) as e:
+            progress._log(f"dropping unreadable queue item {key[:16]}: {e}")
+            missq.done(cache, fp_id, key)
+            continue
+        if route(sig) != kind:
+            continue
+        sched.add(Task(sig, kind, fp_id))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use `aoti-farm warm` / `aoti-farm serve`")

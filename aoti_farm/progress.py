@@ -1,0 +1,140 @@
+"""Progress display and reports for `aoti-farm warm` / `serve`.
+
+* On a TTY: one line rewritten in place -- compiled / cached / failed / in flight / ETA.
+* Otherwise: one plain log line per finished signature, retry and worker event.
+* At the end: a summary table (:meth:`Progress.summary`), and with ``--report`` a JSON
+  file with one record per signature: key, op, status, seconds, worker, attempts, error
+  (:func:`write_report`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from aoti_farm.cache import atomic_write
+from aoti_farm.errors import UserError
+
+
+@dataclass
+class Tally:
+    total: int = 0
+    compiled: int = 0
+    cached: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    retried: int = 0
+
+    @property
+    def finished(self) -> int:
+        return self.compiled + self.cached + self.failed
+
+
+class Progress:
+    def __init__(self, total: int, stream: TextIO | None = None, tty: bool | None = None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.tally = Tally(total=total)
+        self.t0 = time.monotonic()
+        self.compile_seconds = 0.0
+        self._last_draw = 0.0
+
+    # -- events from the scheduler -----------------------------------------------------------
+    def event(self, kind: str, data: dict) -> None:
+        t = self.tally
+        if kind == "dispatch":
+            t.in_flight += 1
+        elif kind == "done":
+            r = data["result"]
+            if r.attempts and t.in_flight:
+                t.in_flight -= 1
+            setattr(t, r.status, getattr(t, r.status) + 1)
+            if r.status == "compiled":
+                self.compile_seconds += r.seconds
+            if not self.tty or r.status == "failed":
+                self._log(f"{r.status:8} {r.key[:16]} {r.op} {r.seconds:.1f}s"
+                          + (f" [{r.worker}]" if r.worker else "") + (f": {r.error}" if r.error else ""))
+        elif kind in ("retry", "busy"):
+            if t.in_flight:
+                t.in_flight -= 1
+            if kind == "retry":
+                t.retried += 1
+                self._log(f"retry    {data['key'][:16]} ({data['reason']})")
+        elif kind == "worker_lost":
+            self._log(f"worker lost ({data['reason']}); Ray restarts it")
+        elif kind == "worker_replaced":
+            self._log(f"worker replaced ({data['reason']})")
+        self.draw()
+
+    def set_in_flight(self, n: int) -> None:
+        self.tally.in_flight = n
+
+    def eta(self) -> float | None:
+        t = self.tally
+        done = t.compiled + t.failed
+        left = t.total - t.finished
+        if not done or not left:
+            return None
+        return (time.monotonic() - self.t0) / max(1, t.finished) * left
+
+    def line(self) -> str:
+        t = self.tally
+        width = 24
+        fill = int(width * t.finished / t.total) if t.total else width
+        eta = self.eta()
+        return (f"[{'#' * fill}{'.' * (width - fill)}] {t.finished}/{t.total}  compiled {t.compiled}  "
+                f"cached {t.cached}  failed {t.failed}  in flight {t.in_flight}  "
+                f"ETA {_fmt_secs(eta) if eta is not None else '--'}")
+
+    def draw(self, force: bool = False) -> None:
+        if not self.tty:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_draw < 0.1:
+            return
+        self._last_draw = now
+        self.stream.write("\r\x1b[2K" + self.line())
+        self.stream.flush()
+
+    def _log(self, msg: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K")
+        self.stream.write(f"aoti-farm: {msg}\n")
+        self.stream.flush()
+
+    def summary(self, results: list[dict]) -> str:
+        """A table: one row per status, then one per failure with its reason."""
+        t = self.tally
+        wall = time.monotonic() - self.t0
+        rows = [("compiled", t.compiled), ("cached", t.cached), ("failed", t.failed), ("total", t.total)]
+        out = ["", f"{'status':10} {'signatures':>10}"]
+        out += [f"{k:10} {v:>10}" for k, v in rows]
+        out.append(f"wall {wall:.1f}s, compile time {self.compile_seconds:.1f}s, retries {t.retried}")
+        failed = [r for r in results if r["status"] == "failed"]
+        if failed:
+            out.append("failed signatures:")
+            out += [f"  {r['key'][:16]} {r.get('description') or r['op']}: {r.get('error')}" for r in failed]
+        return "\n".join(out)
+
+    def finish(self, results: list[dict]) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self.line() + "\n")
+        self.stream.write(self.summary(results) + "\n")
+        self.stream.flush()
+
+
+def write_report(path: str, results: list[dict], extra: dict | None = None) -> None:
+    """JSON: ``{"signatures": [{key, op, status, seconds, worker, attempts, error, ...}], ...extra}``."""
+    doc = {"format": "aoti-farm-warm-report", "version": 1, **(extra or {}), "signatures": results}
+    try:
+        atomic_write(path, json.dumps(doc, indent=1, default=str).encode())
+    except OSError as e:
+        raise UserError(f"report {path}: cannot write ({e.strerror}); pass a writable --report path") from None
+
+
+def _fmt_secs(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"

@@ -1,0 +1,146 @@
+"""The Ray compile actor: a long-lived process that keeps torch and Inductor warm.
+
+Contract (what the scheduler in :mod:`aoti_farm.workers.pool` relies on):
+
+* ``CompileActor(cache_root, device, inductor_options, lease_ttl, signing_key,
+  compiler_factory)`` builds nothing expensive; ``warmup()`` imports torch and Inductor,
+  computes this worker's fingerprint (so a CUDA fingerprint is computed *on the GPU
+  node*, never on the driver) and returns :meth:`info`.  A worker is used only after its
+  ``warmup()`` returned.
+* ``compile(sig_obj, attempts)`` runs :func:`aoti_farm.job.compile_and_publish` for one
+  signature (``Signature.to_obj()`` form) and returns ``Outcome.to_dict()`` plus
+  ``info()`` under ``"actor"``.  It never raises: an unexpected exception comes back as
+  status ``"error"`` (an infrastructure failure the scheduler may retry); a deterministic
+  compile failure is status ``"failed"`` with a failure record in the cache.
+* The actor never forks: ``TORCHINDUCTOR_COMPILE_THREADS=1`` is set (by the runtime_env
+  and again here) so Inductor compiles in-process.
+
+This module does not import Ray at import time; the driver wraps the class with
+``ray.remote`` and the resource requests of :func:`aoti_farm.workers.pool.actor_options`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+import warnings
+from typing import Callable
+
+#: Warm-up levels: "none" (nothing), "light" (imports, fingerprint, one torch.export of a
+#: trivial op: ~1.5 s), "compile" (also a full AOTInductor compile of a trivial op into a
+#: scratch directory: ~9 s on one core, of which ~3.5 s is first-compile overhead that the
+#: next compile then skips).  "light" is the default: it overlaps with the driver's
+#: start-up and costs no full compile; see the measurement in :mod:`aoti_farm.farm`.
+WARMUP_LEVELS = ("none", "light", "compile")
+
+
+class CompileActor:
+    def __init__(self, cache_root: str, device: str = "cpu", inductor_options: dict | None = None,
+                 lease_ttl: float = 30.0, signing_key: bytes | None = None,
+                 compiler_factory: Callable | None = None, warmup_level: str = "light"):
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=UserWarning)
+        self.cache_root = cache_root
+        self.device = "cuda:0" if device.startswith("cuda") or device == "gpu" else "cpu"
+        self.inductor_options = dict(inductor_options or {})
+        self.lease_ttl = lease_ttl
+        self.signing_key = signing_key
+        self.compiler_factory = compiler_factory
+        self.warmup_level = warmup_level
+        self._cache = self._compiler = self._fp = None
+        self._owner = None
+        self.warmup_seconds: float | None = None
+
+    # -- lazily built state (so a failing import is an error of warmup(), not of __init__)
+    def _setup(self) -> None:
+        if self._fp is not None:
+            return
+        from aoti_farm.cache import Cache
+        from aoti_farm.compiler import AOTICompiler
+        from aoti_farm.fingerprint import fingerprint
+        from aoti_farm.leases import new_owner
+
+        self._cache = Cache(self.cache_root, signing_key=self.signing_key)
+        factory = self.compiler_factory or AOTICompiler
+        self._compiler = factory(self.inductor_options)
+        self._fp = fingerprint(self.device, self._compiler.options())
+        self._owner = new_owner(f"ray-{self._actor_id()[:12]}")
+
+    @staticmethod
+    def _actor_id() -> str:
+        try:
+            import ray
+
+            return ray.get_runtime_context().get_actor_id() or ""
+        except Exception:  # noqa: BLE001 -- outside Ray (unit use): no actor id
+            return ""
+
+    @staticmethod
+    def _node_id() -> str:
+        try:
+            import ray
+
+            return ray.get_runtime_context().get_node_id() or ""
+        except Exception:  # noqa: BLE001
+            return ""
+
+    def info(self) -> dict:
+        """Where this worker runs and what it compiles for (pid, node, lease owner, fingerprint)."""
+        self._setup()
+        return {"pid": os.getpid(), "host": socket.gethostname(), "node_id": self._node_id(),
+                "actor_id": self._actor_id(), "owner": self._owner, "device": self.device,
+                "fp_id": self._fp.id, "fingerprint": self._fp.as_dict(),
+                "warmup_seconds": self.warmup_seconds}
+
+    def warmup(self) -> dict:
+        """Pay the per-process start-up cost once; returns :meth:`info`."""
+        t0 = time.perf_counter()
+        self._setup()
+        if self.warmup_level in ("light", "compile") and self.compiler_factory is None:
+            import torch
+            import torch._inductor  # noqa: F401 -- the import is the warm-up
+            from torch._inductor import codecache  # noqa: F401
+
+            from aoti_farm import signature as S
+
+            dev = "cuda" if self.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+            sig = S.from_call(torch.ops.aten.relu.default, (torch.empty(4, device=dev),), {})
+            if self.warmup_level == "compile":
+                with tempfile.TemporaryDirectory(prefix="aoti-farm-warmup-") as d:
+                    self._compiler.compile(sig, d)
+            else:
+                from aoti_farm.compiler import _OpModule, flat_tensors
+
+                args, kwargs = S.materialize(sig, seed=0)
+                with torch.no_grad():
+                    torch.export.export(_OpModule(sig, args, kwargs), tuple(flat_tensors(sig, args, kwargs)),
+                                        strict=False)
+        self.warmup_seconds = time.perf_counter() - t0
+        return self.info()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def compile(self, sig_obj: dict, attempts: int = 1) -> dict:
+        """Lease, compile, verify, publish one signature; never raises (see module doc)."""
+        from aoti_farm.job import compile_and_publish
+        from aoti_farm.signature import parse_signature
+
+        t0 = time.perf_counter()
+        try:
+            self._setup()
+            sig = parse_signature(sig_obj)
+            out = compile_and_publish(self._cache, self._compiler, self._fp, sig, owner=self._owner,
+                                      attempts=attempts, lease_ttl=self.lease_ttl).to_dict()
+        except Exception as e:  # noqa: BLE001 -- reported to the scheduler as an infrastructure failure
+            msg = " ".join(str(e).split())[:300] or type(e).__name__
+            out = {"key": (sig_obj or {}).get("key", ""), "status": "error", "seconds": time.perf_counter() - t0,
+                   "worker": f"{socket.gethostname()}:{os.getpid()}", "error": f"{type(e).__name__}: {msg}",
+                   "evidence": {}, "phases": {}}
+        out["actor"] = self.info()
+        return out
