@@ -17,14 +17,18 @@ This is the only module that touches private torch APIs:
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from aoti_farm import loadenv
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused
 
@@ -203,7 +207,33 @@ class AOTICompiler:
 
     def verify(self, sig: S.Signature, kernel_path: str) -> dict:
         """Run the kernel and eager on fresh random inputs; raise CompileRefused on any
-        disagreement (shape, dtype, strides, a NaN, a value out of tolerance)."""
+        disagreement (shape, dtype, strides, a NaN, a value out of tolerance).
+
+        The first kernel built on a host (per torch build) is first loaded in a child
+        process (:func:`aoti_farm.loadenv.probe`).  Where this process cannot load AOTI
+        libraries safely (the libstdc++ trap), verification runs in a child that has
+        the preload, so a crashing loader costs a failure record, not this worker."""
+        if loadenv.remembered() is None and os.environ.get("AOTI_FARM_PRELOAD_LIBSTDCXX") not in ("0", "1"):
+            loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
+        if not loadenv.load_safe():
+            return self._verify_in_child(sig, kernel_path)
+        return self._verify_here(sig, kernel_path)
+
+    def _verify_in_child(self, sig: S.Signature, kernel_path: str) -> dict:
+        req = json.dumps({"sig": sig.to_obj(), "path": kernel_path, "trials": self.verify_trials})
+        r = subprocess.run([sys.executable, "-m", "aoti_farm.compiler"], input=req, text=True,
+                           capture_output=True, env=loadenv.child_env(), timeout=600)
+        if r.returncode < 0:
+            raise CompileRefused(f"kernel crashed its loader (signal {-r.returncode})")
+        try:
+            out = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RuntimeError(f"verification child failed (exit {r.returncode}): {r.stderr[-500:]}") from None
+        if "refused" in out:
+            raise CompileRefused(out["refused"], out.get("evidence"))
+        return {**out, "in_child": True}
+
+    def _verify_here(self, sig: S.Signature, kernel_path: str) -> dict:
         device = sig.device
         runner = load_runner(kernel_path, "cuda:0" if device == "cuda" else "cpu")
         op = S.resolve_op(sig.op)
@@ -222,3 +252,20 @@ class AOTICompiler:
 def _first_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return s[0][:300] if s else type(e).__name__
+
+
+def _verify_child_main() -> int:
+    """``python -m aoti_farm.compiler``: verify one kernel (request on stdin) and print
+    the result as one JSON line.  Used where the parent cannot load AOTI libraries."""
+    req = json.loads(sys.stdin.read())
+    sig = S.parse_signature(req["sig"])
+    try:
+        res = AOTICompiler(verify_trials=req["trials"])._verify_here(sig, req["path"])
+    except CompileRefused as e:
+        res = {"refused": e.reason, "evidence": e.evidence}
+    print(json.dumps(res, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_verify_child_main())

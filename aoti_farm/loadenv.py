@@ -137,3 +137,8 @@ def reexec_if_needed() -> None:
     missing (call it first thing in a script that loads AOTI kernels itself)."""
     if preload_wanted() and system_libstdcxx() and not preloaded():
         os.execve(sys.executable, [sys.executable] + sys.argv, child_env())
+
+
+def load_safe() -> bool:
+    """False when loading an AOTI library in *this* process would hit the trap."""
+    return not (preload_wanted() and system_libstdcxx() and not preloaded())

@@ -45,6 +45,7 @@ import torch
 from aoti_farm import missq
 from aoti_farm import signature as S
 from aoti_farm.cache import BadEntry, Cache
+from aoti_farm import loadenv
 from aoti_farm.compiler import flat_tensors, load_runner
 from aoti_farm.errors import Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
@@ -84,6 +85,7 @@ class HookStats:
     kernels_loaded: int = 0           # kernels verified and loaded
     kernels_dropped: int = 0          # loaded kernels dropped because their entry went away
     load_errors: int = 0              # load_runner failed on a verified entry
+    load_unsafe: int = 0              # not loaded: the host needs the libstdc++ preload (loadenv)
     kernel_errors: int = 0            # a loaded kernel raised while running: eager
     integrity_failures: int = 0       # entries refused by verification (not foreign)
     integrity_failures_by_kind: dict = field(default_factory=dict)
@@ -324,6 +326,12 @@ class Hook:
                 with self._lock:
                     self.c.load_errors += 1
                 return None
+            if not loadenv.load_safe():
+                # This host needs libstdc++ preloaded to load AOTI libraries and this
+                # process was started without it: loading would crash the caller.
+                with self._lock:
+                    self.c.load_unsafe += 1
+                return None
             try:
                 runner = load_runner(entry.kernel_path, "cuda:0" if call.device == "cuda" else "cpu")
             except Exception as e:  # noqa: BLE001
@@ -427,6 +435,7 @@ class Hook:
         env = {k: v for k, v in os.environ.items() if k not in ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD",
                                                                  "AOTI_FARM_RECORD_DIR")}
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+        env = loadenv.child_env(env)
         env.pop("AOTI_FARM_SIGNING_KEY_FILE", None)
         env.pop("AOTI_FARM_SIGNING_KEY", None)
         if self.cache.signing_key:

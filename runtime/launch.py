@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 
+from aoti_farm import loadenv
 from aoti_farm.errors import UserError
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
@@ -52,7 +53,7 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CHILD_VARS}
     env["PYTHONPATH"] = SITE_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra)
-    return env
+    return loadenv.child_env(env)  # the libstdc++ preload, where this host needs it
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> int:
