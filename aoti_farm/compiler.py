@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -187,9 +188,13 @@ class AOTICompiler:
                 mod = _OpModule(sig, args, kwargs)
                 ep = torch.export.export(mod, tuple(tensors), strict=False)
                 t1 = time.perf_counter()
-                out = os.path.join(workdir, "kernel.so")
-                opts = {**self._options, "aot_inductor.output_path": out}
-                path = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
+                build = os.path.join(workdir, "build")
+                opts = {**self._options, "aot_inductor.output_path": os.path.join(build, "kernel.so")}
+                if device == "cuda" and hasattr(torch._inductor.config.aot_inductor, "embed_kernel_binary"):
+                    # CUDA kernels otherwise load their .cubin files from the build
+                    # directory at run time; a published entry must be self-contained.
+                    opts.setdefault("aot_inductor.embed_kernel_binary", True)
+                built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
         except CompileRefused:
             raise
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
@@ -198,8 +203,13 @@ class AOTICompiler:
             # Export/Inductor errors are deterministic for a given signature + toolchain.
             raise CompileRefused(f"compile error: {type(e).__name__}: {_first_line(e)}") from None
         t2 = time.perf_counter()
-        if not isinstance(path, str) or not os.path.exists(path):
-            raise CompileRefused(f"AOTInductor produced no library (got {path!r})")
+        if not isinstance(built, str) or not os.path.exists(built):
+            raise CompileRefused(f"AOTInductor produced no library (got {built!r})")
+        # Verify exactly what will be published: the library alone, away from every
+        # other file the build left (a kernel that still needs them fails here).
+        path = os.path.join(workdir, "kernel.so")
+        os.replace(built, path)
+        shutil.rmtree(build, ignore_errors=True)
         verification = self.verify(sig, path)
         t3 = time.perf_counter()
         return CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,

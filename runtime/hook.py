@@ -258,9 +258,13 @@ class Hook:
                 try:
                     out = runner.run(flat_tensors(call.sig, args, kwargs))
                 except Exception as e:  # noqa: BLE001
-                    log.warning("kernel %s raised %s; serving eager", call.key[:12], e)
+                    log.warning("kernel %s raised %s; dropped, serving eager until its entry changes",
+                                call.key[:12], str(e).splitlines()[0][:200])
                     with self._lock:
                         self.c.kernel_errors += 1
+                        # never retry a kernel that failed: eager until the entry is replaced
+                        self._runners.pop(call.key, None)
+                        self._bad[call.key] = (call.device, self._entry_stat(call.device, call.key))
                 else:
                     with self._lock:
                         self.c.calls += 1

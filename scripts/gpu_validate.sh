@@ -15,7 +15,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || { echo "ray wheel install failed"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
+# the carried wheel is re-zipped without file modes: Ray's own binaries need +x back
+chmod -R a+x /tmp/site/ray/core 2>/dev/null
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade \
   --target /tmp/site . || { echo "aoti-farm install failed"; exit 1; }
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 export PATH=/tmp/site/bin:$PATH
