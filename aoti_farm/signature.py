@@ -172,8 +172,14 @@ def op_info(op: torch._ops.OpOverload) -> OpInfo:
 # --- encoding ---------------------------------------------------------------------------
 
 
+_DEVICE_STR: dict = {}
+
+
 def _device_str(d: torch.device) -> str:
-    return "cpu" if d.type == "cpu" else f"{d.type}:{d.index if d.index is not None else 0}"
+    s = _DEVICE_STR.get(d)
+    if s is None:
+        s = _DEVICE_STR[d] = "cpu" if d.type == "cpu" else f"{d.type}:{d.index if d.index is not None else 0}"
+    return s
 
 
 _WRAPPED_DTYPES = (torch.float64, torch.int64, torch.bool, torch.complex128)

@@ -105,6 +105,21 @@ class _Call:
     key: str
     device: str
     missed: bool = False
+    gather: Any = None                # (args, kwargs) -> runner inputs, built once per signature
+
+
+def _gatherer(sig: S.Signature):
+    """A function building the runner's inputs for calls of ``sig`` (the same list as
+    ``compiler.flat_tensors``), specialised once: the hit path then skips the schema walk."""
+    pos = S.tensor_positions(sig)
+    info = sig.info()
+    if all(j is None and not info.kwarg_only[i] for i, j in pos):
+        idx = [i for i, _ in pos]
+        if idx == list(range(len(idx))):
+            n = len(idx)
+            return lambda args, kwargs: list(args[:n])
+        return lambda args, kwargs: [args[i] for i in idx]
+    return lambda args, kwargs: flat_tensors(sig, args, kwargs)
 
 
 class _Index:
@@ -256,7 +271,7 @@ class Hook:
             runner = self._runners.get(call.key) or self._load(call)
             if runner is not None:
                 try:
-                    out = runner.run(flat_tensors(call.sig, args, kwargs))
+                    out = runner.run(call.gather(args, kwargs))
                 except Exception as e:  # noqa: BLE001
                     log.warning("kernel %s raised %s; dropped, serving eager until its entry changes",
                                 call.key[:12], str(e).splitlines()[0][:200])
@@ -296,7 +311,7 @@ class Hook:
         device = sig.device
         if device not in self._index:
             return None
-        call = _Call(sig, sig.key, device)
+        call = _Call(sig, sig.key, device, gather=_gatherer(sig))
         if len(self._memo) < MEMO_LIMIT:
             self._memo[(info.name, enc)] = call
         return call
