@@ -32,6 +32,7 @@ import torch
 from aoti_farm import loadenv
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused
+from aoti_farm.fingerprint import effective_options
 
 #: (rtol, atol) per output dtype.  Integers and bools compare exactly.
 TOLERANCES = {
@@ -161,7 +162,7 @@ class AOTICompiler:
     name = "aoti"
 
     def __init__(self, inductor_options: dict | None = None, verify_trials: int = VERIFY_TRIALS):
-        self._options = dict(inductor_options or {})
+        self._options = effective_options(inductor_options)
         self.verify_trials = verify_trials
 
     def options(self) -> dict:
