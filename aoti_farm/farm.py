@@ -206,7 +206,9 @@ def start_ray(cfg: FarmConfig):
     if ray.is_initialized():
         return ray, False
     address = cfg.address or os.environ.get("RAY_ADDRESS") or None
-    kw: dict = {"address": address, "logging_level": logging.WARNING}
+    # "local", not None: ray.init(address=None) would join any cluster `ray start` left in
+    # /tmp/ray/ray_current_cluster on this host instead of starting the embedded one.
+    kw: dict = {"address": address or "local", "logging_level": logging.WARNING}
     if address is None and os.environ.get("AOTI_FARM_RAY_DASHBOARD") == "0":
         kw["include_dashboard"] = False
     try:
