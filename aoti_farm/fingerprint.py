@@ -31,11 +31,12 @@ import torch
 
 FINGERPRINT_VERSION = 1
 
-#: Inductor options aoti-farm compiles with unless the user overrides them.  The AOTI
-#: wrapper is host glue around the kernels; building it at -O0 instead of Inductor's -O1
-#: cuts about a fifth of a single-op compile (measured 6.3 s -> 5.1 s per signature on a
-#: 2-core VM, 2026-11-26) and is verified against eager like everything else.
-DEFAULT_INDUCTOR_OPTIONS = {"aot_inductor.compile_wrapper_opt_level": "O0"}
+#: Inductor options aoti-farm compiles with unless the user overrides them (none today).
+#: Measured and rejected, 2-core VM, 2026-11-26: building the AOTI wrapper at -O0
+#: (``aot_inductor.compile_wrapper_opt_level``) cuts a single-op compile from about 6.3 s
+#: to 5.1 s, but the runner's call of a 64x128 add went from about 2.8 us to 5.6 us; a
+#: kernel is compiled once and called millions of times, so the hit path wins.
+DEFAULT_INDUCTOR_OPTIONS: dict = {}
 
 
 def effective_options(inductor_options: dict | None) -> dict:
