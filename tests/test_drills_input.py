@@ -7,7 +7,6 @@ as real subprocesses to prove the console script behaves the same.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import subprocess
@@ -24,24 +23,12 @@ from aoti_farm.fingerprint import fingerprint
 from aoti_farm.trace import Trace, TraceEntry, save_trace
 
 from conftest import sig_add_alpha, sig_mul
+from test_drills_util import snapshot
 
 EXAMPLES = int(os.environ.get("AOTI_FARM_DRILL_EXAMPLES", "60"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 FIGURES: dict[str, dict] = {}
-
-
-def _snapshot(root: Path) -> dict:
-    """Every path under ``root`` with its type, size and content hash."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for d in dirnames:
-            out[os.path.relpath(os.path.join(dirpath, d), root)] = "dir"
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +40,7 @@ def world(tmp_path_factory):
     trace = base / "good.json"
     save_trace(Trace([TraceEntry(sig_add_alpha(), 3, 0), TraceEntry(sig_mul(), 1, 1)]), trace)
     return {"base": base, "cache": cache.root, "trace": trace,
-            "doc": json.loads(trace.read_text()), "before": _snapshot(cache.root)}
+            "doc": json.loads(trace.read_text()), "before": snapshot(cache.root)}
 
 
 def _run(capsys, argv):
@@ -155,7 +142,7 @@ def test_fuzzed_trace_content(world, capsys):
             assert rc2 == 2, err2
 
     check()
-    assert _snapshot(cache) == world["before"]
+    assert snapshot(cache) == world["before"]
     f = FIGURES["trace-content"]
     assert f["exit2"] > 0
     print(f"drill 5 trace content: cases={f['cases']} exit2={f['exit2']} exit0={f['exit0']} "
@@ -173,7 +160,7 @@ def test_hostile_trace_files(world, capsys, name, data):
     p = _write(world["base"], name, data)
     rc, _, err = _run(capsys, ["trace", "validate", p])
     _assert_one_line(rc, err, names=str(p))
-    assert _snapshot(world["cache"]) == world["before"]
+    assert snapshot(world["cache"]) == world["before"]
 
 
 # --- command-line arguments ------------------------------------------------------------
@@ -215,7 +202,7 @@ def test_fuzzed_arguments(world, capsys, monkeypatch):
         _assert_one_line(rc, err, allow_ok=True)
 
     check()
-    assert _snapshot(cache) == world["before"]
+    assert snapshot(cache) == world["before"]
     f = FIGURES["argv"]
     print(f"drill 5 arguments: cases={f['cases']} exit2={f['exit2']} exit0={f['exit0']} tracebacks=0 cache_changed=0")
 
@@ -276,7 +263,7 @@ def test_fuzzed_toml_config(world, capsys, monkeypatch):
             assert "\n" not in str(e) and str(cfg) in str(e), str(e)
 
     check()
-    assert _snapshot(cache) == world["before"]
+    assert snapshot(cache) == world["before"]
     f = FIGURES["toml"]
     assert f["exit2"] > 0
     print(f"drill 5 TOML: cases={f['cases']} exit2={f['exit2']} exit0={f['exit0']} tracebacks=0 cache_changed=0")
@@ -305,5 +292,5 @@ def test_subprocess_cases(world):
         p = subprocess.run(argv, capture_output=True, text=True, timeout=120,
                            env={**os.environ, "AOTI_FARM_CACHE_DIR": str(world["cache"])})
         _assert_one_line(p.returncode, p.stderr, names=names)
-    assert _snapshot(world["cache"]) == world["before"]
+    assert snapshot(world["cache"]) == world["before"]
     print(f"drill 5 subprocess: cases={len(cases)} exit2={len(cases)} tracebacks=0 cache_changed=0")
