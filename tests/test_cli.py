@@ -135,3 +135,11 @@ def test_bad_config_is_one_line(tmp_path, capsys):
     cfg.write_text("[farm]\nretries = 'many'\n")
     rc, _, err = _cli(capsys, "cache", "stats", "--config", str(cfg), "--cache-dir", str(tmp_path))
     assert rc == 2 and str(cfg) in err and "retries" in err and err.count("\n") == 1
+
+
+def test_bench_subcommand_forwards_to_the_suite():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "aoti_farm", "bench", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--quick" in r.stdout and "--only" in r.stdout, r.stderr[-500:]
