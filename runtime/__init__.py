@@ -1,7 +1,8 @@
 """The serving-side hook (imported as aoti_farm.runtime). Never imports Ray.
 
 ``install(...)`` is :func:`aoti_farm.runtime.hook.install`; ``record(path)`` is
-:func:`aoti_farm.runtime.recorder.record`.
+:func:`aoti_farm.runtime.recorder.record`; ``enable_upstream_backend(cache_dir)`` is
+:func:`aoti_farm.runtime.upstream.enable_upstream_backend`.
 """
 
 
@@ -19,4 +20,12 @@ def record(path, **kwargs):
     return _record(path, **kwargs)
 
 
-__all__ = ["install", "record"]
+def enable_upstream_backend(*args, **kwargs):
+    """Register aoti-farm as torch's aoti_eager compile backend; see
+    :mod:`aoti_farm.runtime.upstream`."""
+    from aoti_farm.runtime.upstream import enable_upstream_backend as _enable
+
+    return _enable(*args, **kwargs)
+
+
+__all__ = ["install", "record", "enable_upstream_backend"]

@@ -132,7 +132,7 @@ def test_unsupported_arguments_are_ineligible_and_bad_meta_is_named():
 def test_enable_without_upstream_api_raises(monkeypatch, tmp_path):
     from torch._inductor import aoti_eager
 
-    from aoti_farm.runtime.upstream import enable_upstream_backend
+    from aoti_farm.runtime import enable_upstream_backend
 
     monkeypatch.delattr(aoti_eager, "register_aoti_compile_backend")
     with pytest.raises(UserError, match=re.escape(f"torch {torch.__version__} lacks ") + ".*register_aoti_compile_backend"):
@@ -219,7 +219,7 @@ def test_backend_serves_warm_cache_and_waits_for_fleet_compile(warmed, tmp_path)
         import json, os, threading, time, torch
         from aoti_farm import leases
         from aoti_farm.compiler import AOTICompiler
-        from aoti_farm.runtime.upstream import enable_upstream_backend
+        from aoti_farm.runtime import enable_upstream_backend
         compiles = []
         orig = AOTICompiler.compile
         def counting(self, sig, workdir):
