@@ -188,6 +188,9 @@ _WRAPPED_DTYPES = (torch.float64, torch.int64, torch.bool, torch.complex128)
 def encode_tensor(t: torch.Tensor) -> tuple:
     if t.layout is not torch.strided:
         raise Ineligible("non-strided tensor")
+    if t.is_conj() or t.is_neg():
+        # a lazy conjugate/negative view: the AOTI runner would read the raw data
+        raise Ineligible("conjugate or negative view")
     if t.dim() == 0 and t.dtype in _WRAPPED_DTYPES and t.device.type == "cpu":
         # Possibly a Python scalar wrapped by C++ (torch.allclose calls add(x, 1.0)).
         # Wrapped numbers take part in type promotion unlike 0-dim tensors, and torch

@@ -41,7 +41,7 @@ from aoti_farm import signature as S
 #: handler(info, device, orig, keyset, args, kwargs) -> result
 Handler = Callable[[S.OpInfo, str, Any, Any, tuple, dict], Any]
 
-_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+KEYS = _KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 
 
 # --- which ops ------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from aoti_farm.compiler import flat_tensors, load_runner
 from aoti_farm.errors import Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
 from aoti_farm.runtime import dispatch
+from aoti_farm.runtime import native as native_mod
 
 log = logging.getLogger("aoti_farm.hook")
 
@@ -186,7 +187,12 @@ class Hook:
 
     def __init__(self, cache_dir=None, ops=None, devices=("cpu", "cuda"), on_miss="compile",
                  poll_interval=1.0, signing_key=None, allow_insecure=False, inductor_options=None,
-                 worker_log: str | None = None, worker_idle: float = WORKER_IDLE_SECONDS):
+                 worker_log: str | None = None, worker_idle: float = WORKER_IDLE_SECONDS,
+                 native: str = "auto"):
+        if native not in ("auto", "off", "require"):
+            raise UserError(f"native: {native!r} is not one of auto, off, require")
+        if native_mod.disabled():
+            native = "off"
         if on_miss not in ("compile", "queue", "ignore"):
             raise UserError(f"on_miss: {on_miss!r} is not one of compile, queue, ignore")
         if not poll_interval or poll_interval <= 0:
@@ -210,6 +216,11 @@ class Hook:
         self._pending: queue.Queue = queue.Queue(maxsize=PENDING_LIMIT)
         self._stop = threading.Event()
         self._worker: subprocess.Popen | None = None
+        self._nreg: native_mod.NativeRegistration | None = None
+        self._native_mode = native
+        self._native_build: subprocess.Popen | None = None
+        self._native_error: str | None = None
+        self._native_final: dict | None = None    # the native counters at uninstall
 
         served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
         bad = [d for d in devices if d not in ("cpu", "cuda")]
@@ -225,8 +236,16 @@ class Hook:
         self._index = {d: _Index(self.cache, fp) for d, fp in self.fps.items()}
         for d in self._index:
             self._refresh(d)
+        self._ops_arg, self._served = ops, served
+        self._reg: Any = None
         try:
-            self._reg = dispatch.Registration(ops, self._handle, served)
+            if native == "require":
+                self._require_native()
+            elif native == "auto" and not self._try_native():
+                if native_mod.error() and native_mod.error().startswith("not built"):
+                    self._native_build = native_mod.build_in_background(self.worker_log)
+            if self._reg is None:
+                self._reg = dispatch.Registration(ops, self._handle, served)
         except ValueError as e:
             raise UserError(f"ops: {e}") from None
         self.install_seconds = self._reg.install_seconds
@@ -234,6 +253,53 @@ class Hook:
                          threading.Thread(target=self._writer_loop, name="aoti-farm-missq", daemon=True)]
         for t in self._threads:
             t.start()
+
+    # -- the native hit path ------------------------------------------------------------------
+    def _try_native(self) -> bool:
+        """Register the native kernels if the extension is built and loads; never raises
+        for a missing or broken extension (the reason is in ``stats()["native"]``)."""
+        mod = native_mod.load()
+        if mod is None:
+            self._native_error = native_mod.error()
+            return False
+        try:
+            nreg = native_mod.NativeRegistration(mod, self._ops_arg, self._native_decide, self._native_error_cb,
+                                                 self._served)
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self._native_error = f"registration failed: {type(e).__name__}: {e}"
+            return False
+        self._nreg = nreg
+        self._reg = nreg
+        self._native_error = None
+        return True
+
+    def _require_native(self) -> None:
+        try:
+            native_mod.build()
+        except Exception as e:  # noqa: BLE001
+            raise UserError(f"native=require: {e}; use native='auto' to serve from Python meanwhile") from None
+        if not self._try_native():
+            raise UserError(f"native=require: {self._native_error}; use native='auto' to serve from Python")
+
+    def _switch_to_native(self) -> None:
+        """Called by the poller once a background build has finished: swap the Python
+        kernels for native ones (calls in between get eager's result)."""
+        if self._native_build is not None and self._native_build.poll() is None:
+            return
+        self._native_build = None
+        if not native_mod.library_path().exists():
+            self._native_mode = "off"  # the build failed; its log is the worker log
+            self._native_error = "background build failed (see the worker log)"
+            return
+        old = self._reg
+        old.uninstall()
+        with self._lock:
+            self._runners.clear()  # Python runners; native ones are loaded on demand
+        if not self._try_native():
+            self._reg = dispatch.Registration(self._ops_arg, self._handle, self._served)
+        self._native_mode = "active" if self._nreg is not None else "off"
 
     # -- the per-call path ---------------------------------------------------------------------
     def _count_op(self, name: str, what: str) -> None:
@@ -248,53 +314,48 @@ class Hook:
             self.c.fallbacks[reason] = self.c.fallbacks.get(reason, 0) + 1
             self._count_op(info.name, "fallbacks")
 
-    def _handle(self, info: S.OpInfo, device: str, orig, keyset, args: tuple, kwargs: dict):
+    def _decide(self, info: S.OpInfo, args: tuple, kwargs: dict) -> tuple:
+        """What to do with one call: ``("run", call, handle)`` with a loaded kernel (the
+        caller runs it and counts the hit), or ``("miss"|"failed", call)`` /
+        ``("fallback", None)`` for eager (counted here; a miss is reported)."""
         try:
             if dispatch.requires_grad_input(args, kwargs):
                 self._fallback(info, "requires_grad")
-                return dispatch.call_original(info, orig, keyset, args, kwargs)
+                return ("fallback", None)
             enc = S.encode_call(info, args, kwargs)
         except Ineligible as e:
             self._fallback(info, str(e))
-            return dispatch.call_original(info, orig, keyset, args, kwargs)
+            return ("fallback", None)
         except Exception as e:  # noqa: BLE001 -- an odd argument is never the caller's problem
             self._fallback(info, f"unencodable: {type(e).__name__}")
-            return dispatch.call_original(info, orig, keyset, args, kwargs)
+            return ("fallback", None)
         call = self._memo.get((info.name, enc))
         if call is None:
             call = self._new_call(info, enc)
         if call is None:
             self._fallback(info, "device not served")
-            return dispatch.call_original(info, orig, keyset, args, kwargs)
+            return ("fallback", None)
         index = self._index[call.device]
         if call.key in index.keys and call.key not in self._bad:
-            runner = self._runners.get(call.key) or self._load(call)
-            if runner is not None:
-                try:
-                    out = runner.run(call.gather(args, kwargs))
-                except Exception as e:  # noqa: BLE001
-                    log.warning("kernel %s raised %s; dropped, serving eager until its entry changes",
-                                call.key[:12], str(e).splitlines()[0][:200])
+            handle = self._runners.get(call.key)
+            if handle is None or isinstance(handle, int) != (self._nreg is not None):
+                handle = self._load(call)
+            if handle is not None:
+                if call.missed:
                     with self._lock:
-                        self.c.kernel_errors += 1
-                        # never retry a kernel that failed: eager until the entry is replaced
-                        self._runners.pop(call.key, None)
-                        self._bad[call.key] = (call.device, self._entry_stat(call.device, call.key))
-                else:
-                    with self._lock:
-                        self.c.calls += 1
-                        self.c.hits += 1
-                        self._count_op(info.name, "hits")
-                        if call.missed:
-                            call.missed = False
-                            self.c.served_after_miss += 1
-                    return out[0] if info.n_returns == 1 else tuple(out)
+                        call.missed = False
+                        self.c.served_after_miss += 1
+                return ("run", call, handle)
+        return self._missed_call(info, call)
+
+    def _missed_call(self, info: S.OpInfo, call: _Call) -> tuple:
         with self._lock:
             self.c.calls += 1
-            if call.key in index.failed:
+            if call.key in self._index[call.device].failed:
                 self.c.failed_signatures += 1
                 self._count_op(info.name, "fallbacks")
                 report = False
+                what = "failed"
             else:
                 self.c.misses += 1
                 self._count_op(info.name, "misses")
@@ -302,9 +363,62 @@ class Hook:
                 report = call.key not in self._reported
                 if report:
                     self._reported.add(call.key)
+                what = "miss"
         if report:
             self._report(call)
+        return (what, call)
+
+    def _handle(self, info: S.OpInfo, device: str, orig, keyset, args: tuple, kwargs: dict):
+        """The pure-Python kernel (when the native hit path is not in use)."""
+        d = self._decide(info, args, kwargs)
+        if d[0] == "run":
+            call, runner = d[1], d[2]
+            try:
+                out = runner.run(call.gather(args, kwargs))
+            except Exception as e:  # noqa: BLE001
+                self._kernel_failed(call.key, e)
+                self._missed_call(info, call)
+            else:
+                with self._lock:
+                    self.c.calls += 1
+                    self.c.hits += 1
+                    self._count_op(info.name, "hits")
+                return out[0] if info.n_returns == 1 else tuple(out)
         return dispatch.call_original(info, orig, keyset, args, kwargs)
+
+    def _native_decide(self, info: S.OpInfo, device: str, args: tuple, kwargs: dict) -> int:
+        """The native path's question about a call it has not seen (see runtime.native)."""
+        mod = self._nreg.mod
+        d = self._decide(info, args, kwargs)
+        if d[0] == "run":
+            return d[2]
+        return mod.EAGER_MISS if d[0] == "miss" else mod.EAGER_FAILED if d[0] == "failed" else mod.EAGER_ONCE
+
+    def _native_error_cb(self, kernel_id: int, message: str) -> None:
+        with self._lock:
+            key = next((k for k, h in self._runners.items() if h == kernel_id and isinstance(h, int)), None)
+        if key is not None:
+            self._kernel_failed(key, RuntimeError(message))
+        elif self._nreg is not None:
+            self._nreg.unload(kernel_id)
+
+    def _kernel_failed(self, key: str, e: BaseException) -> None:
+        log.warning("kernel %s raised %s; dropped, serving eager until its entry changes",
+                    key[:12], (str(e).splitlines() or [type(e).__name__])[0][:200])
+        call_device = next((d for d, idx in self._index.items() if key in idx.keys), None)
+        with self._lock:
+            self.c.kernel_errors += 1
+            # never retry a kernel that failed: eager until the entry is replaced
+            handle = self._runners.pop(key, None)
+            self._bad[key] = (call_device, self._entry_stat(call_device, key) if call_device else None)
+        self._release(handle)
+
+    def _release(self, handle) -> None:
+        if isinstance(handle, int) and self._nreg is not None:
+            try:
+                self._nreg.unload(handle)
+            except Exception:  # noqa: BLE001
+                pass
 
     def _new_call(self, info: S.OpInfo, enc: tuple) -> _Call | None:
         sig = S.Signature(info.name, enc)
@@ -331,8 +445,9 @@ class Hook:
         with self._lock:
             lk = self._load_locks.setdefault(call.key, threading.Lock())
         with lk:
+            nreg = self._nreg
             runner = self._runners.get(call.key)
-            if runner is not None:
+            if runner is not None and isinstance(runner, int) == (nreg is not None):
                 return runner
             fp = self.fps[call.device]
             try:
@@ -351,8 +466,9 @@ class Hook:
                 with self._lock:
                     self.c.load_unsafe += 1
                 return None
+            device = "cuda:0" if call.device == "cuda" else "cpu"
             try:
-                runner = load_runner(entry.kernel_path, "cuda:0" if call.device == "cuda" else "cpu")
+                runner = nreg.load(entry.kernel_path, device) if nreg is not None else load_runner(entry.kernel_path, device)
             except Exception as e:  # noqa: BLE001
                 log.warning("cannot load kernel %s: %s", call.key[:12], e)
                 with self._lock:
@@ -361,8 +477,11 @@ class Hook:
                 return None
             self.cache.touch_used(entry)
             with self._lock:
+                old = self._runners.get(call.key)
                 self._runners[call.key] = runner
                 self.c.kernels_loaded += 1
+            if old is not None:
+                self._release(old)
             return runner
 
     def _entry_stat(self, device: str, key: str):
@@ -392,11 +511,19 @@ class Hook:
     def _refresh(self, device: str) -> None:
         idx = self._index[device]
         added, removed, n = idx.refresh()
+        dropped = []
         with self._lock:
             self.c.rescans += n
             for k in removed:
-                if self._runners.pop(k, None) is not None:
+                h = self._runners.pop(k, None)
+                if h is not None:
                     self.c.kernels_dropped += 1
+                    dropped.append(h)
+        for h in dropped:
+            self._release(h)
+        if n and self._nreg is not None:
+            # the index changed: calls remembered as eager are decided again
+            self._nreg.forget_eager()
         if n:  # a refused entry that was replaced (new directory) is tried again
             for k, (dev, st) in list(self._bad.items()):
                 if dev == device and self._entry_stat(dev, k) != st:
@@ -404,6 +531,12 @@ class Hook:
 
     def _poll_loop(self) -> None:
         while not self._stop.wait(self.poll_interval):
+            if self._nreg is None and self._native_mode == "auto" and self._native_build is not None:
+                try:
+                    self._switch_to_native()
+                except Exception as e:  # noqa: BLE001
+                    log.warning("switching to the native hit path failed: %s", e)
+                    self._native_mode = "off"
             for d in list(self._index):
                 try:
                     self._refresh(d)
@@ -485,8 +618,34 @@ class Hook:
         return list(self._reg.ops)
 
     def stats(self) -> dict:
+        """The counters of :class:`HookStats`, with the native path's folded in, plus
+        ``native``: whether it serves and its own counters (``slow_calls`` asked Python,
+        ``remembered`` decisions, ``callback_errors``)."""
         with self._lock:
-            return dataclasses.asdict(self.c)
+            s = dataclasses.asdict(self.c)
+        nreg = self._nreg
+        n = nreg.stats() if nreg is not None else self._native_final
+        if n is None:
+            s["native"] = {"active": False, "reason": self._native_error or
+                           ("off" if self._native_mode == "off" else "building")}
+            return s
+        s["hits"] += n["hits"]
+        s["misses"] += n["misses"]
+        s["failed_signatures"] += n["failed_signatures"]
+        s["calls"] += n["hits"] + n["misses"] + n["failed_signatures"]
+        for reason, k in (("wrapped Python number", "wrapped_numbers"), ("requires_grad", "requires_grad"),
+                          ("conjugate or negative view", "conj_neg_views")):
+            if n[k]:
+                s["fallbacks"][reason] = s["fallbacks"].get(reason, 0) + n[k]
+                s["calls"] += n[k]
+        for name, (h, m, f) in n["per_slot"].items():
+            oc = s["per_op"].setdefault(name, {"hits": 0, "misses": 0, "fallbacks": 0})
+            oc["hits"] += h
+            oc["misses"] += m
+            oc["fallbacks"] += f
+        s["native"] = {"active": nreg is not None, **{k: n[k] for k in ("slow_calls", "remembered", "unkeyable",
+                                                           "callback_errors", "kernels")}}
+        return s
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every reported miss has been written to the miss queue."""
@@ -502,10 +661,15 @@ class Hook:
             return
         self._reg.uninstall()
         self._stop.set()
+        if self._native_build is not None and self._native_build.poll() is None:
+            pass  # the build goes on: the next process uses it
         self._pending.put(None)
         for t in self._threads:
             t.join(timeout=30)
         self._runners.clear()
+        if self._nreg is not None:
+            self._native_final = self._nreg.stats()
+        self._nreg = None
         if stop_worker and self._worker is not None and self._worker.poll() is None:
             self._worker.terminate()
             try:

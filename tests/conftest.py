@@ -60,3 +60,13 @@ class Kernels:
 @pytest.fixture(scope="session")
 def kernels(tmp_path_factory):
     return Kernels(tmp_path_factory.mktemp("session-cache"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def native_hit_path():
+    """Hooks in tests take the production path, the native hit path; it is built once
+    per machine and torch build (a real C++ compile, about 30 s), here if not yet."""
+    from aoti_farm.runtime import native
+
+    if not native.disabled():
+        native.build()

@@ -1,0 +1,516 @@
+// aoti-farm's native hit path: a boxed C++ kernel per served op that serves calls whose
+// exact metadata it has already seen, without entering Python.
+//
+// The serving decisions stay in Python (aoti_farm.runtime.hook): signature encoding, the
+// cache index, verification before a kernel is loaded, the miss queue.  This file only
+// remembers, per op, what Python decided for a given *fast key* and replays it:
+//
+//   fast key -> kernel   run the AOTI runner (the same runner upstream's holder uses)
+//   fast key -> eager    call the original kernel (a queued miss or a failed signature)
+//   unknown              ask Python: decide(slot, values) -> kernel id | EAGER_* code
+//
+// The fast key is every piece of call metadata the dispatcher hands us: per argument its
+// IValue tag and, for a tensor, dtype, device, sizes and strides; for a scalar its exact
+// value.  It is therefore at least as fine as aoti-farm's signature (which is built from
+// the same arguments), so two calls with one fast key always have one signature.  Calls
+// with anything the key does not capture (a wrapped Python number, a conj/neg view, a
+// non-strided or symbolic tensor, grad mode with a tensor that requires grad, an argument
+// of any other type) never use a remembered decision.
+//
+// Nothing here raises into the caller except eager's own errors: a failing runner or a
+// failing Python callback becomes eager's result and a counter.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_dtypes.h>
+#include <torch/csrc/utils/tensor_layouts.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
+#include <torch/python.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr int64_t EAGER_MISS = -1;     // remembered: a miss (queued); counted as a miss
+constexpr int64_t EAGER_FAILED = -2;   // remembered: a signature with a failure record
+constexpr int64_t EAGER_ONCE = -3;     // not remembered: Python counted this call itself
+
+thread_local bool t_inside = false;    // this thread is inside one of our kernels
+
+struct InsideGuard {
+  bool prev;
+  InsideGuard() : prev(t_inside) { t_inside = true; }
+  ~InsideGuard() { t_inside = prev; }
+};
+
+using Runner = torch::inductor::AOTIModelContainerRunner;
+
+struct Decision {
+  int64_t code;                     // kernel id >= 0, or EAGER_MISS / EAGER_FAILED
+  std::shared_ptr<Runner> runner;   // set when code >= 0
+};
+
+struct Counters {
+  std::atomic<uint64_t> hits{0}, misses{0}, failed{0};
+};
+
+struct State;
+
+struct Slot {
+  c10::OperatorHandle op;
+  c10::SafeKernelFunction orig;
+  std::string name;
+  size_t nargs;
+  std::vector<int> special;         // per argument: 0 plain, 1 dtype, 2 layout, 3 memory format
+  std::unordered_map<std::string, Decision> known;   // guarded by State::mu
+  Counters c;
+  Slot(c10::OperatorHandle o, c10::SafeKernelFunction k, std::string n)
+      : op(std::move(o)), orig(std::move(k)), name(std::move(n)) {}
+};
+
+struct State {
+  py::object decide, on_error;
+  std::shared_mutex mu;
+  std::vector<std::unique_ptr<Slot>> slots;
+  std::unordered_map<int64_t, std::shared_ptr<Runner>> runners;
+  int64_t next_id = 0;
+  std::atomic<bool> enabled{true};
+  std::atomic<uint64_t> slow{0}, wrapped{0}, grad{0}, views{0}, unkeyable{0}, kernel_errors{0},
+      callback_errors{0}, remembered{0};
+  ~State() {
+    // The dispatcher may outlive the interpreter (static destruction at exit): never touch
+    // Python objects then.
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (!Py_IsInitialized() || finalizing) {
+      decide.release();
+      on_error.release();
+    } else {
+      py::gil_scoped_acquire gil;
+      decide = py::object();
+      on_error = py::object();
+    }
+  }
+};
+
+// --- the fast key ------------------------------------------------------------------------
+
+enum class Keyed { ok, wrapped, grad, view, unkeyable };
+
+inline void put(std::string& k, const void* p, size_t n) {
+  k.append(static_cast<const char*>(p), n);
+}
+inline void put64(std::string& k, int64_t v) { put(k, &v, sizeof v); }
+
+Keyed key_tensor(std::string& k, const at::Tensor& t) {
+  if (!t.defined()) {
+    k.push_back('N');
+    return Keyed::ok;
+  }
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) return Keyed::wrapped;
+  if (t.layout() != c10::kStrided || t.is_nested() || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+    return Keyed::unkeyable;
+  if (t.is_conj() || t.is_neg()) return Keyed::view;
+  if (t.requires_grad() && c10::GradMode::is_enabled()) return Keyed::grad;
+  k.push_back('T');
+  k.push_back(static_cast<char>(t.scalar_type()));
+  k.push_back(static_cast<char>(t.device().type()));
+  k.push_back(static_cast<char>(t.device().index()));
+  const int64_t d = t.dim();
+  put64(k, d);
+  put(k, t.sizes().data(), d * sizeof(int64_t));
+  put(k, t.strides().data(), d * sizeof(int64_t));
+  return Keyed::ok;
+}
+
+Keyed key_value(std::string& k, const c10::IValue& v) {
+  if (v.isTensor()) return key_tensor(k, v.toTensor());
+  if (v.isNone()) {
+    k.push_back('N');
+    return Keyed::ok;
+  }
+  if (v.isInt()) {
+    k.push_back('i');
+    put64(k, v.toInt());
+    return Keyed::ok;
+  }
+  if (v.isDouble()) {
+    k.push_back('f');
+    double x = v.toDouble();
+    put(k, &x, sizeof x);
+    return Keyed::ok;
+  }
+  if (v.isBool()) {
+    k.push_back(v.toBool() ? 'B' : 'b');
+    return Keyed::ok;
+  }
+  if (v.isString()) {
+    const auto& s = v.toStringRef();
+    k.push_back('s');
+    put64(k, static_cast<int64_t>(s.size()));
+    k.append(s);
+    return Keyed::ok;
+  }
+  if (v.isDevice()) {
+    auto d = v.toDevice();
+    k.push_back('d');
+    k.push_back(static_cast<char>(d.type()));
+    k.push_back(static_cast<char>(d.index()));
+    return Keyed::ok;
+  }
+  if (v.isIntList()) {
+    auto l = v.toIntList();
+    k.push_back('I');
+    put64(k, static_cast<int64_t>(l.size()));
+    for (int64_t x : l) put64(k, x);
+    return Keyed::ok;
+  }
+  if (v.isDoubleList()) {
+    auto l = v.toDoubleList();
+    k.push_back('F');
+    put64(k, static_cast<int64_t>(l.size()));
+    for (double x : l) put(k, &x, sizeof x);
+    return Keyed::ok;
+  }
+  if (v.isBoolList()) {
+    auto l = v.toBoolList();
+    k.push_back('L');
+    put64(k, static_cast<int64_t>(l.size()));
+    for (bool x : l) k.push_back(x ? '1' : '0');
+    return Keyed::ok;
+  }
+  if (v.isTensorList() || v.isList()) {
+    // Tensor[] or Tensor?[] (a generic list of optional tensors); anything else is unkeyable
+    auto l = v.toListRef();
+    k.push_back('[');
+    put64(k, static_cast<int64_t>(l.size()));
+    for (const auto& x : l) {
+      if (!(x.isTensor() || x.isNone())) return Keyed::unkeyable;
+      Keyed r = key_value(k, x);
+      if (r != Keyed::ok) return r;
+    }
+    return Keyed::ok;
+  }
+  return Keyed::unkeyable;  // SymInt, Generator, complex, objects...
+}
+
+// Runner inputs: every defined tensor, in schema order, lists flattened (as
+// aoti_farm.compiler.flat_tensors and upstream's unpack_tensors do).
+std::vector<at::Tensor> runner_inputs(const c10::IValue* args, size_t n) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& v = args[i];
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) out.push_back(v.toTensor());
+    } else if (v.isTensorList() || v.isList()) {
+      for (const auto& x : v.toListRef())
+        if (x.isTensor() && x.toTensor().defined()) out.push_back(x.toTensor());
+    }
+  }
+  return out;
+}
+
+py::object to_py(const c10::IValue& v, int special) {
+  if (v.isInt()) {
+    switch (special) {
+      case 1: return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(v.toInt()))));
+      case 2: return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(v.toInt()))));
+      case 3: return py::reinterpret_borrow<py::object>(
+          torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(v.toInt())));
+      default: break;
+    }
+  }
+  return torch::jit::toPyObject(v);
+}
+
+int special_kind(const c10::Argument& a) {
+  c10::TypePtr t = a.real_type();
+  if (t->kind() == c10::TypeKind::OptionalType) t = t->expectRef<c10::OptionalType>().getElementType();
+  switch (t->kind()) {
+    case c10::TypeKind::ScalarTypeType: return 1;
+    case c10::TypeKind::LayoutType: return 2;
+    case c10::TypeKind::MemoryFormatType: return 3;
+    default: return 0;
+  }
+}
+
+// --- the kernel ----------------------------------------------------------------------------
+
+struct SlotKernel final : public c10::OperatorKernel {
+  std::shared_ptr<State> st;
+  Slot* slot;
+  int64_t index;
+  SlotKernel(std::shared_ptr<State> s, Slot* sl, int64_t i) : st(std::move(s)), slot(sl), index(i) {}
+
+  void eager(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    slot->orig.callBoxed(op, ks, stack);
+  }
+
+  bool run(const std::shared_ptr<Runner>& runner, int64_t kid, torch::jit::Stack* stack) {
+    const size_t n = slot->nargs;
+    std::vector<at::Tensor> outputs;
+    try {
+      InsideGuard g;
+      outputs = runner->run(runner_inputs(&*(stack->end() - n), n));
+    } catch (const std::exception& e) {
+      st->kernel_errors++;
+      report_error(kid, e.what());
+      return false;
+    }
+    torch::jit::drop(*stack, n);
+    for (auto& o : outputs) torch::jit::push(*stack, std::move(o));
+    return true;
+  }
+
+  void report_error(int64_t kid, const char* what) {
+    try {
+      InsideGuard g;
+      py::gil_scoped_acquire gil;
+      st->on_error(kid, std::string(what));
+    } catch (...) {
+      st->callback_errors++;
+    }
+  }
+
+  int64_t ask(const c10::IValue* args) {
+    try {
+      InsideGuard g;
+      py::gil_scoped_acquire gil;
+      py::list vals(slot->nargs);
+      for (size_t i = 0; i < slot->nargs; ++i) vals[i] = to_py(args[i], slot->special[i]);
+      return st->decide(index, vals).cast<int64_t>();
+    } catch (...) {
+      st->callback_errors++;
+      return EAGER_ONCE;
+    }
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    if (t_inside || !st->enabled.load(std::memory_order_relaxed)) return eager(op, ks, stack);
+    const size_t n = slot->nargs;
+    const c10::IValue* args = &*(stack->end() - n);
+    thread_local std::string key;
+    key.clear();
+    Keyed kd = Keyed::ok;
+    for (size_t i = 0; i < n && kd == Keyed::ok; ++i) kd = key_value(key, args[i]);
+    switch (kd) {
+      case Keyed::wrapped: st->wrapped++; return eager(op, ks, stack);
+      case Keyed::grad: st->grad++; return eager(op, ks, stack);
+      case Keyed::view: st->views++; return eager(op, ks, stack);
+      case Keyed::unkeyable: {
+        // Python decides, every time (nothing is remembered for such a call)
+        st->unkeyable++;
+        int64_t code = ask(args);
+        if (code >= 0) {
+          std::shared_ptr<Runner> r;
+          {
+            std::shared_lock<std::shared_mutex> lk(st->mu);
+            auto it = st->runners.find(code);
+            if (it != st->runners.end()) r = it->second;
+          }
+          if (r && run(r, code, stack)) {
+            slot->c.hits++;
+            return;
+          }
+        }
+        return eager(op, ks, stack);
+      }
+      case Keyed::ok: break;
+    }
+    Decision d{EAGER_ONCE, nullptr};
+    bool found = false;
+    {
+      std::shared_lock<std::shared_mutex> lk(st->mu);
+      auto it = slot->known.find(key);
+      if (it != slot->known.end()) {
+        d = it->second;
+        found = true;
+      }
+    }
+    if (found) {
+      if (d.code >= 0) {
+        if (run(d.runner, d.code, stack)) {
+          slot->c.hits++;
+          return;
+        }
+        return eager(op, ks, stack);
+      }
+      (d.code == EAGER_FAILED ? slot->c.failed : slot->c.misses)++;
+      return eager(op, ks, stack);
+    }
+    st->slow++;
+    int64_t code = ask(args);
+    if (code >= 0) {
+      std::shared_ptr<Runner> r;
+      {
+        std::unique_lock<std::shared_mutex> lk(st->mu);
+        auto it = st->runners.find(code);
+        if (it != st->runners.end()) {
+          r = it->second;
+          slot->known[key] = Decision{code, r};
+          st->remembered++;
+        }
+      }
+      if (r && run(r, code, stack)) {
+        slot->c.hits++;
+        return;
+      }
+      return eager(op, ks, stack);
+    }
+    if (code == EAGER_MISS || code == EAGER_FAILED) {
+      std::unique_lock<std::shared_mutex> lk(st->mu);
+      slot->known[key] = Decision{code, nullptr};
+      st->remembered++;
+    }
+    return eager(op, ks, stack);
+  }
+};
+
+// --- the Python-facing object ----------------------------------------------------------------
+
+class FastPath {
+ public:
+  FastPath(py::object decide, py::object on_error) : st_(std::make_shared<State>()) {
+    st_->decide = std::move(decide);
+    st_->on_error = std::move(on_error);
+  }
+  ~FastPath() { destroy(); }
+
+  // Register our kernel for `name` (aten::add.Tensor) at `key` (CPU or CUDA); returns its slot.
+  int64_t add_op(const std::string& name, const std::string& overload, const std::string& key) {
+    if (!lib_)
+      lib_ = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", std::nullopt, __FILE__, __LINE__);
+    auto dk = c10::parseDispatchKey(key);
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    TORCH_CHECK(op.hasKernelForDispatchKey(dk), name, " has no kernel for ", key);
+    auto orig = op.getComputedKernelForDispatchKey(dk);
+    std::string full = overload.empty() ? name : name + "." + overload;
+    auto slot = std::make_unique<Slot>(op, std::move(orig), full);
+    const auto& args = op.schema().arguments();
+    slot->nargs = args.size();
+    for (const auto& a : args) slot->special.push_back(special_kind(a));
+    Slot* raw = slot.get();
+    int64_t index;
+    {
+      std::unique_lock<std::shared_mutex> lk(st_->mu);
+      index = static_cast<int64_t>(st_->slots.size());
+      st_->slots.push_back(std::move(slot));
+    }
+    lib_->impl(full.c_str(), torch::dispatch(dk, torch::CppFunction::makeFromBoxedFunctor(
+                                                     std::make_unique<SlotKernel>(st_, raw, index))));
+    return index;
+  }
+
+  // Load a kernel the way upstream's holder does; returns its id.
+  int64_t load(const std::string& path, const std::string& device) {
+    auto& reg = torch::inductor::getAOTIModelRunnerRegistry();
+    std::string type = device.substr(0, device.find(':'));
+    auto it = reg.find(type);
+    TORCH_CHECK(it != reg.end(), "no AOTI runner for device ", device);
+    std::shared_ptr<Runner> r;
+    {
+      py::gil_scoped_release nogil;
+      r = std::shared_ptr<Runner>(it->second(path, 1, device, "", false));
+    }
+    std::unique_lock<std::shared_mutex> lk(st_->mu);
+    int64_t id = st_->next_id++;
+    st_->runners[id] = std::move(r);
+    return id;
+  }
+
+  // Forget a kernel and every remembered call that ran it.
+  void unload(int64_t id) {
+    std::shared_ptr<Runner> keep;  // released after the lock
+    std::unique_lock<std::shared_mutex> lk(st_->mu);
+    auto it = st_->runners.find(id);
+    if (it != st_->runners.end()) {
+      keep = std::move(it->second);
+      st_->runners.erase(it);
+    }
+    for (auto& s : st_->slots)
+      for (auto k = s->known.begin(); k != s->known.end();)
+        k = (k->second.code == id) ? s->known.erase(k) : std::next(k);
+  }
+
+  // Forget every remembered eager decision (the cache index changed).
+  void forget_eager() {
+    std::unique_lock<std::shared_mutex> lk(st_->mu);
+    for (auto& s : st_->slots)
+      for (auto k = s->known.begin(); k != s->known.end();)
+        k = (k->second.code < 0) ? s->known.erase(k) : std::next(k);
+  }
+
+  void set_enabled(bool on) { st_->enabled = on; }
+
+  py::dict stats() {
+    py::dict d, per;
+    uint64_t hits = 0, misses = 0, failed = 0, known = 0;
+    std::shared_lock<std::shared_mutex> lk(st_->mu);
+    for (auto& s : st_->slots) {
+      uint64_t h = s->c.hits, m = s->c.misses, f = s->c.failed;
+      hits += h, misses += m, failed += f, known += s->known.size();
+      if (h || m || f) per[py::str(s->name)] = py::make_tuple(h, m, f);
+    }
+    d["hits"] = hits;
+    d["misses"] = misses;
+    d["failed_signatures"] = failed;
+    d["per_slot"] = per;
+    d["slow_calls"] = st_->slow.load();
+    d["wrapped_numbers"] = st_->wrapped.load();
+    d["requires_grad"] = st_->grad.load();
+    d["conj_neg_views"] = st_->views.load();
+    d["unkeyable"] = st_->unkeyable.load();
+    d["kernel_errors"] = st_->kernel_errors.load();
+    d["callback_errors"] = st_->callback_errors.load();
+    d["remembered"] = known;
+    d["kernels"] = st_->runners.size();
+    return d;
+  }
+
+  // Put the original kernels back (idempotent).
+  void destroy() {
+    st_->enabled = false;
+    lib_.reset();
+  }
+
+ private:
+  std::shared_ptr<State> st_;
+  std::unique_ptr<torch::Library> lib_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("EAGER_MISS") = EAGER_MISS;
+  m.attr("EAGER_FAILED") = EAGER_FAILED;
+  m.attr("EAGER_ONCE") = EAGER_ONCE;
+  py::class_<FastPath>(m, "FastPath")
+      .def(py::init<py::object, py::object>())
+      .def("add_op", &FastPath::add_op)
+      .def("load", &FastPath::load)
+      .def("unload", &FastPath::unload)
+      .def("forget_eager", &FastPath::forget_eager)
+      .def("set_enabled", &FastPath::set_enabled)
+      .def("stats", &FastPath::stats)
+      .def("destroy", &FastPath::destroy);
+}

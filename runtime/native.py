@@ -1,0 +1,261 @@
+"""Building and loading the native hit path (``runtime/fastpath.cpp``).
+
+The serving hook's per-call work is C++ when this extension is available: a boxed kernel
+per served op remembers, per exact call metadata, what the Python hook decided (run this
+kernel / eager) and replays it without entering Python.  See fastpath.cpp for what the
+key holds and why it is never coarser than a signature.
+
+The extension is compiled on the host that uses it, against the torch that is installed
+(it includes torch's C++ headers, so it must match the torch build exactly), with the C++
+compiler AOTInductor itself uses.  It is built once per (source, torch build, Python,
+compiler) into ``$AOTI_FARM_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/aoti-farm/native``):
+compiled into a temporary file and renamed into place, under a ``filelock`` so that
+processes starting together build it once.  A build takes about 30 s on 2 cores.
+
+* ``python -m aoti_farm.runtime.native build`` builds it (``aoti-farm warm`` starts this
+  in the background too); ``status`` prints where it is.
+* :func:`load` imports it if built, never builds and never raises.
+* ``AOTI_FARM_NATIVE=0`` turns the native path off everywhere (pure-Python hook).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("fastpath.cpp")
+MODULE = "_aoti_farm_native"
+#: Seconds a build may take before it is abandoned.
+BUILD_TIMEOUT = 900
+
+_lock = threading.Lock()
+_loaded = None
+_load_error: str | None = None
+
+
+def disabled() -> bool:
+    return os.environ.get("AOTI_FARM_NATIVE", "").strip().lower() in ("0", "off", "false", "no")
+
+
+def compiler() -> str:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
+
+
+def _compiler_version(cxx: str) -> str:
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def build_id() -> str:
+    h = hashlib.sha256()
+    h.update(SOURCE.read_bytes())
+    for part in (torch.__version__, torch.version.git_version, str(torch.compiled_with_cxx11_abi()),
+                 sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "", _compiler_version(compiler())):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:20]
+
+
+def native_dir() -> Path:
+    d = os.environ.get("AOTI_FARM_NATIVE_DIR")
+    if d:
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "aoti-farm" / "native"
+
+
+def library_path() -> Path:
+    return native_dir() / build_id() / (MODULE + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+
+def command(out: str) -> list[str]:
+    tdir = Path(torch.__file__).parent
+    inc = tdir / "include"
+    lib = tdir / "lib"
+    return [
+        compiler(), "-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+        f"-DTORCH_EXTENSION_NAME={MODULE}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+        f"-I{inc}", f"-I{inc / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{sysconfig.get_paths()['include']}",
+        str(SOURCE), "-o", out, f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
+        f"-Wl,-rpath,{lib}",
+    ]
+
+
+def build(verbose: bool = False) -> Path:
+    """Build the extension if it is not built yet; returns its path.  Raises RuntimeError
+    with the compiler's message on failure."""
+    from filelock import FileLock
+
+    path = library_path()
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.parent / ".build.lock"), timeout=BUILD_TIMEOUT):
+        if path.exists():
+            return path
+        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=path.parent)
+        os.close(fd)
+        try:
+            cmd = command(tmp)
+            if verbose:
+                print(" ".join(cmd), file=sys.stderr)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+            if r.returncode != 0:
+                msg = "\n".join(line for line in r.stderr.splitlines() if "error" in line)[:2000]
+                raise RuntimeError(f"building {SOURCE.name} failed (exit {r.returncode}): {msg or r.stderr[-2000:]}")
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return path
+
+
+def load():
+    """The extension module if it is built and loads here, else None (see :func:`error`)."""
+    global _loaded, _load_error
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        if disabled():
+            _load_error = "disabled by AOTI_FARM_NATIVE=0"
+            return None
+        from aoti_farm import loadenv
+
+        if not loadenv.load_safe():
+            _load_error = "this process cannot load native libraries safely (libstdc++ preload needed)"
+            return None
+        path = library_path()
+        if not path.exists():
+            _load_error = f"not built ({path})"
+            return None
+        try:
+            spec = importlib.util.spec_from_file_location(MODULE, str(path))
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        except Exception as e:  # noqa: BLE001 -- a stale or broken build: the Python path serves
+            _load_error = f"cannot load {path}: {type(e).__name__}: {e}"
+            return None
+        _loaded, _load_error = mod, None
+        return mod
+
+
+def error() -> str | None:
+    """Why :func:`load` returned None last time."""
+    return _load_error
+
+
+def build_in_background(log_path: str | None = None) -> subprocess.Popen | None:
+    """Start ``python -m aoti_farm.runtime.native build`` niced, unless built or disabled."""
+    if disabled() or library_path().exists():
+        return None
+    from aoti_farm import loadenv
+
+    log = open(log_path or os.devnull, "ab")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "aoti_farm.runtime.native", "build"],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=loadenv.child_env(),
+                                preexec_fn=lambda: os.nice(19), start_new_session=True)
+    finally:
+        log.close()
+
+
+class NativeRegistration:
+    """The native kernels for ``ops`` on ``devices``: the native counterpart of
+    :class:`aoti_farm.runtime.dispatch.Registration`.
+
+    ``decide(info, device, args, kwargs) -> int`` is asked about every call whose metadata
+    the native side has not seen: it returns a kernel id from :meth:`load`, or one of
+    ``mod.EAGER_MISS`` / ``EAGER_FAILED`` (remembered until :meth:`forget_eager`) /
+    ``EAGER_ONCE`` (not remembered).  ``on_error(kernel_id, message)`` hears of a kernel
+    that raised (the call got eager's result)."""
+
+    def __init__(self, mod, ops, decide, on_error, devices=("cpu",)):
+        import time
+        import warnings
+
+        from aoti_farm import signature as S
+        from aoti_farm.runtime import dispatch
+
+        self.mod = mod
+        self._decide = decide
+        self.slots: list[tuple] = []
+        self.ops: list[str] = []
+        t0 = time.perf_counter()
+        self.fp = mod.FastPath(self._ask, on_error)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+                for device in devices:
+                    key = dispatch.KEYS[device]
+                    for op in dispatch.resolve_ops(ops, device):
+                        if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
+                            continue
+                        s = op._schema
+                        info = S.op_info(op)
+                        slot = self.fp.add_op(s.name, s.overload_name, key)
+                        assert slot == len(self.slots)
+                        self.slots.append((info, device, info.kwarg_only))
+                        if info.name not in self.ops:
+                            self.ops.append(info.name)
+        except BaseException:
+            self.fp.destroy()
+            raise
+        self.install_seconds = time.perf_counter() - t0
+
+    def _ask(self, slot: int, vals: list) -> int:
+        info, device, kwo = self.slots[slot]
+        args = tuple(v for v, k in zip(vals, kwo) if not k)
+        kwargs = {n: v for n, v, k in zip(info.arg_names, vals, kwo) if k}
+        return self._decide(info, device, args, kwargs)
+
+    def load(self, path: str, device: str) -> int:
+        return self.fp.load(path, device)
+
+    def unload(self, kernel_id: int) -> None:
+        self.fp.unload(kernel_id)
+
+    def forget_eager(self) -> None:
+        self.fp.forget_eager()
+
+    def stats(self) -> dict:
+        return self.fp.stats()
+
+    def uninstall(self) -> None:
+        self.fp.destroy()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    what = argv[0] if argv else "status"
+    if what == "build":
+        try:
+            p = build(verbose="-v" in argv)
+        except Exception as e:  # noqa: BLE001
+            print(f"aoti-farm native: {e}", file=sys.stderr)
+            return 1
+        print(p)
+        return 0
+    if what == "status":
+        p = library_path()
+        print(json.dumps({"path": str(p), "built": p.exists(), "disabled": disabled()}))
+        return 0
+    print("usage: python -m aoti_farm.runtime.native [build [-v] | status]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
