@@ -22,7 +22,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-POLL = 0.5
+POLL = 0.1
 
 
 def _out(obj: dict) -> None:

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -59,7 +60,9 @@ MEMO_LIMIT = 65536
 #: In-process queue of signatures waiting to be written to the miss queue.
 PENDING_LIMIT = 4096
 #: Seconds a compile worker waits for new queue items before it exits.
-WORKER_IDLE_SECONDS = 20.0
+WORKER_IDLE_SECONDS = 60.0
+#: Seconds between looks at the compile worker's log while it runs.
+WATCH_INTERVAL = 0.05
 
 
 @dataclass
@@ -212,10 +215,12 @@ class Hook:
         self._runners: dict[str, Any] = {}
         self._bad: dict[str, tuple] = {}          # key -> (device, entry dir stat) when refused
         self._reported: set[str] = set()          # keys handed to the miss writer
-        self._missed: set[str] = set()
+        self._loading: set[str] = set()           # keys queued for the background loader
+        self._loads_in_background = True
         self._pending: queue.Queue = queue.Queue(maxsize=PENDING_LIMIT)
         self._stop = threading.Event()
-        self._worker: subprocess.Popen | None = None
+        self._worker: subprocess.Popen | None = None   # the last one started
+        self._workers: dict[str, subprocess.Popen] = {}  # per device
         self._nreg: native_mod.NativeRegistration | None = None
         self._native_mode = native
         self._native_build: subprocess.Popen | None = None
@@ -253,6 +258,10 @@ class Hook:
                          threading.Thread(target=self._writer_loop, name="aoti-farm-missq", daemon=True)]
         for t in self._threads:
             t.start()
+        if on_miss == "compile" and "cpu" in self.fps:
+            # a warm worker (torch imported, idle at the lowest priority) compiles the first
+            # miss without the interpreter start-up; it exits after ``worker_idle`` seconds
+            self._pending.put(_Start("cpu"))
 
     # -- the native hit path ------------------------------------------------------------------
     def _try_native(self) -> bool:
@@ -339,6 +348,11 @@ class Hook:
         if call.key in index.keys and call.key not in self._bad:
             handle = self._runners.get(call.key)
             if handle is None or isinstance(handle, int) != (self._nreg is not None):
+                if call.missed and self._loads_in_background:
+                    # published while this process served it eagerly: verify and load it
+                    # off the request path; eager serves until it is ready
+                    self._load_soon(call)
+                    return self._missed_call(info, call)
                 handle = self._load(call)
             if handle is not None:
                 if call.missed:
@@ -484,6 +498,26 @@ class Hook:
                 self._release(old)
             return runner
 
+    def _load_soon(self, call: _Call) -> None:
+        with self._lock:
+            if call.key in self._loading:
+                return
+            self._loading.add(call.key)
+        try:
+            self._pending.put_nowait(_Load(call))
+        except queue.Full:
+            with self._lock:
+                self._loading.discard(call.key)
+
+    def _background_load(self, call: _Call) -> None:
+        try:
+            self._load(call)
+        finally:
+            with self._lock:
+                self._loading.discard(call.key)
+            if self._nreg is not None:
+                self._nreg.forget_eager()   # the remembered miss is decided again: a hit
+
     def _entry_stat(self, device: str, key: str):
         try:
             st = os.stat(self.cache.entry_dir(self.fps[device].id, key))
@@ -529,8 +563,34 @@ class Hook:
                 if dev == device and self._entry_stat(dev, k) != st:
                     self._bad.pop(k, None)
 
+    def _wait_poll(self) -> bool:
+        """Sleep until the next poll; False when stopping.  While this hook's compile
+        worker runs, its log is watched (one stat per 50 ms): a line there is an outcome,
+        so the index is rescanned at once instead of up to ``poll_interval`` later."""
+        deadline = time.monotonic() + self.poll_interval
+        size = self._log_size()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            if not any(w.poll() is None for w in list(self._workers.values())):
+                if self._stop.wait(left):
+                    return False
+                continue
+            if self._stop.wait(min(left, WATCH_INTERVAL)):
+                return False
+            now = self._log_size()
+            if now != size:
+                return True
+
+    def _log_size(self) -> int:
+        try:
+            return os.stat(self.worker_log).st_size
+        except OSError:
+            return -1
+
     def _poll_loop(self) -> None:
-        while not self._stop.wait(self.poll_interval):
+        while self._wait_poll():
             if self._nreg is None and self._native_mode == "auto" and self._native_build is not None:
                 try:
                     self._switch_to_native()
@@ -552,6 +612,15 @@ class Hook:
                 return
             if isinstance(call, _Flush):
                 call.ev.set()
+                continue
+            if isinstance(call, _Start):
+                self._ensure_worker(call.device)
+                continue
+            if isinstance(call, _Load):
+                try:
+                    self._background_load(call.call)
+                except Exception as e:  # noqa: BLE001 -- counted by _load; never kills the thread
+                    log.debug("background load failed: %s", e)
                 continue
             self._write_miss(call)
 
@@ -576,7 +645,8 @@ class Hook:
             self._ensure_worker(call.device)
 
     def _ensure_worker(self, device: str) -> None:
-        if self._worker is not None and self._worker.poll() is None:
+        w = self._workers.get(device)
+        if w is not None and w.poll() is None:
             return
         fp = self.fps[device]
         cmd = [sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", str(self.cache.root),
@@ -587,6 +657,7 @@ class Hook:
         env = {k: v for k, v in os.environ.items() if k not in ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD",
                                                                  "AOTI_FARM_RECORD_DIR")}
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+        env["OMP_NUM_THREADS"] = "1"
         env = loadenv.child_env(env)
         env.pop("AOTI_FARM_SIGNING_KEY_FILE", None)
         env.pop("AOTI_FARM_SIGNING_KEY", None)
@@ -595,8 +666,8 @@ class Hook:
         try:
             logf = open(self.worker_log, "ab")
             try:
-                self._worker = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=logf,
-                                                stderr=logf, preexec_fn=lambda: os.nice(19))
+                self._worker = self._workers[device] = subprocess.Popen(
+                    cmd, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, preexec_fn=_lowest_priority)
             finally:
                 logf.close()
         except Exception as e:  # noqa: BLE001
@@ -670,12 +741,13 @@ class Hook:
         if self._nreg is not None:
             self._native_final = self._nreg.stats()
         self._nreg = None
-        if stop_worker and self._worker is not None and self._worker.poll() is None:
-            self._worker.terminate()
-            try:
-                self._worker.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._worker.kill()
+        for w in list(self._workers.values()) if stop_worker else ():
+            if w.poll() is None:
+                w.terminate()
+                try:
+                    w.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    w.kill()
 
     def __enter__(self) -> "Hook":
         return self
@@ -684,9 +756,33 @@ class Hook:
         self.uninstall()
 
 
+def _lowest_priority() -> None:
+    """In the compile worker's child, before exec: run only on CPU time serving leaves
+    idle (SCHED_IDLE, inherited by the C++ compiler it starts); nice 19 where that is
+    not allowed."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.nice(19)
+    except OSError:
+        pass
+
+
 class _Flush:
     def __init__(self, ev: threading.Event):
         self.ev = ev
+
+
+class _Start:
+    def __init__(self, device: str):
+        self.device = device
+
+
+class _Load:
+    def __init__(self, call: _Call):
+        self.call = call
 
 
 def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = None,
