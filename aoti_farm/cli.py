@@ -335,8 +335,19 @@ def build_parser(command: str | None = None) -> Parser:
     _common(x)
     x.set_defaults(func=_upstream("import_command"))
 
+    nat = sub.add_parser("native", help="build the serving hook's native hit path, or show its status")
+    nat.add_argument("action", choices=("build", "status"), help="build: compile it for this torch (about 30 s); "
+                     "status: where it is and whether it is built")
+    nat.set_defaults(func=cmd_native)
+
     sub.add_parser("bench", help="benchmarks (`aoti-farm bench --help`)", add_help=False)
     return p
+
+
+def cmd_native(ns) -> int:
+    from aoti_farm.runtime import native
+
+    return native.main([ns.action])
 
 
 def _command_of(argv: list[str]) -> str | None:

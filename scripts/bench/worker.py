@@ -123,16 +123,22 @@ def _uninstall(hook) -> None:
         hook.uninstall()
 
 
-def _install(cache_dir, ops, on_miss):
+def _install(cache_dir, ops, on_miss, native="require"):
+    """The hook under test.  aoti-farm's own runs with its native hit path required (built
+    before the benchmarks start; ``native="off"`` is the pure-Python path)."""
     import importlib
-    rt = importlib.import_module(os.environ.get("AOTI_BENCH_HOOK_MODULE") or "aoti_farm.runtime")
+    name = os.environ.get("AOTI_BENCH_HOOK_MODULE") or "aoti_farm.runtime"
+    rt = importlib.import_module(name)
+    if name == "aoti_farm.runtime":
+        return rt.install(cache_dir=cache_dir, ops=ops, on_miss=on_miss, native=native)
     return rt.install(cache_dir=cache_dir, ops=ops, on_miss=on_miss)
 
 
 # --- hit / miss path (benchmarks 3 and 4) -------------------------------------------------
 
 def hit(mode: str, spec: dict, iters: dict, cache_dir: str | None = None, breakdown: bool = False) -> None:
-    """Per-call time of one signature: mode eager | upstream | hook | hook-miss-<on_miss>."""
+    """Per-call time of one signature: mode eager | upstream | hook | hook-py (the pure-Python
+    path) | hook-miss-<on_miss>."""
     sig = _sig(spec)
     op, args, kwargs = _call_of(sig)
     expected = op(*args, **kwargs)
@@ -144,9 +150,9 @@ def hit(mode: str, spec: dict, iters: dict, cache_dir: str | None = None, breakd
         lib._impl_with_aoti_compile(sig.op.split("::")[-1], "CPU")
         out["register_s"] = time.perf_counter() - t0
     elif mode.startswith("hook"):
-        on_miss = "ignore" if mode == "hook" else mode.split("-")[-1]
+        on_miss = "ignore" if mode in ("hook", "hook-py") else mode.split("-")[-1]
         t0 = time.perf_counter()
-        hook = _install(cache_dir, [sig.op], on_miss)
+        hook = _install(cache_dir, [sig.op], on_miss, native="off" if mode == "hook-py" else "require")
         out["install_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     got = op(*args, **kwargs)
@@ -200,6 +206,16 @@ def _hook_breakdown(sig, op, args, kwargs, cache_dir, iters) -> dict:
     a0 = ins[0]
     r["python_dispatch_roundtrip_us"] = time_per_call(lambda: noop(a0), **iters)["us_median"]
     r["aten_alias_us"] = time_per_call(lambda: torch.ops.aten.alias.default(a0), **iters)["us_median"]
+    # the native path without the kernel: the same call remembered as a miss (boxed
+    # dispatch into our C++ kernel + fast key + lookup + the original kernel), vs eager
+    import tempfile
+    with tempfile.TemporaryDirectory() as empty:
+        hook = _install(empty, [sig.op], "ignore")
+        op(*args, **kwargs)
+        r["native_remembered_miss_us"] = time_per_call(lambda: op(*args, **kwargs), **iters)["us_median"]
+        _uninstall(hook)
+    r["eager_us"] = time_per_call(lambda: op(*args, **kwargs), **iters)["us_median"]
+    r["native_key_lookup_dispatch_us (miss - eager)"] = r["native_remembered_miss_us"] - r["eager_us"]
     return r
 
 
