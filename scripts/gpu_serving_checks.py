@@ -48,6 +48,9 @@ def per_call_us(fn, iters=2000, warm=200):
     return statistics.median(samples)
 
 
+NATIVE = "auto"   # "require" once the native hit path is built on this host
+
+
 def step_differential(cache_dir):
     from aoti_farm.runtime import install
 
@@ -57,7 +60,7 @@ def step_differential(cache_dir):
     expected = [S.resolve_op(s.op)(*a, **k) for s, (a, k) in calls]
     x, y = torch.randn(3, 5, device="cuda"), torch.randn(3, 5, device="cuda")
     miss_expected = torch.add(x, y, alpha=3)
-    with install(cache_dir=cache_dir, on_miss="ignore") as hook:
+    with install(cache_dir=cache_dir, on_miss="ignore", native=NATIVE) as hook:
         for (s, (a, k)), e in zip(calls, expected):
             got = S.resolve_op(s.op)(*a, **k)
             out["checked"] += 1
@@ -85,12 +88,14 @@ def step_bench(cache_dir, shapes=((64, 128), (1024, 1024))):
         alpha = 2 if shape == (64, 128) else 1
         f = (lambda: torch.add(a, b, alpha=2)) if alpha == 2 else (lambda: torch.add(a, b))
         eager = per_call_us(f)
-        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore") as hook:
+        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", native=NATIVE) as hook:
             hit = per_call_us(f)
             st = hook.stats()
+        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", native="off") as hook:
+            hit_py = per_call_us(f)
         # a miss: a shape not in the cache
         c, d = torch.randn(shape[0] + 1, shape[1], device="cuda"), torch.randn(shape[0] + 1, shape[1], device="cuda")
-        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore"):
+        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", native=NATIVE):
             miss = per_call_us(lambda: torch.add(c, d))
         eager_miss = per_call_us(lambda: torch.add(c, d))
         # upstream's C++ holder over the exported cache (no compile: it is warm)
@@ -111,7 +116,8 @@ def step_bench(cache_dir, shapes=((64, 128), (1024, 1024))):
         up = float(r.stdout.split("US")[-1]) if "US" in r.stdout else None
         if up is None:
             log("upstream holder failed:", r.stderr[-1500:])
-        row = {"shape": list(shape), "eager_us": eager, "hook_hit_us": hit, "upstream_holder_us": up,
+        row = {"shape": list(shape), "eager_us": eager, "hook_hit_us": hit, "hook_hit_python_path_us": hit_py,
+               "native": st.get("native"), "upstream_holder_us": up,
                "hook_miss_us": miss, "eager_miss_shape_us": eager_miss, "hits": st.get("hits"),
                "hit_ratio_vs_upstream": (hit / up) if up else None}
         log("bench:", row)
@@ -197,6 +203,16 @@ def main():
     ns = ap.parse_args()
     R["LD_PRELOAD"] = os.environ.get("LD_PRELOAD")
     ok = True
+    global NATIVE
+    from aoti_farm.runtime import native
+    t0 = time.perf_counter()
+    try:
+        R["native_build"] = {"path": str(native.build()), "seconds": time.perf_counter() - t0}
+        NATIVE = "require"
+    except Exception as e:  # the hook then serves from Python; say so
+        R["native_build"] = {"error": str(e)[-2000:], "seconds": time.perf_counter() - t0}
+        ok = False
+    log("native build:", R["native_build"])
     for name, fn in (("differential", lambda: step_differential(ns.cache_dir)),
                      ("bench", lambda: step_bench(ns.cache_dir)),
                      ("fingerprint", lambda: step_fingerprint(ns.cache_dir)),
