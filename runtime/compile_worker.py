@@ -65,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     idle_since = time.monotonic()
     retry_at: dict[str, float] = {}
     _out({"event": "start", "pid": os.getpid(), "fp": fp.id})
+    # warm up before the first miss: what a first compile would import anyway
+    t0 = time.monotonic()
+    import torch._inductor.codecache  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch.export  # noqa: F401
+    _out({"event": "ready", "pid": os.getpid(), "warmup_s": round(time.monotonic() - t0, 3)})
     while time.monotonic() - idle_since < ns.idle:
         try:
             keys = missq.pending(cache, fp.id)
