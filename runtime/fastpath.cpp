@@ -49,6 +49,9 @@ namespace {
 constexpr int64_t EAGER_MISS = -1;     // remembered: a miss (queued); counted as a miss
 constexpr int64_t EAGER_FAILED = -2;   // remembered: a signature with a failure record
 constexpr int64_t EAGER_ONCE = -3;     // not remembered: Python counted this call itself
+// Most remembered calls per op; a full op forgets everything it remembered (dynamic
+// shapes must not grow memory without bound) and learns again through Python.
+constexpr size_t KNOWN_LIMIT = 16384;
 
 thread_local bool t_inside = false;    // this thread is inside one of our kernels
 
@@ -90,8 +93,10 @@ struct State {
   std::unordered_map<int64_t, std::shared_ptr<Runner>> runners;
   int64_t next_id = 0;
   std::atomic<bool> enabled{true};
+  // bumped by forget_eager(): an eager decision made before a bump is not remembered
+  std::atomic<uint64_t> epoch{0};
   std::atomic<uint64_t> slow{0}, wrapped{0}, grad{0}, views{0}, unkeyable{0}, kernel_errors{0},
-      callback_errors{0}, remembered{0};
+      callback_errors{0}, remembered{0}, forgotten{0};
   ~State() {
     // The dispatcher may outlive the interpreter (static destruction at exit): never touch
     // Python objects then.
@@ -359,6 +364,7 @@ struct SlotKernel final : public c10::OperatorKernel {
       return eager(op, ks, stack);
     }
     st->slow++;
+    const uint64_t epoch = st->epoch.load();
     int64_t code = ask(args);
     if (code >= 0) {
       std::shared_ptr<Runner> r;
@@ -367,8 +373,7 @@ struct SlotKernel final : public c10::OperatorKernel {
         auto it = st->runners.find(code);
         if (it != st->runners.end()) {
           r = it->second;
-          slot->known[key] = Decision{code, r};
-          st->remembered++;
+          remember(key, code, r);
         }
       }
       if (r && run(r, code, stack)) {
@@ -379,10 +384,20 @@ struct SlotKernel final : public c10::OperatorKernel {
     }
     if (code == EAGER_MISS || code == EAGER_FAILED) {
       std::unique_lock<std::shared_mutex> lk(st->mu);
-      slot->known[key] = Decision{code, nullptr};
-      st->remembered++;
+      // the cache changed while Python decided: the decision may be stale already
+      if (st->epoch.load() == epoch) remember(key, code, nullptr);
     }
     return eager(op, ks, stack);
+  }
+
+  // caller holds st->mu uniquely
+  void remember(const std::string& key, int64_t code, std::shared_ptr<Runner> r) {
+    if (slot->known.size() >= KNOWN_LIMIT) {
+      slot->known.clear();
+      st->forgotten++;
+    }
+    slot->known[key] = Decision{code, std::move(r)};
+    st->remembered++;
   }
 };
 
@@ -455,6 +470,7 @@ class FastPath {
   // Forget every remembered eager decision (the cache index changed).
   void forget_eager() {
     std::unique_lock<std::shared_mutex> lk(st_->mu);
+    st_->epoch++;
     for (auto& s : st_->slots)
       for (auto k = s->known.begin(); k != s->known.end();)
         k = (k->second.code < 0) ? s->known.erase(k) : std::next(k);
@@ -483,6 +499,7 @@ class FastPath {
     d["kernel_errors"] = st_->kernel_errors.load();
     d["callback_errors"] = st_->callback_errors.load();
     d["remembered"] = known;
+    d["forgotten_full"] = st_->forgotten.load();
     d["kernels"] = st_->runners.size();
     return d;
   }

@@ -714,8 +714,8 @@ class Hook:
             oc["hits"] += h
             oc["misses"] += m
             oc["fallbacks"] += f
-        s["native"] = {"active": nreg is not None, **{k: n[k] for k in ("slow_calls", "remembered", "unkeyable",
-                                                           "callback_errors", "kernels")}}
+        s["native"] = {"active": nreg is not None, **{k: n[k] for k in ("slow_calls", "remembered", "forgotten_full",
+                                                           "unkeyable", "callback_errors", "kernels")}}
         return s
 
     def flush(self, timeout: float = 30.0) -> None:

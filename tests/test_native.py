@@ -154,6 +154,22 @@ def test_threads_share_the_native_path(add_cache):
     assert st["native"]["callback_errors"] == 0
 
 
+def test_remembered_calls_are_bounded(tmp_path):
+    """Dynamic shapes: an op that has remembered its limit of calls forgets them all and
+    learns again (memory stays bounded); results stay eager's."""
+    b = torch.randn(1)
+    with install(cache_dir=str(tmp_path / "empty"), ops=["aten::add.Tensor"], on_miss="ignore",
+                 native="require") as hook:
+        for n in range(1, 16384 + 50):
+            x = torch.ones(1, n)
+            if n % 4096 == 0:
+                assert torch.equal(torch.add(x, b, alpha=2), torch.full((1, n), 1.0) + 2 * b)
+            else:
+                torch.add(x, b, alpha=2)
+        st = hook.stats()["native"]
+    assert st["forgotten_full"] == 1 and 0 < st["remembered"] < 100, st
+
+
 @pytest.mark.slow
 def test_hook_builds_the_native_path_in_the_background_and_switches(add_cache, tmp_path, monkeypatch):
     """With nothing built, the hook serves from Python at once, builds the extension in a
