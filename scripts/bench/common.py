@@ -149,8 +149,8 @@ def system_busy_s() -> float:
     return (sum(v[:8]) - idle) / CLK_TCK
 
 
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (ppid, user+system seconds of the process itself)."""
+def _proc_table() -> dict[int, tuple[int, float, float, str]]:
+    """pid -> (ppid, user+system seconds of the process itself, of its reaped children, name)."""
     out = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -161,46 +161,99 @@ def _proc_table() -> dict[int, tuple[int, float]]:
         except OSError:
             continue
         rest = st[st.rfind(")") + 2:].split()
-        out[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK)
+        out[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK,
+                       (int(rest[13]) + int(rest[14])) / CLK_TCK, st[st.find("(") + 1:st.rfind(")")])
     return out
 
 
+def _label(pid: int, name: str) -> str:
+    """A short name for a process: its comm, and for Python what it runs."""
+    if not name.startswith("python"):
+        return name
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return name
+    rest = [a for a in argv[1:] if not a.startswith("-")] or argv[1:]
+    if "-c" in argv:
+        return "python -c (probe)"
+    return "python " + (os.path.basename(rest[0]) if rest else "?")
+
+
 class TreeCPU:
-    """Samples the CPU time of every process descending from ``root`` (Ray's raylet and
-    workers, the compiler processes they start) every ``interval`` seconds, keeping each
-    process's last value.  A lower bound: time after a process's last sample, and
-    processes that live less than one interval, are missed."""
+    """CPU time of every process descending from ``root`` (Ray's raylet and workers, the
+    compilers they start), sampled from /proc every ``interval`` seconds.
+
+    Each process's own time is kept at its last sample, and so is the time of the
+    children it reaped (``cutime``): a compiler that lives less than one interval, or
+    the last interval of one that lived longer, is in its parent's ``cutime`` as soon as
+    the parent waits for it.  To count nothing twice, a parent's ``cutime`` counts only
+    beyond the sampled time of the subtrees of the children it reaped (those that vanished
+    before its last sample; an unreaped child stays visible as a zombie).  A lower bound,
+    exact but for the last interval of processes nobody in the tree reaps (Ray's workers,
+    killed with their raylet)."""
 
     def __init__(self, root: int, interval: float = 0.2):
         import threading
         self.root, self.interval = root, interval
-        self.last: dict[int, float] = {}
+        self.rec: dict[int, dict] = {}   # pid -> {ppid, self, kids, last, name}
+        self.by_name: dict[str, float] = {}   # after stop(): CPU s per process name (comm)
+        self.n = 0
         self.seen_pids = 0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
 
+    def _sample(self) -> None:
+        tab = _proc_table()
+        kids: dict[int, list[int]] = {}
+        for pid, (pp, *_) in tab.items():
+            kids.setdefault(pp, []).append(pid)
+        todo, tree = [self.root], []
+        while todo:
+            p = todo.pop()
+            tree.append(p)
+            todo.extend(kids.get(p, []))
+        self.n += 1
+        for p in tree:
+            if p in tab:
+                pp, own, ch, name = tab[p]
+                r = self.rec.get(p)
+                if r is None:
+                    r = self.rec[p] = {"ppid": pp, "self": 0.0, "kids": 0.0, "last": 0, "name": _label(p, name)}
+                r["self"], r["kids"], r["last"] = max(r["self"], own), max(r["kids"], ch), self.n
+                r["ppid"] = pp   # the latest: an orphan re-parented away is nobody's here
+
     def _run(self):
         while not self._stop.is_set():
-            tab = _proc_table()
-            kids: dict[int, list[int]] = {}
-            for pid, (pp, _) in tab.items():
-                kids.setdefault(pp, []).append(pid)
-            todo, tree = [self.root], []
-            while todo:
-                p = todo.pop()
-                tree.append(p)
-                todo.extend(kids.get(p, []))
-            for p in tree:
-                if p in tab:
-                    self.last[p] = max(self.last.get(p, 0.0), tab[p][1])
+            self._sample()
             self._stop.wait(self.interval)
 
     def stop(self) -> float:
+        """Total CPU seconds of the tree; ``by_name`` splits it by process (name)."""
         self._stop.set()
         self._t.join()
-        self.seen_pids = len(self.last)
-        return sum(self.last.values())
+        self.seen_pids = len(self.rec)
+        children: dict[int, list[int]] = {}
+        for pid, r in self.rec.items():
+            children.setdefault(r["ppid"], []).append(pid)
+        by_name: dict[str, float] = {}
+
+        def subtree(pid: int) -> float:
+            # each process counts its own time, plus the part of its children's time
+            # (cutime) that the sampled subtrees of the children it reaped (those that
+            # vanished before its last sample) do not already explain
+            r = self.rec[pid]
+            kids = [(c, subtree(c)) for c in children.get(pid, [])]
+            reaped = sum(t for c, t in kids if self.rec[c]["last"] < r["last"])
+            own = r["self"] + max(0.0, r["kids"] - reaped)
+            by_name[r["name"]] = by_name.get(r["name"], 0.0) + own
+            return own + sum(t for _, t in kids)
+
+        total = sum(subtree(pid) for pid, r in self.rec.items() if r["ppid"] not in self.rec)
+        self.by_name = dict(sorted(by_name.items(), key=lambda kv: -kv[1]))
+        return total
 
 
 # --- caches -------------------------------------------------------------------------------

@@ -17,11 +17,20 @@ How things are measured (see each bench_* function):
     as the hook (exported with aoti_farm.upstream.export_upstream), so only the call
     path differs;
   * farm CPU: every process descending from the `aoti-farm warm` process (driver,
-    raylet, Ray workers, g++) is sampled from /proc every 0.2 s (a lower bound: Ray
-    workers are not reaped by the driver, so getrusage(RUSAGE_CHILDREN) misses them;
-    that figure is reported too), plus the machine-wide busy CPU from /proc/stat, which
-    is exact on a quiet machine; upstream's CPU is getrusage(SELF+CHILDREN) of its one
-    process;
+    raylet, Ray workers, g++): sampled from /proc every 0.2 s, each process's own time
+    plus the time of the children it reaped, minus what would be counted twice
+    (common.TreeCPU; the compilers' short processes and last intervals are in their
+    parent's cutime -- sampling own time alone missed them).  getrusage(RUSAGE_CHILDREN)
+    misses Ray's workers (nobody in the driver's chain reaps them) and the machine-wide
+    busy CPU from /proc/stat (exact only on a quiet machine) are reported as
+    cross-checks; upstream's CPU is getrusage(SELF+CHILDREN) of its one process, torch
+    import included, like the farm's;
+  * warm throughput: upstream's sequential time is the sum of its compiles in one
+    process that has imported torch (its first compile, with Inductor's first-compile
+    probes, included); the farm's time is the CLI process's wall time from its start.
+    Both start from cold caches: a fresh Inductor cache each, and for the farm a fresh
+    XDG_CACHE_HOME (its per-host ISA / libstdc++ memos); Inductor's precompiled headers
+    live in a global directory both sides share;
   * fake entries (re-run, start-up) are copies of one real kernel, stripped (~0.3 MB),
     published under add.Tensor (1, k) signatures; they are never called.
 """
@@ -163,13 +172,20 @@ def rusage_children() -> float:
 
 
 def run_cli_warm(ctx: Ctx, trace: str, cache: str, workers: int, label: str, timeout: float = 3600,
-                 sample_tree: bool = True) -> dict:
-    """`aoti-farm warm` as a separate process: wall time, reaped-children CPU, report."""
+                 sample_tree: bool = True, cold_host_memos: bool = False) -> dict:
+    """`aoti-farm warm` as a separate process: wall time, CPU of its whole tree, report.
+
+    ``cold_host_memos``: a fresh XDG_CACHE_HOME, so the farm's per-host memos (the CPU's
+    vector ISA, the libstdc++ probe) start cold, as upstream's fresh Inductor cache does:
+    each side pays its first-compile probes once per run."""
     report = str(ctx.work / f"report-{label}.json")
     ray_tmp = ctx.dir(f"raytmp-{label}")
     ind = ctx.dir(f"inductor-{label}")
     argv = ["warm", "--model", trace, "--cache-dir", cache, "--cpu-workers", str(workers), "--report", report]
-    env = C.bench_env({"TORCHINDUCTOR_CACHE_DIR": ind, "RAY_TMPDIR": ray_tmp, "AOTI_FARM_CACHE_DIR": cache})
+    extra = {"TORCHINDUCTOR_CACHE_DIR": ind, "RAY_TMPDIR": ray_tmp, "AOTI_FARM_CACHE_DIR": cache}
+    if cold_host_memos:
+        extra["XDG_CACHE_HOME"] = ctx.dir(f"xdg-{label}")
+    env = C.bench_env(extra)
     cmd = [C.PY, str(C.HERE / "worker.py"), "cli_warm", json.dumps({"argv": argv})]
     cpu0, sys0 = rusage_children(), C.system_busy_s()
     t0 = time.perf_counter()
@@ -186,6 +202,7 @@ def run_cli_warm(ctx: Ctx, trace: str, cache: str, workers: int, label: str, tim
     p = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     res = {"wall_s": wall, "cpu_reaped_children_s": cpu, "cpu_tree_sampled_s": tree_cpu,
            "tree_pids_seen": tree.seen_pids if tree else None,
+           "cpu_tree_by_process_s": {k: round(v, 2) for k, v in tree.by_name.items() if v >= 0.05} if tree else None,
            "system_busy_s (whole machine)": sys_busy, "returncode": p.returncode}
     for line in p.stdout.splitlines():
         if line.startswith(C.MARK):
@@ -257,7 +274,7 @@ def bench_warm(ctx: Ctx) -> dict:
     farm = {}
     for w in sorted({1, ncpu}):
         cache = ctx.dir(f"farm-cache-w{w}")
-        r = run_cli_warm(ctx, trace, cache, w, f"w{w}")
+        r = run_cli_warm(ctx, trace, cache, w, f"w{w}", cold_host_memos=True)
         r["report_compile_seconds"], r["report_compiled"] = report_compile_seconds(r.get("report"))
         farm[w] = r
     out["farm"] = {str(k): v for k, v in farm.items()}
