@@ -32,7 +32,7 @@ import torch
 from aoti_farm import loadenv
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused
-from aoti_farm.fingerprint import effective_options
+from aoti_farm.fingerprint import effective_options, seed_inductor_vec_isa
 
 #: (rtol, atol) per output dtype.  Integers and bools compare exactly.
 TOLERANCES = {
@@ -176,6 +176,8 @@ class AOTICompiler:
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("CUDA signature on a worker without a GPU")
         os.makedirs(workdir, exist_ok=True)
+        if device == "cpu":
+            seed_inductor_vec_isa()   # once per process: skip Inductor's ISA probe when we know its answer
         t0 = time.perf_counter()
         try:
             args, kwargs = S.materialize(sig, seed=0)

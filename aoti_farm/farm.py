@@ -20,8 +20,11 @@ serve
   exits 0.
 
 Ray is imported only here and in ``aoti_farm.workers``, and only when there is work.
-Set ``AOTI_FARM_RAY_DASHBOARD=0`` to start an embedded Ray without its dashboard (it is
-started when Ray's dashboard dependencies are installed, never required).
+An embedded Ray starts without its dashboard (nobody could reach it: it lives for one
+run); ``AOTI_FARM_RAY_DASHBOARD=1`` starts it (when Ray's dashboard dependencies are
+installed).  ``warm`` starts an embedded Ray *while* planning when some signature is in no
+namespace of the cache (so Ray is surely needed), and warms Inductor's vector-ISA probe
+cache meanwhile (see :func:`prewarm_inductor_disk_caches`).
 
 Warm-up measurement (2-core host, torch 2.13 CPU, one process, /tmp/wu.py-style): the
 first AOTInductor compile in a process takes ~9-10 s, later ones ~5.5 s.  With warm-up
@@ -194,6 +197,85 @@ def plan(sigs: list, cache, inductor_options: dict | None = None) -> Plan:
     return out
 
 
+def surely_work(sigs: list, cache) -> dict[str, int]:
+    """Per pool kind, how many signatures have neither an entry nor a failure record
+    under *any* fingerprint namespace of ``cache`` (one directory scan per namespace, no
+    fingerprint needed): ``warm`` must compile at least these, whatever this host's
+    fingerprint is."""
+    from aoti_farm.workers.pool import route
+
+    known: set = set()
+    for fp_id in cache.fingerprint_ids():
+        known |= cache.list_keys(fp_id)
+        known |= cache.failed_keys(fp_id)
+    out = {"cpu": 0, "gpu": 0}
+    for s in sigs:
+        if s.key not in known:
+            out[route(s)] += 1
+    return out
+
+
+def prewarm_inductor_disk_caches() -> None:
+    """Build what every compile actor's first CPU compile would otherwise build: Inductor's
+    vector-ISA test programs, kept in its cache directory (shared with the actors, which
+    inherit this environment), so the actors only load them.  Runs while Ray starts,
+    when the CPUs are mostly idle; any failure only leaves the work to the actors."""
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        from aoti_farm.fingerprint import seed_inductor_vec_isa
+
+        seed_inductor_vec_isa()
+        cpu_vec_isa.pick_vec_isa()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict, event: Callable,
+                         compiler_factory: Callable | None):
+    """(plan, ray, started, scheduler): :func:`plan` runs in a thread while this one starts
+    Ray and an actor pool sized for the ``sure`` signatures (their warm-up starts at once)."""
+    box: dict = {}
+    planned = threading.Event()
+
+    def run() -> None:
+        try:
+            box["plan"] = plan(sigs, cache, cfg.inductor_options)
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
+            box["error"] = e
+            return
+        finally:
+            planned.set()
+        if any(t.kind == "cpu" for t in box["plan"].todo):
+            prewarm_inductor_disk_caches()   # not waited for: the actors wait on its file locks
+
+    th = threading.Thread(target=run, name="aoti-farm-plan", daemon=True)
+    th.start()
+    ray = sched = None
+    started = False
+    try:
+        ray, started = start_ray(cfg)
+        timeline["ray_started"] = time.time()
+        if not planned.is_set():
+            from aoti_farm.workers.pool import pool_sizes
+
+            sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
+                               gpus_per_worker=cfg.gpus_per_worker, n_cpu_tasks=sure["cpu"],
+                               n_gpu_tasks=sure["gpu"])
+            sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
+            timeline["actors_requested"] = time.time()
+    finally:
+        planned.wait()
+        if "error" in box or ray is None:
+            if sched is not None:
+                sched.shutdown()
+            if started:
+                ray.shutdown()
+    if "error" in box:
+        raise box["error"]
+    return box["plan"], ray, started, sched
+
+
 # --- Ray ------------------------------------------------------------------------------------
 
 
@@ -209,7 +291,8 @@ def start_ray(cfg: FarmConfig):
     # "local", not None: ray.init(address=None) would join any cluster `ray start` left in
     # /tmp/ray/ray_current_cluster on this host instead of starting the embedded one.
     kw: dict = {"address": address or "local", "logging_level": logging.WARNING}
-    if address is None and os.environ.get("AOTI_FARM_RAY_DASHBOARD") == "0":
+    if address is None and os.environ.get("AOTI_FARM_RAY_DASHBOARD") != "1":
+        # the embedded Ray lives for one run and its address is printed nowhere
         kw["include_dashboard"] = False
     try:
         ray.init(**kw)
@@ -238,6 +321,18 @@ def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory
 # --- warm -----------------------------------------------------------------------------------
 
 
+def process_start_time() -> float | None:
+    """Wall-clock time this process started (Linux /proc), for the report's timeline."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, stream: TextIO | None = None,
          compiler_factory: Callable | None = None, on_event: Callable | None = None,
          counters_out: dict | None = None) -> int:
@@ -245,44 +340,69 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     from aoti_farm.progress import Progress, write_report
     from aoti_farm.signature import describe
 
+    # wall-clock marks for the report (where a run's time goes: see "timeline")
+    timeline: dict = {"process_start": process_start_time(), "warm_start": time.time(), "workers": []}
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     sigs = load_signatures(models)
     cache = _open_cache(cfg)
-    p = plan(sigs, cache, cfg.inductor_options)
-    progress = Progress(p.total, stream)
-    by_key = {s.key: s for s in sigs}
-    results = {r.key: r for r in p.done}
-    for r in p.done:
-        progress.tally.cached += r.status == "cached"
-        progress.tally.failed += r.status == "failed"
+    progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
+
+    def event(kind: str, data: dict) -> None:
+        if kind == "worker_ready":
+            i = data.get("info") or {}
+            timeline["workers"].append({"pid": i.get("pid"), "created_at": i.get("created_at"),
+                                        "warmup_span": i.get("warmup_span"), "ready_seen": time.time()})
+        progress.event(kind, data)
+        if on_event:
+            on_event(kind, data)
+
+    ray = sched = None
+    started = False
     counters = None
-    if p.todo:
-        ray, started = start_ray(cfg)
-        try:
+    results: dict = {}
+    try:
+        sure = surely_work(sigs, cache)
+        if sum(sure.values()):
+            # Some signatures are in no namespace of the cache at all, so Ray is needed
+            # whatever this host's fingerprint is: start Ray and the actors now, and plan
+            # meanwhile (on a fresh host planning probes the CPU's vector ISA, ~10 s of
+            # g++; Ray's start is mostly waiting, and the actors' imports overlap both).
+            p, ray, started, sched = _plan_while_starting(cfg, sigs, cache, sure, timeline, event,
+                                                          compiler_factory)
+        else:
+            p = plan(sigs, cache, cfg.inductor_options)
+        timeline["planned"] = time.time()
+        results = {r.key: r for r in p.done}
+        for r in p.done:
+            progress.tally.cached += r.status == "cached"
+            progress.tally.failed += r.status == "failed"
+        if p.todo:
+            if ray is None:
+                ray, started = start_ray(cfg)
+                timeline["ray_started"] = time.time()
             from aoti_farm.workers.pool import pool_sizes
 
             sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
                                gpus_per_worker=cfg.gpus_per_worker,
                                n_cpu_tasks=sum(t.kind == "cpu" for t in p.todo),
                                n_gpu_tasks=sum(t.kind == "gpu" for t in p.todo))
-
-            def event(kind: str, data: dict) -> None:
-                progress.event(kind, data)
-                if on_event:
-                    on_event(kind, data)
-
-            sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
-            try:
-                for t in p.todo:
-                    sched.add(t)
-                sched.run()
-            finally:
-                sched.shutdown()
+            if sched is None:
+                sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
+                timeline["actors_requested"] = time.time()
+            else:
+                sched.ensure_workers(sizes)   # the early pool was sized for the sure part only
+            for t in p.todo:
+                sched.add(t)
+            sched.run()
             results.update(sched.results)
             counters = sched.counters
-        finally:
-            if started:
-                ray.shutdown()
+    finally:
+        if sched is not None:
+            timeline["scheduler_done"] = time.time()
+            sched.shutdown()
+        if started:
+            ray.shutdown()
+            timeline["ray_shutdown"] = time.time()
     rows = []
     for s in sigs:
         r = results[s.key].to_dict()
@@ -297,8 +417,9 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     if report:
         from dataclasses import asdict
 
+        timeline["end"] = time.time()
         write_report(report, rows, {"cache_dir": str(cache.root), "models": list(models),
-                                    "pool": asdict(counters) if counters else None})
+                                    "pool": asdict(counters) if counters else None, "timeline": timeline})
     return 1 if any(r["status"] == "failed" for r in rows) else 0
 
 

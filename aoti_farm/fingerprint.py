@@ -111,6 +111,50 @@ def cpu_isa() -> str:
     return isa
 
 
+_SEEDED: list = []
+
+
+def seed_inductor_vec_isa() -> bool:
+    """Let this process's Inductor reuse the remembered ISA instead of probing again.
+
+    Inductor's first CPU compile in a process picks the vector ISA by building and
+    loading a test program per candidate ISA (``cpu_vec_isa.valid_vec_isa_list``: about
+    10 s of g++ on the 2-core VM when its cache directory is cold, and a Python
+    subprocess per candidate even when warm).  :func:`cpu_isa` already knows the answer
+    for this host and torch build (remembered from a real probe).  When that answer is
+    exactly what Inductor picks if it trusts the CPU flags (``config.cpp.vec_isa_ok``),
+    trusting them gives the same ISA, so the same generated code, without the probe.
+    Otherwise (a candidate failed its real probe, or the user set ``vec_isa_ok``, or this
+    process already probed) nothing changes.  Returns True when it seeded."""
+    if _SEEDED:
+        return _SEEDED[0]
+    ok = False
+    try:
+        from torch._inductor import config, cpu_vec_isa
+
+        if config.cpp.vec_isa_ok is None and not config.is_fbcode() \
+                and cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0:
+            want = cpu_isa()   # the memo, or a real probe (which then fills Inductor's own cache)
+            if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0:
+                with config.patch({"cpp.vec_isa_ok": True}):
+                    trusted = cpu_vec_isa.valid_vec_isa_list.__wrapped__()
+                    if config.cpp.simdlen is None:
+                        pick = cpu_vec_isa.get_isa_from_cpu_capability(
+                            os.getenv("ATEN_CPU_CAPABILITY"), trusted, cpu_vec_isa.invalid_vec_isa) \
+                            if trusted else cpu_vec_isa.invalid_vec_isa
+                    else:
+                        pick = next((i for i in trusted if i.bit_width() == config.cpp.simdlen),
+                                    cpu_vec_isa.invalid_vec_isa)
+                    same = str(pick) == want
+                if same:
+                    config.cpp.vec_isa_ok = True
+                    ok = True
+    except Exception:  # noqa: BLE001 -- an Inductor without these internals: it probes as before
+        ok = False
+    _SEEDED.append(ok)
+    return ok
+
+
 @lru_cache(maxsize=8)
 def _cuda_fields(index: int) -> tuple:
     if not torch.cuda.is_available():

@@ -118,6 +118,8 @@ class Result:
     error: str | None = None
     evidence: dict = field(default_factory=dict)
     fp_id: str | None = None
+    span: tuple | None = None       # (start, end) wall clock of the compile call in the actor
+    phases: dict = field(default_factory=dict)   # export/inductor/verify seconds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -160,6 +162,7 @@ class Scheduler:
         self.start_timeout = start_timeout if start_timeout is not None else max(timeout, 300.0)
         self.timeout, self.retries, self.lease_ttl = timeout, retries, lease_ttl
         n = sum(sizes.values())
+        self._max_in_flight_arg = max_in_flight
         self.max_in_flight = max(1, max_in_flight if max_in_flight else 2 * max(1, n))
         self.depth = max(1, min(2, math.ceil(self.max_in_flight / max(1, n))))
         self.on_event = on_event or (lambda kind, data: None)
@@ -186,6 +189,18 @@ class Scheduler:
             return True
         self.ready.append(task)
         return True
+
+    def ensure_workers(self, sizes: dict[str, int]) -> None:
+        """Start actors until each kind has at least ``sizes[kind]`` (a pool started before
+        the whole plan was known); the in-flight bound and depth follow the new size."""
+        for kind, k in sizes.items():
+            for _ in range(k - sum(w.kind == kind for w in self.workers)):
+                self._start_worker(kind)
+        n = len(self.workers)
+        arg = self._max_in_flight_arg
+        self.max_in_flight = max(1, arg if arg else 2 * max(1, n))
+        self.depth = max(1, min(2, math.ceil(self.max_in_flight / max(1, n))))
+        self.max_replacements = max(self.max_replacements, 2, n * (self.retries + 1))
 
     def done(self) -> bool:
         return not self.tasks
@@ -371,7 +386,8 @@ class Scheduler:
         status = out.get("status")
         if status in ("compiled", "cached", "failed"):
             self._finish(task, status, seconds=out.get("seconds", 0.0), worker=out.get("worker", ""),
-                         error=out.get("error"), evidence=out.get("evidence") or {})
+                         error=out.get("error"), evidence=out.get("evidence") or {},
+                         span=tuple(out["span"]) if out.get("span") else None, phases=out.get("phases") or {})
         elif status == "busy":
             now = time.monotonic()
             if task.busy_since is None:
@@ -434,9 +450,10 @@ class Scheduler:
         return min(t)
 
     def _finish(self, task: Task, status: str, *, seconds: float = 0.0, worker: str = "", error: str | None = None,
-                evidence: dict | None = None) -> None:
+                evidence: dict | None = None, span: tuple | None = None, phases: dict | None = None) -> None:
         self.tasks.pop(task.key, None)
-        r = Result(task.key, task.sig.op, status, seconds, worker, task.attempts, error, evidence or {}, task.fp_id)
+        r = Result(task.key, task.sig.op, status, seconds, worker, task.attempts, error, evidence or {}, task.fp_id,
+                   span, phases or {})
         self.results[task.key] = r
         setattr(self.counters, status, getattr(self.counters, status) + 1)
         self.on_event("done", {"result": r})
