@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch._inductor.compile_fx  # noqa: F401
     import torch.export  # noqa: F401
     _out({"event": "ready", "pid": os.getpid(), "warmup_s": round(time.monotonic() - t0, 3)})
+    idle_since = time.monotonic()   # idle time counts from here: the queue is looked at first
     while time.monotonic() - idle_since < ns.idle:
         try:
             keys = missq.pending(cache, fp.id)

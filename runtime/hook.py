@@ -216,11 +216,14 @@ class Hook:
         self._bad: dict[str, tuple] = {}          # key -> (device, entry dir stat) when refused
         self._reported: set[str] = set()          # keys handed to the miss writer
         self._loading: set[str] = set()           # keys queued for the background loader
+        self._outstanding: dict[str, str] = {}    # queued misses not yet published/failed -> device
         self._loads_in_background = True
         self._pending: queue.Queue = queue.Queue(maxsize=PENDING_LIMIT)
         self._stop = threading.Event()
         self._worker: subprocess.Popen | None = None   # the last one started
         self._workers: dict[str, subprocess.Popen] = {}  # per device
+        self._worker_lock = threading.Lock()
+        self._worker_retry_at = 0.0
         self._nreg: native_mod.NativeRegistration | None = None
         self._native_mode = native
         self._native_build: subprocess.Popen | None = None
@@ -604,6 +607,11 @@ class Hook:
                     log.debug("poll failed: %s", e)
                     with self._lock:
                         self.c.poll_errors += 1
+            if self.on_miss == "compile" and self._outstanding:
+                try:
+                    self._check_workers()
+                except Exception as e:  # noqa: BLE001
+                    log.debug("worker check failed: %s", e)
 
     def _writer_loop(self) -> None:
         while True:
@@ -641,13 +649,32 @@ class Hook:
                 self.c.queued += 1
             else:
                 self.c.queue_dedup += 1
+            self._outstanding[call.key] = call.device
         if self.on_miss == "compile":
             self._ensure_worker(call.device)
 
+    def _check_workers(self) -> None:
+        """A worker that went idle just as this process queued a miss has exited: start
+        another while any miss this process queued is neither published nor failed."""
+        with self._lock:
+            for k, d in list(self._outstanding.items()):
+                idx = self._index.get(d)
+                if idx is None or k in idx.keys or k in idx.failed:
+                    del self._outstanding[k]
+            devices = set(self._outstanding.values())
+        for d in devices:
+            self._ensure_worker(d)
+
     def _ensure_worker(self, device: str) -> None:
-        w = self._workers.get(device)
-        if w is not None and w.poll() is None:
-            return
+        with self._worker_lock:
+            w = self._workers.get(device)
+            if w is not None and w.poll() is None:
+                return
+            if time.monotonic() < self._worker_retry_at:
+                return  # the last start failed: not more often than every 10 s
+            self._start_worker(device)
+
+    def _start_worker(self, device: str) -> None:
         fp = self.fps[device]
         cmd = [sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", str(self.cache.root),
                "--device", device, "--fp-id", fp.id, "--idle", str(self.worker_idle),
@@ -672,6 +699,7 @@ class Hook:
                 logf.close()
         except Exception as e:  # noqa: BLE001
             log.warning("cannot start the compile worker: %s", e)
+            self._worker_retry_at = time.monotonic() + 10.0
             with self._lock:
                 self.c.worker_errors += 1
             return
