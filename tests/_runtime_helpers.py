@@ -31,6 +31,17 @@ def same(got: torch.Tensor, exp: torch.Tensor) -> bool:
             and torch.equal(got, exp))
 
 
+def run_threads(n: int, fn) -> None:
+    """Run ``fn`` in ``n`` threads at once and wait for all of them."""
+    import threading
+
+    ts = [threading.Thread(target=fn) for _ in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
 def wait_until(pred, timeout: float = 300.0, step: float = 0.1):
     """Poll ``pred`` until true; the timeout only bounds a hang (no timing is asserted)."""
     end = time.monotonic() + timeout

@@ -8,9 +8,6 @@ requires_grad, and the remembered decisions against a changing cache.
 
 from __future__ import annotations
 
-import os
-import shutil
-import threading
 
 import pytest
 import torch
@@ -19,7 +16,7 @@ from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.runtime import install, native
 
-from _runtime_helpers import same, wait_until
+from _runtime_helpers import run_threads, same, wait_until
 from conftest import sig_add_alpha
 
 pytestmark = pytest.mark.skipif(native.disabled(), reason="AOTI_FARM_NATIVE=0")
@@ -143,11 +140,7 @@ def test_threads_share_the_native_path(add_cache):
 
     with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore",
                  native="require") as hook:
-        ts = [threading.Thread(target=work) for _ in range(4)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        run_threads(4, work)
         st = hook.stats()
     assert not bad
     assert st["hits"] == 1200 and st["misses"] >= 1200, st

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ from aoti_farm.cache import Cache
 from aoti_farm.errors import UserError
 from aoti_farm.runtime import dispatch, install, launch
 
-from _runtime_helpers import same, wait_until
+from _runtime_helpers import run_threads, same, wait_until
 from conftest import sig_add_alpha
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -194,11 +193,7 @@ def test_eight_threads_counts_add_up(kernels):
                 if not same(torch.add(a, b, alpha=2), exp_hit) or not same(torch.mul(c, c), exp_miss):
                     bad.append(1)
 
-        ts = [threading.Thread(target=work) for _ in range(n)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        run_threads(n, work)
         st = hook.stats()
     assert not bad
     assert st["per_op"]["aten::add.Tensor"]["hits"] == n * per

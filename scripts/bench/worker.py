@@ -170,6 +170,55 @@ def hit(mode: str, spec: dict, iters: dict, cache_dir: str | None = None, breakd
     emit(out)
 
 
+def hit_ab(spec: dict, iters: dict, cache_dir: str, rounds: int = 3) -> None:
+    """Eager, upstream's holder and the hook, interleaved in ONE process for ``rounds``
+    rounds (each registered, timed and removed in turn), so that the ratio is not the
+    difference between two processes' memory layouts.  Needs TORCHINDUCTOR_CACHE_DIR
+    pointing at upstream's layout of the same kernels."""
+    sig = _sig(spec)
+    op, args, kwargs = _call_of(sig)
+    expected = op(*args, **kwargs)
+    per = {"eager": [], "upstream": [], "hook": []}
+    ok = {"upstream": True, "hook": True}
+    f = lambda: op(*args, **kwargs)  # noqa: E731
+    for _ in range(rounds):
+        per["eager"].append(time_per_call(f, **iters)["us_median"])
+        lib = torch.library.Library("aten", "IMPL")
+        lib._impl_with_aoti_compile(sig.op.split("::")[-1], "CPU")
+        ok["upstream"] &= _close(f(), expected)
+        per["upstream"].append(time_per_call(f, **iters)["us_median"])
+        lib._destroy()
+        hook = _install(cache_dir, [sig.op], "ignore")
+        ok["hook"] &= _close(f(), expected)
+        per["hook"].append(time_per_call(f, **iters)["us_median"])
+        hits = _hits(hook)
+        _uninstall(hook)
+        if not hits:
+            ok["hook"] = False
+    import statistics
+    emit({"sig": spec, "rounds": per, "us": {k: statistics.median(v) for k, v in per.items()}, "matches_eager": ok})
+
+
+def miss_ab(spec: dict, iters: dict, cache_dir: str, rounds: int = 3) -> None:
+    """Eager and the hook on a miss (empty cache; on_miss ignore and queue), interleaved
+    in one process for ``rounds`` rounds."""
+    import statistics
+    sig = _sig(spec)
+    op, args, kwargs = _call_of(sig)
+    expected = op(*args, **kwargs)
+    f = lambda: op(*args, **kwargs)  # noqa: E731
+    per = {"eager": [], "hook-miss-ignore": [], "hook-miss-queue": []}
+    ok = True
+    for k in range(rounds):
+        per["eager"].append(time_per_call(f, **iters)["us_median"])
+        for mode in ("ignore", "queue"):
+            hook = _install(os.path.join(cache_dir, f"{mode}-{k}"), [sig.op], mode)
+            ok &= _close(f(), expected)
+            per[f"hook-miss-{mode}"].append(time_per_call(f, **iters)["us_median"])
+            _uninstall(hook)
+    emit({"rounds": per, "us": {m: statistics.median(v) for m, v in per.items()}, "matches_eager": ok})
+
+
 def _hook_breakdown(sig, op, args, kwargs, cache_dir, iters) -> dict:
     """Where a hit's time goes, measured piece by piece with the project's own functions:
     key building (op_info + encode_call), the in-memory lookup, building the runner's
@@ -373,10 +422,13 @@ def _mlp(d=64, h=128):
 
 
 def cold(mode: str, batches: list, think_s: float, cache_dir: str | None = None, ops: list | None = None,
-         until_hit_plus: int = 30, max_s: float = 300.0) -> None:
+         until_hit_plus: int = 30, max_s: float = 300.0, threads: int | None = None) -> None:
     """A request loop over a small MLP.  mode: eager | upstream | hook.  ``batches`` is the
     request stream (batch size per request); the hook keeps cycling it until every
-    request is a hit, then ``until_hit_plus`` more requests."""
+    request is a hit, then ``until_hit_plus`` more requests.  ``threads``: torch's
+    intra-op threads (default: torch's, one per core)."""
+    if threads:
+        torch.set_num_threads(threads)
     model = _mlp()
     xs = {b: torch.randn(b, 64) for b in set(batches)}
     for _ in range(3):  # warm torch's lazy initialisation, eagerly, before anything is registered
@@ -422,7 +474,7 @@ def cold(mode: str, batches: list, think_s: float, cache_dir: str | None = None,
             if consecutive >= until_hit_plus or t1 - t_start > max_s:
                 break
         time.sleep(think_s)
-    out = {"mode": mode, "requests": len(lat), "lat_ms": summary([x * 1e3 for x in lat]),
+    out = {"mode": mode, "threads": torch.get_num_threads(), "requests": len(lat), "lat_ms": summary([x * 1e3 for x in lat]),
            "wall_s": time.perf_counter() - t_start}
     if mode == "upstream":
         # every first occurrence of a shape blocks on compiles; later ones hit by design
