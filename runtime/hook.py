@@ -309,7 +309,12 @@ class Hook:
         old.uninstall()
         with self._lock:
             self._runners.clear()  # Python runners; native ones are loaded on demand
-        if not self._try_native():
+        try:
+            ok = self._try_native()
+        except Exception as e:  # noqa: BLE001 -- never leave the ops unserved
+            self._native_error = f"registration failed: {type(e).__name__}: {e}"
+            ok = False
+        if not ok:
             self._reg = dispatch.Registration(self._ops_arg, self._handle, self._served)
         self._native_mode = "active" if self._nreg is not None else "off"
 

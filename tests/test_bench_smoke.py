@@ -46,7 +46,8 @@ def test_bench_quick_runs_end_to_end(kernels, tmp_path):
     assert "== summary" in p.stdout
     # the baseline is re-measured in the same run
     hit = data["benchmarks"]["hit"]["signatures"][0]
-    assert hit["eager"]["us_median"] > 0
+    assert all(hit["ab"]["us"][m] > 0 for m in ("eager", "upstream", "hook")), hit["ab"]
+    assert hit["ab"]["matches_eager"] == {"upstream": True, "hook": True}
     assert data["summary"], "no targets were compared"
 
 
