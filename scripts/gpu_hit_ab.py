@@ -1,0 +1,99 @@
+"""CUDA hit path, side by side in ONE process: eager, upstream's C++ holder, the aoti-farm
+hook (native path) and the pure-Python hook, interleaved for three rounds over the same
+kernel files (so the ratios are not two processes' differences).
+
+On the lent GPU machine (no Ray needed):
+    run(command="pip install --no-deps --target /tmp/site . && PYTHONPATH=/tmp/site \
+        LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python3 scripts/gpu_hit_ab.py --out $OUT")
+Writes gpu-hit-ab.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+
+
+def per_call_us(fn, iters=2000, reps=5, warm=200) -> float:
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t) / iters * 1e6)
+    return statistics.median(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ns = ap.parse_args()
+    from aoti_farm import signature as S
+    from aoti_farm.cache import Cache
+    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.fingerprint import fingerprint
+    from aoti_farm.job import compile_and_publish
+    from aoti_farm.runtime import install, native
+    from aoti_farm.upstream import export_upstream
+
+    R: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
+    root = tempfile.mkdtemp(prefix="ab-cache-")
+    cache, fp = Cache(root), fingerprint("cuda")
+    cases = []
+    for shape, alpha in (((64, 128), 2), ((1024, 1024), 1)):
+        a, b = torch.randn(*shape, device="cuda"), torch.randn(*shape, device="cuda")
+        sig = S.from_call(torch.ops.aten.add.Tensor, (a, b), {"alpha": alpha})
+        t0 = time.perf_counter()
+        out = compile_and_publish(cache, AOTICompiler(), fp, sig, owner="gpu-hit-ab")
+        print(f"compile {shape}: {out.status} {time.perf_counter() - t0:.1f}s", flush=True)
+        cases.append((shape, alpha, a, b))
+    up = tempfile.mkdtemp(prefix="ab-upstream-")
+    export_upstream(cache, up)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = up
+    t0 = time.perf_counter()
+    R["native_build"] = {"path": str(native.build()), "seconds": time.perf_counter() - t0}
+    for shape, alpha, a, b in cases:
+        f = (lambda: torch.add(a, b, alpha=2)) if alpha == 2 else (lambda: torch.add(a, b))  # noqa: E731
+        expected = f()
+        per = {"eager": [], "upstream": [], "hook": [], "hook-py": []}
+        ok = {"upstream": True, "hook": True, "hook-py": True}
+        for _ in range(ns.rounds):
+            per["eager"].append(per_call_us(f))
+            lib = torch.library.Library("aten", "IMPL")
+            lib._impl_with_aoti_compile("add.Tensor", "CUDA")
+            ok["upstream"] &= bool(torch.allclose(f(), expected))
+            per["upstream"].append(per_call_us(f))
+            lib._destroy()
+            for mode, nat in (("hook", "require"), ("hook-py", "off")):
+                with install(cache_dir=root, ops=["aten::add.Tensor"], on_miss="ignore", native=nat) as h:
+                    ok[mode] &= bool(torch.allclose(f(), expected))
+                    per[mode].append(per_call_us(f))
+                    ok[mode] &= h.stats()["hits"] > 0
+        med = {k: statistics.median(v) for k, v in per.items()}
+        row = {"shape": list(shape), "alpha": alpha, "rounds": per, "us": med, "ok": ok,
+               "hook_over_upstream": med["hook"] / med["upstream"]}
+        print(json.dumps(row), flush=True)
+        R["rows"].append(row)
+    os.makedirs(ns.out, exist_ok=True)
+    with open(os.path.join(ns.out, "gpu-hit-ab.json"), "w") as fh:
+        json.dump(R, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
