@@ -70,6 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch._inductor.codecache  # noqa: F401
     import torch._inductor.compile_fx  # noqa: F401
     import torch.export  # noqa: F401
+    if ns.device == "cpu":
+        # Inductor's vector-ISA checks build test programs on a cold Inductor cache
+        # (about 1.5 s here): pay them now, not inside the first miss's compile
+        try:
+            from torch._inductor import cpu_vec_isa
+
+            from aoti_farm.fingerprint import seed_inductor_vec_isa
+
+            seed_inductor_vec_isa()
+            cpu_vec_isa.pick_vec_isa()
+        except Exception as e:  # noqa: BLE001 -- the compile pays it instead
+            _out({"event": "warmup-error", "error": f"{type(e).__name__}: {e}"})
     _out({"event": "ready", "pid": os.getpid(), "warmup_s": round(time.monotonic() - t0, 3)})
     idle_since = time.monotonic()   # idle time counts from here: the queue is looked at first
     while time.monotonic() - idle_since < ns.idle:
