@@ -40,7 +40,7 @@ class Outcome:
 
 def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: Signature, *,
                         owner: str, attempts: int = 1, lease_ttl: float = leases.DEFAULT_TTL,
-                        workroot: str | None = None) -> Outcome:
+                        workroot: str | None = None, on_start=None) -> Outcome:
     key = sig.key
     worker = f"{socket.gethostname()}:{os.getpid()}"
     if cache.has_entry(fp.id, key):
@@ -58,6 +58,8 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
         # re-check under the lease: someone may have published while we waited
         if cache.has_entry(fp.id, key):
             return Outcome(key, CACHED, worker=worker)
+        if on_start is not None:
+            on_start()   # the compile begins (the serving hook makes room for it)
         try:
             res = compiler.compile(sig, workdir)
         except CompileRefused as e:

@@ -7,8 +7,10 @@ compiled once however many workers race), then ``missq.done`` once the signature
 compiled, cached or recorded as failing.  A key leased elsewhere (``busy``) stays queued
 and is looked at again.  It exits after ``--idle`` seconds with nothing to do.
 
-Every outcome is printed as one JSON line on stdout (the hook sends it to its worker log).
-Exit status: 0 when idle, 2 on bad arguments or a fingerprint that is not this host's.
+Every event is printed as one JSON line on stdout with the worker's pid (the hook sends it
+to its worker log and follows it with :func:`read_events`): ``start``, ``ready`` (warm-up
+done), ``compile`` (a compile begins), ``outcome`` / ``error`` (it ended), ``bad-item``,
+``idle-exit``.  Exit status: 0 when idle, 2 on bad arguments or a fingerprint that is not this host's.
 """
 
 from __future__ import annotations
@@ -25,8 +27,42 @@ import time  # noqa: E402
 POLL = 0.1
 
 
+#: Events after which the worker is compiling (or warming up) until its next event.
+BUSY_EVENTS = frozenset({"start", "compile"})
+#: Most bytes of the log :func:`read_events` reads in one go (the rest is skipped).
+READ_LIMIT = 1 << 20
+
+
 def _out(obj: dict) -> None:
-    print(json.dumps(obj), flush=True)
+    print(json.dumps({**obj, "pid": os.getpid()}), flush=True)
+
+
+def read_events(path: str, pos: int, partial: bytes = b"") -> tuple[list[dict], int, bytes]:
+    """The worker events appended to the log ``path`` since byte ``pos``:
+    ``(events, new pos, unfinished last line)``.  Other lines (a compiler's messages, a
+    native build's output) are skipped; a truncated log is read from its start."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < pos:
+                pos, partial = 0, b""
+            if size - pos > READ_LIMIT:
+                pos, partial = size - READ_LIMIT, b""
+            f.seek(pos)
+            data = partial + f.read(size - pos)
+    except OSError:
+        return [], pos, partial
+    lines = data.split(b"\n")
+    events = []
+    for line in lines[:-1]:
+        if line.startswith(b'{"event"'):
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict):
+                events.append(ev)
+    return events, size, lines[-1][-65536:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     owner = leases.new_owner("hook-worker")
     idle_since = time.monotonic()
     retry_at: dict[str, float] = {}
-    _out({"event": "start", "pid": os.getpid(), "fp": fp.id})
+    _out({"event": "start", "fp": fp.id})
     # warm up before the first miss: what a first compile would import anyway
     t0 = time.monotonic()
     import torch._inductor.codecache  # noqa: F401
@@ -82,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu_vec_isa.pick_vec_isa()
         except Exception as e:  # noqa: BLE001 -- the compile pays it instead
             _out({"event": "warmup-error", "error": f"{type(e).__name__}: {e}"})
-    _out({"event": "ready", "pid": os.getpid(), "warmup_s": round(time.monotonic() - t0, 3)})
+    _out({"event": "ready", "warmup_s": round(time.monotonic() - t0, 3)})
     idle_since = time.monotonic()   # idle time counts from here: the queue is looked at first
     while time.monotonic() - idle_since < ns.idle:
         try:
@@ -104,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 retry_at[key] = float("inf")
                 continue
             try:
-                out = job.compile_and_publish(cache, compiler, fp, sig, owner=owner)
+                out = job.compile_and_publish(cache, compiler, fp, sig, owner=owner,
+                                              on_start=lambda k=key: _out({"event": "compile", "key": k}))
             except Exception as e:  # noqa: BLE001 -- infrastructure trouble: retry later
                 _out({"event": "error", "key": key, "error": f"{type(e).__name__}: {e}"})
                 retry_at[key] = time.monotonic() + 30
@@ -119,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, FarmError):
                 pass
             idle_since = time.monotonic()
-    _out({"event": "idle-exit", "pid": os.getpid()})
+    _out({"event": "idle-exit"})
     return 0
 
 

@@ -19,6 +19,12 @@
 //
 // Nothing here raises into the caller except eager's own errors: a failing runner or a
 // failing Python callback becomes eager's result and a counter.
+//
+// Making room for the compiler: while the hook's background compile runs, Python sets a
+// thread limit (cores - compiles) and every thread that enters one of these kernels lowers
+// its own intra-op thread count to it (OpenMP's count is per thread), then puts back what
+// it had once the limit is lifted.  A thread looks at the limit's generation on every call
+// (one relaxed load); the rest happens only when it changed.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -32,6 +38,10 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 #include <torch/python.h>
+
+#include <ATen/Parallel.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -60,6 +70,75 @@ struct InsideGuard {
   InsideGuard() : prev(t_inside) { t_inside = true; }
   ~InsideGuard() { t_inside = prev; }
 };
+
+// --- making room for the compiler (process-wide, shared by every FastPath) --------------------
+
+std::atomic<int> g_limit{0};              // > 0: threads use at most this many intra-op threads
+std::atomic<uint64_t> g_gen{1};           // bumped by every set_thread_limit()
+std::atomic<uint64_t> g_lowered{0}, g_restored{0}, g_thread_errors{0};
+thread_local uint64_t t_gen = 0;          // the generation this thread last followed
+std::mutex g_ymu;
+std::unordered_map<long, std::pair<int, int>> g_saved;  // thread id -> (its count, the count set)
+
+__attribute__((noinline)) void adjust_threads() {
+  if (at::in_parallel_region()) return;  // not inside an intra-op region: next call
+  const uint64_t gen = g_gen.load();
+  const int limit = g_limit.load();
+  const long tid = static_cast<long>(syscall(SYS_gettid));
+  std::lock_guard<std::mutex> lk(g_ymu);
+  auto it = g_saved.find(tid);
+  try {
+    if (limit <= 0) {
+      if (it != g_saved.end()) {
+        // put the count back unless the program changed it meanwhile
+        if (at::get_num_threads() == it->second.second) at::set_num_threads(it->second.first);
+        g_saved.erase(it);
+        g_restored++;
+      }
+    } else if (it == g_saved.end()) {
+      const int cur = at::get_num_threads();
+      if (cur > limit) {
+        at::set_num_threads(limit);
+        g_saved[tid] = {cur, limit};
+        g_lowered++;
+      }
+    }
+  } catch (...) {
+    g_thread_errors++;
+  }
+  t_gen = gen;
+}
+
+inline void follow_thread_limit() {
+  if (t_gen != g_gen.load(std::memory_order_relaxed)) adjust_threads();
+}
+
+void set_thread_limit(int limit) {
+  g_limit.store(limit);
+  g_gen++;
+}
+
+py::dict thread_limit_state() {
+  py::dict d, saved;
+  std::lock_guard<std::mutex> lk(g_ymu);
+  for (auto& kv : g_saved) saved[py::int_(kv.first)] = py::make_tuple(kv.second.first, kv.second.second);
+  d["limit"] = g_limit.load();
+  d["lowered"] = g_lowered.load();
+  d["restored"] = g_restored.load();
+  d["errors"] = g_thread_errors.load();
+  d["saved"] = saved;
+  return d;
+}
+
+// Threads the Python kernels lowered before the switch to this path: restored from here.
+void adopt_lowered(const py::dict& saved) {
+  std::lock_guard<std::mutex> lk(g_ymu);
+  for (auto item : saved) {
+    auto v = item.second.cast<py::tuple>();
+    g_saved[item.first.cast<long>()] = {v[0].cast<int>(), v[1].cast<int>()};
+  }
+  g_gen++;  // every thread looks again
+}
 
 using Runner = torch::inductor::AOTIModelContainerRunner;
 
@@ -312,6 +391,7 @@ struct SlotKernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     if (t_inside || !st->enabled.load(std::memory_order_relaxed)) return eager(op, ks, stack);
+    follow_thread_limit();
     const size_t n = slot->nargs;
     const c10::IValue* args = &*(stack->end() - n);
     thread_local std::string key;
@@ -521,6 +601,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("EAGER_MISS") = EAGER_MISS;
   m.attr("EAGER_FAILED") = EAGER_FAILED;
   m.attr("EAGER_ONCE") = EAGER_ONCE;
+  m.def("set_thread_limit", &set_thread_limit);
+  m.def("follow_thread_limit", &follow_thread_limit);
+  m.def("thread_limit_state", &thread_limit_state);
+  m.def("adopt_lowered", &adopt_lowered);
   py::class_<FastPath>(m, "FastPath")
       .def(py::init<py::object, py::object>())
       .def("add_op", &FastPath::add_op)

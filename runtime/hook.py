@@ -52,6 +52,8 @@ from aoti_farm.errors import Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
 from aoti_farm.runtime import dispatch
 from aoti_farm.runtime import native as native_mod
+from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events
+from aoti_farm.runtime.room import ThreadRoom, lowest_priority
 
 log = logging.getLogger("aoti_farm.hook")
 
@@ -191,7 +193,7 @@ class Hook:
     def __init__(self, cache_dir=None, ops=None, devices=("cpu", "cuda"), on_miss="compile",
                  poll_interval=1.0, signing_key=None, allow_insecure=False, inductor_options=None,
                  worker_log: str | None = None, worker_idle: float = WORKER_IDLE_SECONDS,
-                 native: str = "auto"):
+                 native: str = "auto", yield_core: bool = True):
         if native not in ("auto", "off", "require"):
             raise UserError(f"native: {native!r} is not one of auto, off, require")
         if native_mod.disabled():
@@ -229,6 +231,9 @@ class Hook:
         self._native_build: subprocess.Popen | None = None
         self._native_error: str | None = None
         self._native_final: dict | None = None    # the native counters at uninstall
+        self._room = ThreadRoom(bool(yield_core))   # fewer intra-op threads while compiling
+        self._wstate: dict[int, str] = {}         # worker pid -> its last event
+        self._log_pos, self._log_partial = max(self._log_size(), 0), b""
 
         served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
         bad = [d for d in devices if d not in ("cpu", "cuda")]
@@ -285,6 +290,10 @@ class Hook:
         self._nreg = nreg
         self._reg = nreg
         self._native_error = None
+        try:
+            self._room.attach_native(mod)
+        except Exception as e:  # noqa: BLE001 -- serving goes on without the thread limit
+            log.warning("native thread limit: %s", e)
         return True
 
     def _require_native(self) -> None:
@@ -392,6 +401,7 @@ class Hook:
 
     def _handle(self, info: S.OpInfo, device: str, orig, keyset, args: tuple, kwargs: dict):
         """The pure-Python kernel (when the native hit path is not in use)."""
+        self._room.follow()
         d = self._decide(info, args, kwargs)
         if d[0] == "run":
             call, runner = d[1], d[2]
@@ -573,23 +583,46 @@ class Hook:
 
     def _wait_poll(self) -> bool:
         """Sleep until the next poll; False when stopping.  While this hook's compile
-        worker runs, its log is watched (one stat per 50 ms): a line there is an outcome,
-        so the index is rescanned at once instead of up to ``poll_interval`` later."""
+        worker (or native build) runs, its log is followed every 50 ms: an outcome there
+        rescans the index at once instead of up to ``poll_interval`` later, and the
+        worker's busy/idle events set the thread limit (see :mod:`.room`)."""
         deadline = time.monotonic() + self.poll_interval
-        size = self._log_size()
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
-            if not any(w.poll() is None for w in list(self._workers.values())):
+            if not self._watching():
+                self._room.set_compiles(0)
                 if self._stop.wait(left):
                     return False
                 continue
             if self._stop.wait(min(left, WATCH_INTERVAL)):
                 return False
-            now = self._log_size()
-            if now != size:
+            if self._watch():
                 return True
+
+    def _watching(self) -> bool:
+        nb = self._native_build
+        return (nb is not None and nb.poll() is None) or any(w.poll() is None for w in list(self._workers.values()))
+
+    def _watch(self) -> bool:
+        """Read the worker log's new events; set the thread limit from what runs now.
+        True when a compile ended (the index may have changed)."""
+        events, self._log_pos, self._log_partial = read_events(self.worker_log, self._log_pos, self._log_partial)
+        ended = False
+        for ev in events:
+            pid, what = ev.get("pid"), ev.get("event")
+            if isinstance(pid, int) and isinstance(what, str):
+                self._wstate[pid] = what
+            ended = ended or what in ("outcome", "error", "bad-item", "idle-exit")
+        self._room.set_compiles(self._compiles_now())
+        return ended
+
+    def _compiles_now(self) -> int:
+        n = sum(1 for w in list(self._workers.values())
+                if w.poll() is None and self._wstate.get(w.pid, "start") in BUSY_EVENTS)
+        nb = self._native_build
+        return n + (nb is not None and nb.poll() is None)
 
     def _log_size(self) -> int:
         try:
@@ -699,9 +732,10 @@ class Hook:
             logf = open(self.worker_log, "ab")
             try:
                 self._worker = self._workers[device] = subprocess.Popen(
-                    cmd, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, preexec_fn=_lowest_priority)
+                    cmd, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, preexec_fn=lowest_priority)
             finally:
                 logf.close()
+            self._room.set_compiles(self._compiles_now())   # warming up from now
         except Exception as e:  # noqa: BLE001
             log.warning("cannot start the compile worker: %s", e)
             self._worker_retry_at = time.monotonic() + 10.0
@@ -729,6 +763,7 @@ class Hook:
             s = dataclasses.asdict(self.c)
         nreg = self._nreg
         n = nreg.stats() if nreg is not None else self._native_final
+        s["yield_core"] = self._room.stats()
         if n is None:
             s["native"] = {"active": False, "reason": self._native_error or
                            ("off" if self._native_mode == "off" else "building")}
@@ -770,6 +805,7 @@ class Hook:
         self._pending.put(None)
         for t in self._threads:
             t.join(timeout=30)
+        self._room.close()
         self._runners.clear()
         if self._nreg is not None:
             self._native_final = self._nreg.stats()
@@ -787,20 +823,6 @@ class Hook:
 
     def __exit__(self, *exc) -> None:
         self.uninstall()
-
-
-def _lowest_priority() -> None:
-    """In the compile worker's child, before exec: run only on CPU time serving leaves
-    idle (SCHED_IDLE, inherited by the C++ compiler it starts); nice 19 where that is
-    not allowed."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.nice(19)
-    except OSError:
-        pass
 
 
 class _Flush:

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from aoti_farm.runtime.room import lowest_priority
+
 SOURCE = Path(__file__).with_name("fastpath.cpp")
 MODULE = "_aoti_farm_native"
 #: Seconds a build may take before it is abandoned.
@@ -159,7 +161,8 @@ def error() -> str | None:
 
 
 def build_in_background(log_path: str | None = None) -> subprocess.Popen | None:
-    """Start ``python -m aoti_farm.runtime.native build`` niced, unless built or disabled."""
+    """Start ``python -m aoti_farm.runtime.native build`` at idle priority, unless built or
+    disabled."""
     if disabled() or library_path().exists():
         return None
     from aoti_farm import loadenv
@@ -168,7 +171,7 @@ def build_in_background(log_path: str | None = None) -> subprocess.Popen | None:
     try:
         return subprocess.Popen([sys.executable, "-m", "aoti_farm.runtime.native", "build"],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=loadenv.child_env(),
-                                preexec_fn=lambda: os.nice(19), start_new_session=True)
+                                preexec_fn=lowest_priority, start_new_session=True)
     finally:
         log.close()
 

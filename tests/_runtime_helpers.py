@@ -61,6 +61,8 @@ def _serve(cache: str, barrier: str, index: int, worker_log: str) -> dict:
     tensors, dim = cat_inputs()
     expected = torch.cat(tensors, dim)
     key = from_call(torch.ops.aten.cat.default, (tensors, dim), {}).key
+    threads_before = torch.get_num_threads()
+    threads_seen = set()
     hook = install(cache_dir=cache, ops=["aten::cat"], on_miss="compile", poll_interval=0.1,
                    worker_log=worker_log, worker_idle=3.0)
     fp = hook.fps["cpu"]
@@ -74,16 +76,19 @@ def _serve(cache: str, barrier: str, index: int, worker_log: str) -> dict:
 
     def hit():
         results.append(torch.cat(tensors, dim))
+        threads_seen.add(torch.get_num_threads())   # this thread's, lowered while compiling
         return hook.stats()["hits"] > 0
 
     wait_until(hit, 600, 0.2)
     hook.flush()
     st = hook.stats()
     hook.uninstall()
+    st["yield_core"] = hook.stats()["yield_core"]   # uninstall restores this thread
     return {"first_miss": after_first["misses"] == 1 and after_first["hits"] == 0,
             "published_when_first_returned": published_at_return,
             "all_equal": all(same(r, expected) for r in results), "stats": st,
-            "worker_pid": hook.worker.pid if hook.worker else None}
+            "worker_pid": hook.worker.pid if hook.worker else None,
+            "threads": {"before": threads_before, "seen": sorted(threads_seen), "after": torch.get_num_threads()}}
 
 
 if __name__ == "__main__":

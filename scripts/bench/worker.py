@@ -123,14 +123,15 @@ def _uninstall(hook) -> None:
         hook.uninstall()
 
 
-def _install(cache_dir, ops, on_miss, native="require"):
+def _install(cache_dir, ops, on_miss, native="require", **kw):
     """The hook under test.  aoti-farm's own runs with its native hit path required (built
-    before the benchmarks start; ``native="off"`` is the pure-Python path)."""
+    before the benchmarks start; ``native="off"`` is the pure-Python path); ``kw``: more
+    of aoti-farm's install options."""
     import importlib
     name = os.environ.get("AOTI_BENCH_HOOK_MODULE") or "aoti_farm.runtime"
     rt = importlib.import_module(name)
     if name == "aoti_farm.runtime":
-        return rt.install(cache_dir=cache_dir, ops=ops, on_miss=on_miss, native=native)
+        return rt.install(cache_dir=cache_dir, ops=ops, on_miss=on_miss, native=native, **kw)
     return rt.install(cache_dir=cache_dir, ops=ops, on_miss=on_miss)
 
 
@@ -422,11 +423,13 @@ def _mlp(d=64, h=128):
 
 
 def cold(mode: str, batches: list, think_s: float, cache_dir: str | None = None, ops: list | None = None,
-         until_hit_plus: int = 30, max_s: float = 300.0, threads: int | None = None) -> None:
+         until_hit_plus: int = 30, max_s: float = 300.0, threads: int | None = None,
+         yield_core: bool = True) -> None:
     """A request loop over a small MLP.  mode: eager | upstream | hook.  ``batches`` is the
     request stream (batch size per request); the hook keeps cycling it until every
     request is a hit, then ``until_hit_plus`` more requests.  ``threads``: torch's
-    intra-op threads (default: torch's, one per core)."""
+    intra-op threads (default: torch's, one per core).  ``yield_core``: the hook's option of
+    that name (fewer serving threads while it compiles)."""
     if threads:
         torch.set_num_threads(threads)
     model = _mlp()
@@ -440,7 +443,7 @@ def cold(mode: str, batches: list, think_s: float, cache_dir: str | None = None,
         for op in ops:
             lib._impl_with_aoti_compile(op.split("::")[-1], "CPU")
     elif mode == "hook":
-        hook = _install(cache_dir, ops, "compile")
+        hook = _install(cache_dir, ops, "compile", **({} if yield_core else {"yield_core": False}))
     lat, hitflags, tstamps = [], [], []
     t_start = time.perf_counter()
     all_hit_at = None
