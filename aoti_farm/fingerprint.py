@@ -99,6 +99,7 @@ def cpu_isa() -> str:
         pass
     from torch._inductor import cpu_vec_isa
 
+    _probe_candidates_at_once(cpu_vec_isa)
     isa = str(cpu_vec_isa.pick_vec_isa())
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -109,6 +110,26 @@ def cpu_isa() -> str:
     except OSError:
         pass  # a read-only home only costs the 2 s again next time
     return isa
+
+
+def _probe_candidates_at_once(cpu_vec_isa) -> None:
+    """Inductor probes its candidate ISAs one after another (a g++ build and a loader
+    subprocess each: 8.4 s in all on the 2-core VM with a cold Inductor cache).  Run the
+    same probes, Inductor's own code, for every candidate at once, so :func:`pick_vec_isa`
+    then only reads their cached answers.  x86 only; any trouble leaves it to Inductor."""
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if platform.machine() not in ("x86_64", "AMD64") or cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
+            return
+        flags = cpu_vec_isa.x86_isa_checker()
+        cands = [isa for isa in cpu_vec_isa.supported_vec_isa_list
+                 if all(f in flags for f in str(isa).split())]
+        if len(cands) > 1:
+            with ThreadPoolExecutor(len(cands), thread_name_prefix="aoti-farm-isa") as ex:
+                list(ex.map(bool, cands))
+    except Exception:  # noqa: BLE001
+        pass
 
 
 _SEEDED: list = []
