@@ -49,6 +49,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -99,6 +100,16 @@ __attribute__((noinline)) void adjust_threads() {
       const int cur = at::get_num_threads();
       if (cur > limit) {
         at::set_num_threads(limit);
+        // at::set_num_threads also sets the count that threads starting from now take:
+        // put that back from a helper thread (its own count does not matter), so only
+        // this thread is lowered
+        std::thread([cur] {
+          try {
+            at::set_num_threads(cur);
+          } catch (...) {
+            g_thread_errors++;
+          }
+        }).join();
         g_saved[tid] = {cur, limit};
         g_lowered++;
       }

@@ -11,6 +11,7 @@ path's build), the hook sets a **thread limit**: usable cores minus running comp
 least 1.  Every thread that calls a served op lowers its own intra-op thread count to the
 limit on its next call (OpenMP's count is per thread, so only the thread itself can), and
 puts back what it had once the limit is lifted, unless the program changed it meanwhile.
+Threads that start meanwhile take torch's usual count (only the calling thread is lowered).
 A thread already at or below the limit is left alone, so ``torch.set_num_threads(cores - 1)``
 in the program makes this a no-op.
 
@@ -137,6 +138,11 @@ class ThreadRoom:
                     cur = torch.get_num_threads()
                     if cur > limit:
                         torch.set_num_threads(limit)
+                        # that also set the count threads starting from now take: put it
+                        # back from a helper thread, so only this thread is lowered
+                        t = threading.Thread(target=torch.set_num_threads, args=(cur,), daemon=True)
+                        t.start()
+                        t.join()
                         self._saved[tid] = (cur, limit)
                         self.lowered += 1
             except Exception:  # noqa: BLE001 -- a serving call never fails for this

@@ -27,6 +27,15 @@ def _room(cores: int) -> ThreadRoom:
     return r
 
 
+def _new_thread_count() -> int:
+    """The intra-op thread count a thread starting now gets."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return out[0]
+
+
 def test_python_kernels_lower_and_restore(threads):
     torch.set_num_threads(4)
     room = _room(4)
@@ -35,6 +44,7 @@ def test_python_kernels_lower_and_restore(threads):
     room.set_compiles(1)
     room.follow()
     assert torch.get_num_threads() == 3 and room.stats()["threads_lowered_now"] == 1
+    assert _new_thread_count() == 4               # only this thread was lowered
     room.set_compiles(2)                          # a second compile: one core fewer again
     room.follow()
     # the thread keeps its first lowering (it is restored to 4 once, not stacked)
@@ -113,6 +123,11 @@ def test_native_side_takes_over_lowered_threads(threads):
         assert mod.thread_limit_state()["limit"] == 3 and room.stats()["threads_lowered_now"] == 1
         mod.follow_thread_limit()                 # what every native kernel call does first
         assert torch.get_num_threads() == 3       # still lowered once, not twice
+        room.set_compiles(0)
+        mod.follow_thread_limit()
+        room.set_compiles(1)
+        mod.follow_thread_limit()                 # lowered by the native side itself
+        assert torch.get_num_threads() == 3 and _new_thread_count() == 4
         room.set_compiles(0)
         mod.follow_thread_limit()
         assert torch.get_num_threads() == 4       # restored by the native side

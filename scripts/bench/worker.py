@@ -182,22 +182,32 @@ def hit_ab(spec: dict, iters: dict, cache_dir: str, rounds: int = 3) -> None:
     per = {"eager": [], "upstream": [], "hook": []}
     ok = {"upstream": True, "hook": True}
     f = lambda: op(*args, **kwargs)  # noqa: E731
-    for _ in range(rounds):
-        per["eager"].append(time_per_call(f, **iters)["us_median"])
+    def upstream():
         lib = torch.library.Library("aten", "IMPL")
         lib._impl_with_aoti_compile(sig.op.split("::")[-1], "CPU")
         ok["upstream"] &= _close(f(), expected)
         per["upstream"].append(time_per_call(f, **iters)["us_median"])
         lib._destroy()
-        hook = _install(cache_dir, [sig.op], "ignore")
+
+    def hook():
+        h = _install(cache_dir, [sig.op], "ignore")
         ok["hook"] &= _close(f(), expected)
         per["hook"].append(time_per_call(f, **iters)["us_median"])
-        hits = _hits(hook)
-        _uninstall(hook)
+        hits = _hits(h)
+        _uninstall(h)
         if not hits:
             ok["hook"] = False
+
+    for k in range(rounds):
+        per["eager"].append(time_per_call(f, **iters)["us_median"])
+        # alternate which of the two goes first, so neither always inherits the other's state
+        for run in ((upstream, hook) if k % 2 == 0 else (hook, upstream)):
+            run()
     import statistics
-    emit({"sig": spec, "rounds": per, "us": {k: statistics.median(v) for k, v in per.items()}, "matches_eager": ok})
+    paired = [h / u for h, u in zip(per["hook"], per["upstream"])]
+    emit({"sig": spec, "rounds": per, "us": {k: statistics.median(v) for k, v in per.items()},
+          "hook_over_upstream_paired": paired, "hook_over_upstream_paired_median": statistics.median(paired),
+          "matches_eager": ok})
 
 
 def miss_ab(spec: dict, iters: dict, cache_dir: str, rounds: int = 3) -> None:
@@ -538,6 +548,21 @@ def miss_to_hit(spec: dict, cache_dir: str, poll_s: float = 0.005, max_s: float 
     _uninstall(hook)
     emit(out)
 
+
+
+def upstream_first_call(spec: dict) -> None:
+    """Upstream's holder in a fresh process (as the hook's miss_to_hit run is): its first
+    call of a signature blocks on the compile, one-time costs included; then a hit."""
+    sig = _sig(spec)
+    op, args, kwargs = _call_of(sig)
+    lib = torch.library.Library("aten", "IMPL")
+    lib._impl_with_aoti_compile(sig.op.split("::")[-1], "CPU")
+    t0 = time.perf_counter()
+    op(*args, **kwargs)
+    first = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    op(*args, **kwargs)
+    emit({"first_call_s": first, "second_call_s": time.perf_counter() - t1})
 
 
 # --- traces -------------------------------------------------------------------------------
