@@ -49,6 +49,7 @@ class HookConfig:
     signing_key_file: str | None = None
     allow_insecure: bool = False
     inductor_options: dict = field(default_factory=dict)
+    yield_core: bool = True               # fewer serving intra-op threads while compiling
 
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}

@@ -167,7 +167,7 @@ def boot() -> None:
         cfg = resolve(HookConfig)
         hook = install(cache_dir=cfg.cache_dir, ops=cfg.ops, devices=cfg.devices, on_miss=cfg.on_miss,
                        poll_interval=cfg.poll_interval, allow_insecure=cfg.allow_insecure,
-                       inductor_options=cfg.inductor_options)
+                       inductor_options=cfg.inductor_options, yield_core=cfg.yield_core)
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
         def _stop() -> None:

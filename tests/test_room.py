@@ -141,3 +141,17 @@ def test_native_side_takes_over_lowered_threads(threads):
     finally:
         mod.set_thread_limit(0)
         mod.follow_thread_limit()
+
+
+def test_config_field_reaches_the_hook(tmp_path):
+    """`[hook] yield_core = false` (or AOTI_FARM_YIELD_CORE=0) turns it off for `aoti-farm run`."""
+    from aoti_farm.config import HookConfig, resolve
+    from aoti_farm.errors import UserError
+
+    assert resolve(HookConfig, env={}).yield_core is True
+    assert resolve(HookConfig, env={"AOTI_FARM_YIELD_CORE": "0"}).yield_core is False
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[hook]\nyield_core = false\n")
+    assert resolve(HookConfig, env={}, config_path=str(cfg)).yield_core is False
+    with pytest.raises(UserError, match="yield_core"):
+        resolve(HookConfig, env={"AOTI_FARM_YIELD_CORE": "sometimes"})

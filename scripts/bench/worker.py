@@ -220,14 +220,27 @@ def miss_ab(spec: dict, iters: dict, cache_dir: str, rounds: int = 3) -> None:
     f = lambda: op(*args, **kwargs)  # noqa: E731
     per = {"eager": [], "hook-miss-ignore": [], "hook-miss-queue": []}
     ok = True
-    for k in range(rounds):
+
+    def eager():
         per["eager"].append(time_per_call(f, **iters)["us_median"])
+
+    for k in range(rounds):
+        hooks = []
         for mode in ("ignore", "queue"):
-            hook = _install(os.path.join(cache_dir, f"{mode}-{k}"), [sig.op], mode)
-            ok &= _close(f(), expected)
-            per[f"hook-miss-{mode}"].append(time_per_call(f, **iters)["us_median"])
-            _uninstall(hook)
-    emit({"rounds": per, "us": {m: statistics.median(v) for m, v in per.items()}, "matches_eager": ok})
+            def hook(mode=mode):
+                nonlocal ok
+                h = _install(os.path.join(cache_dir, f"{mode}-{k}"), [sig.op], mode)
+                ok &= _close(f(), expected)
+                per[f"hook-miss-{mode}"].append(time_per_call(f, **iters)["us_median"])
+                _uninstall(h)
+            hooks.append(hook)
+        # eager first in even rounds, last in odd ones
+        for run in ([eager] + hooks if k % 2 == 0 else hooks + [eager]):
+            run()
+    paired = {m: [h - e for h, e in zip(per[m], per["eager"])] for m in ("hook-miss-ignore", "hook-miss-queue")}
+    emit({"rounds": per, "us": {m: statistics.median(v) for m, v in per.items()},
+          "over_eager_paired_us": paired,
+          "over_eager_paired_median_us": {m: statistics.median(v) for m, v in paired.items()}, "matches_eager": ok})
 
 
 def _hook_breakdown(sig, op, args, kwargs, cache_dir, iters) -> dict:
