@@ -88,28 +88,53 @@ def _isa_memo_path() -> str:
     return os.path.join(base, "aoti-farm", f"isa-{_cpu_id()}-{torch.version.git_version[:12]}.json")
 
 
-@lru_cache(maxsize=1)
-def cpu_isa() -> str:
-    """Inductor's chosen CPU vector ISA, e.g. 'avx512 avx512_vnni' ('' for none)."""
-    path = _isa_memo_path()
+def _read_isa_memo(path: str) -> str | None:
     try:
         with open(path) as f:
             return json.load(f)["isa"]
-    except (OSError, ValueError, KeyError):
-        pass
-    from torch._inductor import cpu_vec_isa
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
-    _probe_candidates_at_once(cpu_vec_isa)
-    isa = str(cpu_vec_isa.pick_vec_isa())
+
+@lru_cache(maxsize=1)
+def cpu_isa() -> str:
+    """Inductor's chosen CPU vector ISA, e.g. 'avx512 avx512_vnni' ('' for none).
+
+    Probed once per host and torch build, remembered in a memo file; processes that need
+    it while another one probes (the farm's planner and its actors start together) wait
+    for that probe under a file lock instead of running their own."""
+    path = _isa_memo_path()
+    isa = _read_isa_memo(path)
+    if isa is not None:
+        return isa
+    lock = None
     try:
+        from filelock import FileLock
+
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"isa": isa}, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only costs the 2 s again next time
-    return isa
+        lock = FileLock(path + ".lock", timeout=600)
+        lock.acquire()
+    except Exception:  # noqa: BLE001 -- read-only home, lock timeout: probe without it
+        lock = None
+    try:
+        isa = _read_isa_memo(path) if lock is not None else None
+        if isa is not None:
+            return isa   # probed by another process while this one waited
+        from torch._inductor import cpu_vec_isa
+
+        _probe_candidates_at_once(cpu_vec_isa)
+        isa = str(cpu_vec_isa.pick_vec_isa())
+        try:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"isa": isa}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home only costs the probe again next time
+        return isa
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _probe_candidates_at_once(cpu_vec_isa) -> None:

@@ -65,6 +65,10 @@ PENDING_LIMIT = 4096
 WORKER_IDLE_SECONDS = 60.0
 #: Seconds between looks at the compile worker's log while it runs.
 WATCH_INTERVAL = 0.05
+#: Most shards watched one by one for misses this process waits for (more: the poll).
+WATCH_SHARDS = 32
+#: For how long after this process last queued a miss its shards are watched so.
+WATCH_QUEUED_SECONDS = 300.0
 
 
 @dataclass
@@ -186,6 +190,20 @@ class _Index:
                     removed |= before - now
         return added, removed, n
 
+    def shards_changed(self, names: Iterable[str]) -> bool:
+        """Whether any of these shards (``key[:2]``) changed since the last refresh: a few
+        stats, for watching the keys this process is waiting for."""
+        for which in ("entries", "failed"):
+            base = self._dir(which)
+            for name in names:
+                try:
+                    st = os.stat(os.path.join(base, name))
+                except OSError:
+                    continue   # not there (yet): nothing published in it
+                if self._stats.get((which, name)) != (st.st_mtime_ns, st.st_nlink):
+                    return True
+        return False
+
 
 class Hook:
     """An installed serving hook.  Use :func:`install`."""
@@ -222,6 +240,7 @@ class Hook:
         self._loads_in_background = True
         self._pending: queue.Queue = queue.Queue(maxsize=PENDING_LIMIT)
         self._stop = threading.Event()
+        self._wake = threading.Event()            # a miss was queued or a worker started: look now
         self._worker: subprocess.Popen | None = None   # the last one started
         self._workers: dict[str, subprocess.Popen] = {}  # per device
         self._worker_lock = threading.Lock()
@@ -233,6 +252,7 @@ class Hook:
         self._native_final: dict | None = None    # the native counters at uninstall
         self._room = ThreadRoom(bool(yield_core))   # fewer intra-op threads while compiling
         self._wstate: dict[int, str] = {}         # worker pid -> its last event
+        self._last_queued = 0.0                   # monotonic time of the last queued miss
         self._log_pos, self._log_partial = max(self._log_size(), 0), b""
 
         served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
@@ -593,13 +613,36 @@ class Hook:
                 return True
             if not self._watching():
                 self._room.set_compiles(0)
-                if self._stop.wait(left):
+                waiting = self._waiting_shards()
+                if waiting is None:
+                    self._wake.wait(left)
+                    self._wake.clear()
+                    if self._stop.is_set():
+                        return False
+                    continue
+                # misses this process queued for someone else's compile (on_miss="queue",
+                # another process's worker, `aoti-farm serve`): watch their shards
+                if self._stop.wait(min(left, WATCH_INTERVAL)):
                     return False
+                if any(self._index[d].shards_changed(names) for d, names in waiting.items() if d in self._index):
+                    return True
                 continue
             if self._stop.wait(min(left, WATCH_INTERVAL)):
                 return False
             if self._watch():
                 return True
+
+    def _waiting_shards(self) -> dict[str, set[str]] | None:
+        """Per device, the shards of the misses this process queued and still waits for;
+        None when there are none, too many to watch one by one, or they were queued long
+        ago (then the regular poll looks)."""
+        with self._lock:
+            if not self._outstanding or time.monotonic() - self._last_queued > WATCH_QUEUED_SECONDS:
+                return None
+            out: dict[str, set[str]] = {}
+            for k, d in self._outstanding.items():
+                out.setdefault(d, set()).add(k[:2])
+        return None if sum(map(len, out.values())) > WATCH_SHARDS else out
 
     def _watching(self) -> bool:
         nb = self._native_build
@@ -645,11 +688,13 @@ class Hook:
                     log.debug("poll failed: %s", e)
                     with self._lock:
                         self.c.poll_errors += 1
-            if self.on_miss == "compile" and self._outstanding:
-                try:
-                    self._check_workers()
-                except Exception as e:  # noqa: BLE001
-                    log.debug("worker check failed: %s", e)
+            if self._outstanding:
+                self._prune_outstanding()
+                if self.on_miss == "compile" and self._outstanding:
+                    try:
+                        self._check_workers()
+                    except Exception as e:  # noqa: BLE001
+                        log.debug("worker check failed: %s", e)
 
     def _writer_loop(self) -> None:
         while True:
@@ -688,6 +733,8 @@ class Hook:
             else:
                 self.c.queue_dedup += 1
             self._outstanding[call.key] = call.device
+            self._last_queued = time.monotonic()
+        self._wake.set()
         if self.on_miss == "compile":
             self._ensure_worker(call.device)
 
@@ -695,13 +742,17 @@ class Hook:
         """A worker that went idle just as this process queued a miss has exited: start
         another while any miss this process queued is neither published nor failed."""
         with self._lock:
+            devices = set(self._outstanding.values())
+        for d in devices:
+            self._ensure_worker(d)
+
+    def _prune_outstanding(self) -> None:
+        """Forget queued misses that are published or recorded as failing."""
+        with self._lock:
             for k, d in list(self._outstanding.items()):
                 idx = self._index.get(d)
                 if idx is None or k in idx.keys or k in idx.failed:
                     del self._outstanding[k]
-            devices = set(self._outstanding.values())
-        for d in devices:
-            self._ensure_worker(d)
 
     def _ensure_worker(self, device: str) -> None:
         with self._worker_lock:
@@ -736,6 +787,7 @@ class Hook:
             finally:
                 logf.close()
             self._room.set_compiles(self._compiles_now())   # warming up from now
+            self._wake.set()
         except Exception as e:  # noqa: BLE001
             log.warning("cannot start the compile worker: %s", e)
             self._worker_retry_at = time.monotonic() + 10.0
@@ -761,6 +813,7 @@ class Hook:
         ``remembered`` decisions, ``callback_errors``)."""
         with self._lock:
             s = dataclasses.asdict(self.c)
+            s["queued_waiting"] = len(self._outstanding)   # queued here, not yet published or failed
         nreg = self._nreg
         n = nreg.stats() if nreg is not None else self._native_final
         s["yield_core"] = self._room.stats()
@@ -800,6 +853,7 @@ class Hook:
             return
         self._reg.uninstall()
         self._stop.set()
+        self._wake.set()
         if self._native_build is not None and self._native_build.poll() is None:
             pass  # the build goes on: the next process uses it
         self._pending.put(None)

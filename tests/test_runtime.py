@@ -235,6 +235,28 @@ def test_hot_reload_new_and_removed_entries(kernels, tmp_path):
     print(f"hot reload: served after publish, dropped after removal; stats rescans={st['rescans']}")
 
 
+def test_queued_miss_is_watched_until_published(kernels, tmp_path):
+    """on_miss="queue" (someone else compiles: `aoti-farm serve`, another process's
+    worker): the hook watches the shards of the keys it queued, so a publish becomes a hit
+    without waiting for the regular poll (here 10 minutes, so only the watch can see it),
+    and stops watching a key once it is published."""
+    kernels.ensure(sig_add_alpha())
+    root = tmp_path / "cache"
+    a, b = torch.randn(8, 16), torch.randn(16)
+    expected = torch.add(a, b, alpha=2)
+    with install(cache_dir=str(root), ops=["aten::add.Tensor"], on_miss="queue", poll_interval=600) as hook:
+        assert same(torch.add(a, b, alpha=2), expected)
+        hook.flush()
+        st = hook.stats()
+        assert st["misses"] == 1 and st["queued"] == 1 and st["workers_started"] == 0, st
+        assert st["queued_waiting"] == 1
+        kernels.copy_to(root)                              # published elsewhere
+        assert wait_until(lambda: (torch.add(a, b, alpha=2), hook.stats()["hits"] > 0)[1], timeout=120)
+        assert wait_until(lambda: hook.stats()["queued_waiting"] == 0, timeout=60)   # no longer watched
+        st = hook.stats()
+    assert st["served_after_miss"] == 1, st
+
+
 # --- miss -> background compile, two processes ------------------------------------------------------
 
 def test_two_processes_miss_queue_once_compile_once_then_hit(tmp_path):

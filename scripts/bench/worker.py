@@ -519,14 +519,14 @@ def cold(mode: str, batches: list, think_s: float, cache_dir: str | None = None,
 # --- miss to hit (benchmark 7) ------------------------------------------------------------
 
 def miss_to_hit(spec: dict, cache_dir: str, poll_s: float = 0.005, max_s: float = 300.0,
-                warm_worker: bool = False) -> None:
+                warm_worker: bool = False, on_miss: str = "compile") -> None:
     from aoti_farm.cache import Cache
     from aoti_farm.fingerprint import fingerprint
 
     sig = _sig(spec)
     op, args, kwargs = _call_of(sig)
     t_install = time.perf_counter()
-    hook = _install(cache_dir, [sig.op], "compile")
+    hook = _install(cache_dir, [sig.op], on_miss)
     ready = None
     if warm_worker:
         # wait until the worker the hook started at install says it is up (its first log line)
