@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -25,6 +26,7 @@ from aoti_farm.compiler import compare, flat_tensors, load_runner
 from aoti_farm.config import FarmConfig
 from aoti_farm.fingerprint import fingerprint
 
+from _runtime_helpers import wait_until
 from conftest import sig_add_alpha, sig_mul
 
 pytestmark = pytest.mark.slow
@@ -47,8 +49,8 @@ def write_trace(path, sigs):
     return str(path)
 
 
-def cli(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "aoti_farm", *args], env=ENV, stdout=subprocess.PIPE,
+def cli(*args, env=None, **kw):
+    return subprocess.Popen([sys.executable, "-m", "aoti_farm", *args], env=env or ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -64,11 +66,27 @@ def warmed(tmp_path_factory):
     c = write_trace(d / "c.json", [BAD])
     cache = d / "cache"
     common = ["--cache-dir", str(cache), "--cpu-workers", "1", "--lease-ttl", "8"]
-    p1 = cli("warm", "--model", a, "--model", b, "--report", str(d / "r1.json"), *common)
-    p2 = cli("warm", "--model", a, "--model", c, "--report", str(d / "r2.json"), *common)
+    ray_tmp = tempfile.mkdtemp(prefix="afr", dir="/tmp")   # short: Ray's socket paths live under it
+    env = {**ENV, "RAY_TMPDIR": ray_tmp}
+    p1 = cli("warm", "--model", a, "--model", b, "--report", str(d / "r1.json"), *common, env=env)
+    p2 = cli("warm", "--model", a, "--model", c, "--report", str(d / "r2.json"), *common, env=env)
     out1, out2 = p1.communicate(timeout=900), p2.communicate(timeout=900)
-    return {"dir": d, "a": a, "b": b, "c": c, "cache": Cache(cache), "rc": (p1.returncode, p2.returncode),
-            "out": (out1, out2), "reports": (report(d / "r1.json"), report(d / "r2.json"))}
+    yield {"dir": d, "a": a, "b": b, "c": c, "cache": Cache(cache), "rc": (p1.returncode, p2.returncode),
+           "out": (out1, out2), "reports": (report(d / "r1.json"), report(d / "r2.json")), "ray_tmp": ray_tmp}
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            out.append(f"{pid}: {cmd[:160]}")
+    return out
 
 
 def test_concurrent_cold_runs_compile_each_signature_once(warmed):
@@ -80,6 +98,9 @@ def test_concurrent_cold_runs_compile_each_signature_once(warmed):
         assert statuses.count("compiled") == 1 and set(statuses) <= {"compiled", "cached"}, statuses
     fp = fingerprint("cpu")
     assert warmed["cache"].list_keys(fp.id) == {S1.key, S2.key}
+    # each run stopped the Ray it started: no process of either embedded cluster is left
+    assert wait_until(lambda: not _processes_mentioning(warmed["ray_tmp"]), 30, 0.5), \
+        _processes_mentioning(warmed["ray_tmp"])
 
 
 def test_kernels_load_and_match_eager(warmed):
