@@ -612,6 +612,9 @@ class Hook:
             if left <= 0:
                 return True
             if not self._watching():
+                # the last lines of a worker that just exited (its last outcome)
+                if self._log_size() not in (-1, self._log_pos) and self._watch():
+                    return True
                 self._room.set_compiles(0)
                 waiting = self._waiting_shards()
                 if waiting is None:
