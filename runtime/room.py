@@ -75,6 +75,7 @@ class ThreadRoom:
         self._lock = threading.Lock()
         self._saved: dict[int, tuple[int, int]] = {}   # native thread id -> (its count, the count set)
         self._native = None
+        self._native_base: dict = {}   # the native side's (process-wide) counters at attach
 
     # -- the hook's side ----------------------------------------------------------------------
     def set_compiles(self, n: int) -> None:
@@ -94,6 +95,8 @@ class ThreadRoom:
             saved, self._saved = dict(self._saved), {}
             mod.adopt_lowered(saved)
             mod.set_thread_limit(self.limit)
+            st = mod.thread_limit_state()
+            self._native_base = {k: st[k] for k in ("lowered", "restored", "errors")}
             self._native = mod
 
     def close(self) -> None:
@@ -113,7 +116,7 @@ class ThreadRoom:
         if self._native is not None:
             n = self._native.thread_limit_state()
             for k in ("lowered", "restored", "errors"):
-                d[k] += n[k]
+                d[k] += n[k] - self._native_base.get(k, 0)
             d["threads_lowered_now"] += len(n["saved"])
         return d
 
