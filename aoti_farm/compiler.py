@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from aoti_farm import loadenv
+from aoti_farm import loadenv, splitbuild
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import effective_options, seed_inductor_vec_isa
@@ -54,6 +54,7 @@ class CompileResult:
     seconds: float                     # wall time of the compile alone
     verification: dict = field(default_factory=dict)
     phases: dict = field(default_factory=dict)   # export/inductor/verify seconds
+    build: dict = field(default_factory=dict)    # how the wrapper was built (splitbuild)
 
 
 class Compiler(Protocol):
@@ -197,7 +198,9 @@ class AOTICompiler:
                     # CUDA kernels otherwise load their .cubin files from the build
                     # directory at run time; a published entry must be self-contained.
                     opts.setdefault("aot_inductor.embed_kernel_binary", True)
-                built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
+                with splitbuild.active():
+                    built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
+                    build_info = splitbuild.last_build()
         except CompileRefused:
             raise
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
@@ -216,7 +219,8 @@ class AOTICompiler:
         verification = self.verify(sig, path)
         t3 = time.perf_counter()
         return CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,
-                             phases={"export": t1 - t0, "inductor": t2 - t1, "verify": t3 - t2})
+                             phases={"export": t1 - t0, "inductor": t2 - t1, "verify": t3 - t2},
+                             build=build_info)
 
     def verify(self, sig: S.Signature, kernel_path: str) -> dict:
         """Run the kernel and eager on fresh random inputs; raise CompileRefused on any

@@ -68,6 +68,7 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
         cache.publish(fp, sig, res.files, {
             "compile_seconds": res.seconds, "phases": res.phases, "verification": res.verification,
             "worker": worker, "compiler": compiler.name, "attempts": attempts,
+            "build": getattr(res, "build", None) or {},
         })
         return Outcome(key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases)
     finally:

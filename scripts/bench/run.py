@@ -289,13 +289,16 @@ def bench_warm(ctx: Ctx) -> dict:
     # what the C++ side would give: the same profiled compile under Inductor knobs that
     # change only how the wrapper is built (each in a fresh process and inductor cache)
     variants = {}
-    for label, env in (("wrapper -O0 (AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL=O0)",
+    for label, env in (("whole wrapper, no split build (AOTI_FARM_SPLIT_WRAPPER=0)",
+                        {"AOTI_FARM_SPLIT_WRAPPER": "0"}),
+                       ("wrapper -O0 (AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL=O0)",
                         {"AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL": "O0"}),):
         env = {**env, "TORCHINDUCTOR_CACHE_DIR": ctx.dir("inductor-prof-variant")}
         try:
             v = C.run_worker("profile_compile", {"trace": trace, "warmup_index": 0, "index": min(1, U - 1), "top": 0},
                              env=env, timeout=1800)
             variants[label] = {"wall_s": v["wall_s"], "phases": v["phases"], "warmup_compile_s": v["warmup_compile_s"],
+                               "build": v.get("build"),
                                "subprocesses": [{"seconds": q["seconds"], "cmd": q["cmd"][:120]} for q in v["subprocesses"]]}
         except C.WorkerError as e:
             variants[label] = {"error": str(e)[-800:]}
@@ -329,6 +332,7 @@ def bench_warm(ctx: Ctx) -> dict:
     if "named_cumulative_s" in prof:
         table("1b. where one compile's time goes (cProfile, warm process)", ["part", "seconds"],
               [["wall", prof["wall_s"]], ["phases", json.dumps({k: round(v, 2) for k, v in prof["phases"].items()})],
+               ["wrapper build", json.dumps(prof.get("build") or {})],
                ["C++ compiler CPU (children rusage)", prof["cpu_children_s (C++ compiler)"]]]
               + [[k, v] for k, v in prof["named_cumulative_s"].items()]
               + [[f"subprocess: {q['cmd'][:70]}...", q["seconds"]] for q in prof.get("subprocesses", [])]
@@ -337,6 +341,8 @@ def bench_warm(ctx: Ctx) -> dict:
                None if eff_all is None else eff_all >= 0.9)
     if 1 in farm and ncpu in farm and ncpu > 1 and farm[1].get("rc") == 0 and farm[ncpu].get("rc") == 0:
         out["farm_scaling_efficiency"] = farm[1]["wall_s"] / (ncpu * farm[ncpu]["wall_s"])
+        ctx.target("warm", f"farm's own scaling, W=1 wall / ({ncpu} x W={ncpu} wall)", "(context)",
+                   out["farm_scaling_efficiency"], None)
     # the farm's CPU: every process of the CLI's tree (driver, raylet, workers, compilers),
     # sampled; the report's per-signature seconds are wall times inside the workers
     cps = out.get("cpu_s_per_sig_farm_tree") or out.get("cpu_s_per_sig_farm_report")

@@ -433,7 +433,7 @@ def profile_compile(trace: str, warmup_index: int = 0, index: int = 1, top: int 
                 best = max(best, r["cum_s"])
         named[label] = best
     emit({"sig": sig.op, "warmup_compile_s": warm_s, "wall_s": wall, "phases": res.phases,
-          "compile_seconds": res.seconds,
+          "compile_seconds": res.seconds, "build": res.build,
           "cpu_self_s": c1["self"] - c0["self"], "cpu_children_s (C++ compiler)": c1["children"] - c0["children"],
           "named_cumulative_s": named, "subprocesses": procs, "top": rows[:top]})
 
