@@ -33,6 +33,7 @@ class Outcome:
     error: str | None = None
     evidence: dict = field(default_factory=dict)
     phases: dict = field(default_factory=dict)
+    build: dict = field(default_factory=dict)     # how the wrapper was built (aoti_farm.splitbuild)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,7 +71,8 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
             "worker": worker, "compiler": compiler.name, "attempts": attempts,
             "build": getattr(res, "build", None) or {},
         })
-        return Outcome(key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases)
+        return Outcome(key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases,
+                       build=getattr(res, "build", None) or {})
     finally:
         lease.release()
         shutil.rmtree(workdir, ignore_errors=True)

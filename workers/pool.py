@@ -120,6 +120,7 @@ class Result:
     fp_id: str | None = None
     span: tuple | None = None       # (start, end) wall clock of the compile call in the actor
     phases: dict = field(default_factory=dict)   # export/inductor/verify seconds
+    build: dict = field(default_factory=dict)    # how the wrapper was built (aoti_farm.splitbuild)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -387,7 +388,8 @@ class Scheduler:
         if status in ("compiled", "cached", "failed"):
             self._finish(task, status, seconds=out.get("seconds", 0.0), worker=out.get("worker", ""),
                          error=out.get("error"), evidence=out.get("evidence") or {},
-                         span=tuple(out["span"]) if out.get("span") else None, phases=out.get("phases") or {})
+                         span=tuple(out["span"]) if out.get("span") else None, phases=out.get("phases") or {},
+                         build=out.get("build") or {})
         elif status == "busy":
             now = time.monotonic()
             if task.busy_since is None:
@@ -450,10 +452,11 @@ class Scheduler:
         return min(t)
 
     def _finish(self, task: Task, status: str, *, seconds: float = 0.0, worker: str = "", error: str | None = None,
-                evidence: dict | None = None, span: tuple | None = None, phases: dict | None = None) -> None:
+                evidence: dict | None = None, span: tuple | None = None, phases: dict | None = None,
+                build: dict | None = None) -> None:
         self.tasks.pop(task.key, None)
         r = Result(task.key, task.sig.op, status, seconds, worker, task.attempts, error, evidence or {}, task.fp_id,
-                   span, phases or {})
+                   span, phases or {}, build or {})
         self.results[task.key] = r
         setattr(self.counters, status, getattr(self.counters, status) + 1)
         self.on_event("done", {"result": r})
