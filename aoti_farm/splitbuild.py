@@ -186,6 +186,17 @@ def _intact(obj: str) -> bool:
         return False
 
 
+def _remove_orphans(d: str, age_s: float = 3600.0) -> None:
+    """Sources and half-written objects of builds that died (kill -9) an hour ago or more."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for f in os.scandir(d):
+            if f.name.endswith(".cpp") or ".o.tmp" in f.name:
+                with contextlib.suppress(OSError):
+                    if now - f.stat().st_mtime > age_s:
+                        os.unlink(f.path)
+
+
 def _common_object(common: str, argv: list[str], src_i: int, out_i: int, cwd: str,
                    meanwhile=None) -> tuple[str | None, str]:
     """The common object's path (building it if this process may), or None and why not.
@@ -215,6 +226,7 @@ def _common_object(common: str, argv: list[str], src_i: int, out_i: int, cwd: st
         if _intact(obj):
             _count("common_reused")
             return obj, "reused"
+        _remove_orphans(d)
         how = "built"
         if os.path.exists(obj):   # damaged or half-replaced by hand: never linked, rebuilt
             _count("common_damaged")

@@ -5,6 +5,7 @@ wrong falls back to Inductor's whole-file build, and the kernel is still verifie
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -43,6 +44,18 @@ def test_split_wrapper_cuts_at_the_interface():
 ])
 def test_split_wrapper_refuses_anything_else(text):
     assert splitbuild.split_wrapper(text) is None
+
+
+def test_orphans_of_dead_builds_are_removed_after_an_hour(tmp_path):
+    names = ["k.123.cpp", "k.123.o.tmp", "k.123.o.tmp.sha256", "k.o", "k.o.sha256", "k.o.lock"]
+    for n in names:
+        (tmp_path / n).write_text("x")
+    old = time.time() - 7200
+    for n in names:
+        os.utime(tmp_path / n, (old, old))
+    (tmp_path / "k.456.cpp").write_text("a build running now")
+    splitbuild._remove_orphans(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.456.cpp", "k.o", "k.o.lock", "k.o.sha256"]
 
 
 def _sig(n):
