@@ -108,21 +108,29 @@ def _normalize(text: str) -> str:
 
 def split_wrapper(text: str) -> tuple[str, str] | None:
     """``(common, model)`` sources for a generated AOTI wrapper, or None where the
-    wrapper is not ``<includes> + interface + <model>`` exactly."""
+    wrapper is not ``<includes> + interface + <model>`` exactly.  Lines are matched with
+    trailing whitespace ignored, and both halves are cut from the wrapper's own lines,
+    unchanged (a raw string literal keeps its bytes)."""
     iface = interface_text()
     if not iface or EXPLICIT in text:
         return None
-    norm = _normalize(text)
-    at = norm.find(iface)
-    if at < 0 or norm.find(iface, at + 1) >= 0:
+    want = iface.split("\n")
+    lines = text.splitlines(keepends=True)
+    norm = [line.rstrip() for line in lines]
+    n = len(want)
+    starts = [i for i in range(len(norm) - n + 1) if norm[i] == want[0] and norm[i:i + n] == want]
+    if len(starts) != 1:
         return None
-    head, tail = norm[:at], norm[at + len(iface):]
+    i = starts[0]
+    head, body, tail = "".join(lines[:i]), "".join(lines[i:i + n]), "".join(lines[i + n:])
     # the head must be preprocessor lines only (the device include and C-shim extensions)
-    if any(line.strip() and not line.lstrip().startswith(("#", "//")) for line in head.splitlines()):
+    if any(line.strip() and not line.lstrip().startswith(("#", "//")) for line in norm[:i]):
         return None
-    includes = "\n".join(line for line in iface.splitlines() if line.startswith("#include"))
-    common = f"{head}{iface}\n\n{EXPLICIT}\n"
-    model = f"{head}{includes}\n{EXTERN}\n{tail}\n"
+    if not head.endswith("\n") and head:
+        head += "\n"
+    includes = "\n".join(line for line in want if line.startswith("#include"))
+    common = f"{head}{body}\n\n{EXPLICIT}\n"
+    model = f"{head}{includes}\n{EXTERN}\n{tail}"
     return common, model
 
 

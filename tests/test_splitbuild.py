@@ -34,6 +34,9 @@ def test_split_wrapper_cuts_at_the_interface():
     # whitespace-only lines written as empty ones still match (Inductor's splice does that)
     spaced = IFACE.replace("\n\n", "\n   \n", 1)
     assert splitbuild.split_wrapper(HEAD + spaced + TAIL) is not None
+    # the model's own text is cut unchanged: trailing blanks inside a raw string stay
+    raw = 'const char* spec = R"(line one   \nline two)";\n'
+    assert raw in splitbuild.split_wrapper(HEAD + IFACE + "\n" + raw)[1]
 
 
 @pytest.mark.parametrize("text", [
