@@ -44,6 +44,10 @@ EXTERNAL = {
             "run a Python program with the serving hook installed"),
     "record": ("aoti_farm.runtime.launch", "add_record_args", "record_command",
                "run a Python program and record the op signatures it calls into a trace"),
+    "explain": ("aoti_farm.explain", "add_explain_args", "explain_command",
+                "say what a serving process here would do with each signature of a trace, and why"),
+    "report": ("aoti_farm.report_html", "add_report_args", "report_command",
+               "render a warm report (--report JSON) as a self-contained HTML timeline"),
 }
 
 

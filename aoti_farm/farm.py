@@ -38,12 +38,13 @@ a whole ~9 s trivial compile to save ~3.5 s, so it only suits long-lived `serve`
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, TextIO
 
 from aoti_farm.config import FarmConfig, resolve
@@ -101,7 +102,10 @@ def warm_command(ns: argparse.Namespace) -> int:
 
 
 def serve_command(ns: argparse.Namespace) -> int:
-    return serve(config_from(ns), install_signals=True)
+    from aoti_farm.runtime.metrics import port_setting
+
+    port = port_setting(ns.metrics_port) if ns.metrics_port is not None else port_setting(None)
+    return serve(config_from(ns), install_signals=True, metrics_port=port)
 
 
 def _check_writable(path: str) -> None:
@@ -444,8 +448,9 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
 
 def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signals: bool = False,
           stream: TextIO | None = None, compiler_factory: Callable | None = None,
-          on_event: Callable | None = None) -> int:
-    """Drain the miss queues until ``stop`` is set (or SIGTERM/SIGINT); returns 0."""
+          on_event: Callable | None = None, metrics_port: int | None = None) -> int:
+    """Drain the miss queues until ``stop`` is set (or SIGTERM/SIGINT); returns 0.
+    ``metrics_port``: expose the pool's counters there (see aoti_farm.workers.metrics)."""
     from aoti_farm import missq
     from aoti_farm.progress import Progress
     from aoti_farm.workers.pool import Task, pool_sizes, route
@@ -473,14 +478,19 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
 
         sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
         progress._log(f"serving {cache.root} with {sizes['cpu']} CPU and {sizes['gpu']} GPU workers")
+        exporter = _serve_metrics(sched, metrics_port, progress) if metrics_port is not None else None
+        bad = BadItems(progress._log)
         try:
             while not stop.is_set():
                 for kind in ("cpu", "gpu"):
                     for fp_id in sched.fp_ids(kind):
-                        _enqueue_pending(cache, fp_id, kind, sched, progress, missq, Task, route)
+                        _enqueue_pending(cache, fp_id, kind, sched, bad, missq, Task, route)
                 for key, r in list(sched.results.items()):
                     if r.fp_id:
-                        missq.done(cache, r.fp_id, key)
+                        try:
+                            missq.done(cache, r.fp_id, key)
+                        except (OSError, FarmError) as e:
+                            bad.see(f"{r.fp_id}/queue", key, e)
                     del sched.results[key]
                 if sched.done() and all(w.state == "ready" for w in sched.workers):
                     stop.wait(cfg.poll_interval)
@@ -489,29 +499,69 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
         finally:
             sched.shutdown()
             progress._log(f"stopped: compiled {sched.counters.compiled}, cached {sched.counters.cached}, "
-                          f"failed {sched.counters.failed}")
+                          f"failed {sched.counters.failed}, bad queue items skipped {bad.count}")
+            if exporter is not None:
+                progress._log("counters " + json.dumps(asdict(sched.counters)))
+                exporter.close()
     finally:
         if started:
             stop_ray(ray)
     return 0
 
 
-def _enqueue_pending(cache, fp_id, kind, sched, progress, missq, Task, route) -> None:
-    for key in missq.pending(cache, fp_id):
+def _serve_metrics(sched, port: int, progress):
+    """`serve --metrics-port`: the pool's counters on a port; Ray's own metrics (compile
+    seconds by device, queue depth, retries...) are at the Ray node's metrics port."""
+    from aoti_farm.workers import metrics as farm_metrics
+
+    try:
+        ex = farm_metrics.serve_pool_metrics(lambda: sched, port)
+    except OSError as e:
+        raise UserError(f"--metrics-port {port}: {e}; pass another port (0: any free one)") from None
+    rp = farm_metrics.ray_metrics_port()
+    progress._log(f"metrics on port {ex.port}" + (f"; Ray's metrics (aoti_farm_compile_seconds...) on port {rp}"
+                                                   if rp else ""))
+    return ex
+
+
+class BadItems:
+    """Bad queue items (and unsafe queue directories) that ``serve`` skipped: each is
+    counted and logged once per process; ``cache verify --repair`` removes them."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self._log, self._seen, self.count = log, set(), 0
+
+    def see(self, where: str, name: str, err: Exception) -> None:
+        if (where, name) not in self._seen:
+            self._seen.add((where, name))
+            self.count += 1
+            self._log(f"skipping bad queue item {where}/{name[:16]}: {err}")
+
+
+def _enqueue_pending(cache, fp_id, kind, sched, bad, missq, Task, route) -> None:
+    """Add the queue's new signatures to ``sched``.  Every check of an item is inside the
+    per-item try: one bad item (or an unsafe queue) is counted and skipped, never fatal."""
+    try:
+        listing = missq.scan(cache, fp_id)
+    except (OSError, FarmError) as e:
+        bad.see(fp_id, "queue", e)
+        return
+    for name in listing.junk:
+        bad.see(f"{fp_id}/queue", name, FarmError("not a queue item name"))
+    for key in sorted(listing.keys, key=lambda k: (listing.keys[k], k)):
         if key in sched.tasks:
             continue
-        if cache.has_entry(fp_id, key) or cache.failure(fp_id, key) is not None:
-            missq.done(cache, fp_id, key)
-            continue
         try:
+            if cache.has_entry(fp_id, key) or cache.failure(fp_id, key) is not None:
+                missq.done(cache, fp_id, key)
+                continue
             sig = missq.read(cache, fp_id, key)
+            if route(sig) != kind:
+                continue
         except FileNotFoundError:
             continue
-        except (FarmError, ValueError) as e:
-            progress._log(f"dropping unreadable queue item {key[:16]}: {e}")
-            missq.done(cache, fp_id, key)
-            continue
-        if route(sig) != kind:
+        except Exception as e:  # noqa: BLE001 -- a bad item: counted, skipped, left for `cache verify --repair`
+            bad.see(f"{fp_id}/queue", key, e)
             continue
         sched.add(Task(sig, kind, fp_id))
 

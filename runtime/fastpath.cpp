@@ -5,7 +5,7 @@
 // cache index, verification before a kernel is loaded, the miss queue.  This file only
 // remembers, per op, what Python decided for a given *fast key* and replays it:
 //
-//   fast key -> kernel   run the AOTI runner (the same runner upstream's holder uses)
+//   fast key -> kernel   run the kernel (a container of its own per concurrent thread, see Kernel)
 //   fast key -> eager    call the original kernel (a queued miss or a failed signature)
 //   unknown              ask Python: decide(slot, values) -> kernel id | EAGER_* code
 //
@@ -31,7 +31,8 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
+#include <torch/csrc/inductor/aoti_runtime/interface.h>
+#include <torch/csrc/inductor/aoti_torch/tensor_converter.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_dtypes.h>
 #include <torch/csrc/utils/tensor_layouts.h>
@@ -40,6 +41,8 @@
 #include <torch/python.h>
 
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -151,7 +154,128 @@ void adopt_lowered(const py::dict& saved) {
   g_gen++;  // every thread looks again
 }
 
-using Runner = torch::inductor::AOTIModelContainerRunner;
+// --- a loaded kernel: one library, a pool of single-threaded model containers --------------
+//
+// AOTI's container, run the default way (AOTInductorModelContainerRun), hands each call a
+// model instance from its pool and, when none is free, waits until the previous call's work
+// on the device has finished: with one instance every CUDA call waits for the one before,
+// so the CPU never runs ahead of the GPU.  AOTInductorModelContainerRunSingleThreaded skips
+// that bookkeeping but is not thread-safe.  So a Kernel keeps its own pool of containers,
+// each used by one thread at a time: a call checks one out (a short lock around a vector
+// pop, never held while the kernel runs), runs it single-threaded and puts it back.  A
+// thread that finds the pool empty creates another container from the library already
+// loaded (its path is needed only once, at load time).  This is the same C ABI upstream's
+// AOTIModelContainerRunner calls; kernels from the cache have no proxy-executor JSON.
+
+class Kernel {
+ public:
+  using Handle = AOTInductorModelContainerHandle;
+  // Most idle containers kept; a burst of more threads creates more, deleted on return.
+  static constexpr size_t MAX_IDLE = 64;
+
+  Kernel(const std::string& path, const std::string& device) : dev_(device) {
+    lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib_) {
+      const char* e = dlerror();
+      TORCH_CHECK(false, "cannot load ", path, ": ", e ? e : "dlopen failed");
+    }
+    create_ = reinterpret_cast<decltype(create_)>(dlsym(lib_, "AOTInductorModelContainerCreateWithDevice"));
+    delete_ = reinterpret_cast<decltype(delete_)>(dlsym(lib_, "AOTInductorModelContainerDelete"));
+    num_outputs_ = reinterpret_cast<decltype(num_outputs_)>(dlsym(lib_, "AOTInductorModelContainerGetNumOutputs"));
+    run_ = reinterpret_cast<decltype(run_)>(dlsym(lib_, "AOTInductorModelContainerRunSingleThreaded"));
+    if (!create_ || !delete_ || !num_outputs_ || !run_) {
+      dlclose(lib_);
+      TORCH_CHECK(false, path, " lacks the AOTInductor container interface (single-threaded run)");
+    }
+    Handle h = nullptr;
+    try {
+      h = create();
+      TORCH_CHECK(num_outputs_(h, &n_out_) == AOTI_RUNTIME_SUCCESS, "AOTInductorModelContainerGetNumOutputs failed");
+    } catch (...) {
+      if (h) delete_(h);
+      dlclose(lib_);
+      throw;
+    }
+    free_.push_back(h);
+  }
+
+  ~Kernel() {
+    for (Handle h : free_) delete_(h);
+    dlclose(lib_);
+  }
+
+  Kernel(const Kernel&) = delete;
+  Kernel& operator=(const Kernel&) = delete;
+
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) {
+    void* stream = nullptr;
+    if (dev_.is_cuda())
+      stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev_).native_handle();
+    auto in = torch::aot_inductor::unsafe_alloc_new_handles_from_tensors(inputs);
+    std::vector<AtenTensorHandle> out(n_out_, nullptr);
+    Handle h = checkout();
+    AOTIRuntimeError rc;
+    try {
+      rc = run_(h, in.data(), in.size(), out.data(), out.size(), reinterpret_cast<AOTInductorStreamHandle>(stream),
+                nullptr);
+    } catch (...) {
+      delete_(h);  // never reuse a container left in an unknown state
+      throw;
+    }
+    if (rc != AOTI_RUNTIME_SUCCESS) {
+      delete_(h);
+      TORCH_CHECK(false, "AOTInductorModelContainerRunSingleThreaded failed");
+    }
+    checkin(h);
+    return torch::aot_inductor::alloc_tensors_by_stealing_from_handles(out.data(), out.size());
+  }
+
+  uint64_t containers() const { return created_.load(); }
+
+ private:
+  Handle create() {
+    Handle h = nullptr;
+    const std::string d = dev_.str();
+    TORCH_CHECK(create_(&h, 1, d.c_str(), nullptr) == AOTI_RUNTIME_SUCCESS && h,
+                "AOTInductorModelContainerCreateWithDevice failed");
+    created_++;
+    return h;
+  }
+  Handle checkout() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!free_.empty()) {
+        Handle h = free_.back();
+        free_.pop_back();
+        return h;
+      }
+    }
+    return create();  // outside the lock
+  }
+  void checkin(Handle h) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (free_.size() < MAX_IDLE) {
+        free_.push_back(h);
+        return;
+      }
+    }
+    delete_(h);
+  }
+
+  void* lib_ = nullptr;
+  decltype(&AOTInductorModelContainerCreateWithDevice) create_ = nullptr;
+  decltype(&AOTInductorModelContainerDelete) delete_ = nullptr;
+  decltype(&AOTInductorModelContainerGetNumOutputs) num_outputs_ = nullptr;
+  decltype(&AOTInductorModelContainerRunSingleThreaded) run_ = nullptr;
+  c10::Device dev_;
+  size_t n_out_ = 0;
+  std::mutex mu_;
+  std::vector<Handle> free_;
+  std::atomic<uint64_t> created_{0};
+};
+
+using Runner = Kernel;
 
 struct Decision {
   int64_t code;                     // kernel id >= 0, or EAGER_MISS / EAGER_FAILED
@@ -527,16 +651,12 @@ class FastPath {
     return index;
   }
 
-  // Load a kernel the way upstream's holder does; returns its id.
+  // Load a kernel (its library, and a first container); returns its id.
   int64_t load(const std::string& path, const std::string& device) {
-    auto& reg = torch::inductor::getAOTIModelRunnerRegistry();
-    std::string type = device.substr(0, device.find(':'));
-    auto it = reg.find(type);
-    TORCH_CHECK(it != reg.end(), "no AOTI runner for device ", device);
     std::shared_ptr<Runner> r;
     {
       py::gil_scoped_release nogil;
-      r = std::shared_ptr<Runner>(it->second(path, 1, device, "", false));
+      r = std::make_shared<Runner>(path, device);
     }
     std::unique_lock<std::shared_mutex> lk(st_->mu);
     int64_t id = st_->next_id++;
@@ -592,6 +712,9 @@ class FastPath {
     d["remembered"] = known;
     d["forgotten_full"] = st_->forgotten.load();
     d["kernels"] = st_->runners.size();
+    uint64_t containers = 0;
+    for (auto& kv : st_->runners) containers += kv.second->containers();
+    d["containers"] = containers;
     return d;
   }
 

@@ -51,9 +51,11 @@ from aoti_farm.compiler import flat_tensors, load_runner
 from aoti_farm.errors import Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
 from aoti_farm.runtime import dispatch
+from aoti_farm.runtime import metrics as metrics_mod
 from aoti_farm.runtime import native as native_mod
 from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events
 from aoti_farm.runtime.room import ThreadRoom, lowest_priority
+from aoti_farm.runtime import gate as gate_mod
 
 log = logging.getLogger("aoti_farm.hook")
 
@@ -104,7 +106,9 @@ class HookStats:
     poll_errors: int = 0
     workers_started: int = 0          # background compile worker processes started
     worker_errors: int = 0            # a compile worker could not be started
+    gated: int = 0                    # cache hits the speed gate ran eager (runtime/gate.py)
     per_op: dict = field(default_factory=dict)      # op -> OpCounts
+    miss_explained: dict = field(default_factory=dict)  # first misses by explain's category (explain_misses)
 
 
 @dataclass
@@ -251,9 +255,20 @@ class Hook:
         self._native_error: str | None = None
         self._native_final: dict | None = None    # the native counters at uninstall
         self._room = ThreadRoom(bool(yield_core))   # fewer intra-op threads while compiling
+        try:   # serve a kernel only where it is faster than eager (runtime/gate.py)
+            self._gate = gate_mod.Gate(serve or gate_mod.policy_from_env())
+        except ValueError as e:
+            raise UserError(f"{e}; use serve='faster' (default) or 'always'") from None
         self._wstate: dict[int, str] = {}         # worker pid -> its last event
         self._last_queued = 0.0                   # monotonic time of the last queued miss
         self._log_pos, self._log_partial = max(self._log_size(), 0), b""
+        # observability (runtime/metrics.py): first-miss times, miss->hit latency, explain
+        self._miss_t: dict[str, float] = {}       # key -> monotonic time of its first miss here
+        self._miss_hist = metrics_mod.LatencyHistogram()
+        self._pending_done_s = 0.0                # closed first-miss -> first-hit windows
+        self._explain = metrics_mod.explain_enabled(explain_misses)
+        self._explainer = None
+        self._metrics = None
 
         served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
         bad = [d for d in devices if d not in ("cpu", "cuda")]
@@ -290,6 +305,9 @@ class Hook:
             # a warm worker (torch imported, idle at the lowest priority) compiles the first
             # miss without the interpreter start-up; it exits after ``worker_idle`` seconds
             self._pending.put(_Start("cpu"))
+        port = metrics_mod.port_setting(metrics_port)
+        if port is not None:
+            self._metrics = metrics_mod.start_for_hook(self, port)
 
     # -- the native hit path ------------------------------------------------------------------
     def _try_native(self) -> bool:
@@ -391,11 +409,24 @@ class Hook:
                     self._load_soon(call)
                     return self._missed_call(info, call)
                 handle = self._load(call)
+            if handle is not None and self._gate.active:
+                ok = self._gate.decision(call.key)
+                if ok is None:
+                    ok = self._gate_confirm(call, handle, info, args, kwargs)
+                if not ok:   # a hit that runs eager; None: another thread is timing it
+                    with self._lock:
+                        self.c.calls += 1
+                        self.c.gated += 1
+                    return ("gated", call, ok is not None)
             if handle is not None:
                 if call.missed:
                     with self._lock:
                         call.missed = False
                         self.c.served_after_miss += 1
+                        t0 = self._miss_t.pop(call.key, None)   # once per signature, not per call
+                        if t0 is not None:
+                            self._miss_hist.observe(time.monotonic() - t0)
+                            self._pending_done_s += time.monotonic() - t0
                 return ("run", call, handle)
         return self._missed_call(info, call)
 
@@ -414,6 +445,7 @@ class Hook:
                 report = call.key not in self._reported
                 if report:
                     self._reported.add(call.key)
+                    self._miss_t.setdefault(call.key, time.monotonic())
                 what = "miss"
         if report:
             self._report(call)
@@ -740,6 +772,8 @@ class Hook:
         self._wake.set()
         if self.on_miss == "compile":
             self._ensure_worker(call.device)
+        if self._explain:
+            metrics_mod.explain_first_miss(self, call)
 
     def _check_workers(self) -> None:
         """A worker that went idle just as this process queued a miss has exited: start
@@ -817,17 +851,25 @@ class Hook:
         with self._lock:
             s = dataclasses.asdict(self.c)
             s["queued_waiting"] = len(self._outstanding)   # queued here, not yet published or failed
+            s["miss_to_hit_seconds"] = self._miss_hist.snapshot()
+            now = time.monotonic()
+            s["eager_while_pending_seconds"] = self._pending_done_s + sum(
+                now - t for k, t in self._miss_t.items() if k in self._outstanding)
         nreg = self._nreg
         n = nreg.stats() if nreg is not None else self._native_final
         s["yield_core"] = self._room.stats()
+        g = self._gate.stats()
+        s["serve"] = g["policy"]
+        s["gate_trials"], s["gated_signatures"], s["gate_errors"] = g["gate_trials"], g["gated_signatures"], g["gate_errors"]
         if n is None:
             s["native"] = {"active": False, "reason": self._native_error or
                            ("off" if self._native_mode == "off" else "building")}
-            return s
+            return metrics_mod.with_miss_reasons(s, self._metrics)
         s["hits"] += n["hits"]
         s["misses"] += n["misses"]
         s["failed_signatures"] += n["failed_signatures"]
-        s["calls"] += n["hits"] + n["misses"] + n["failed_signatures"]
+        s["calls"] += n["hits"] + n["misses"] + n["failed_signatures"] + n.get("gated", 0)
+        s["gated"] += n.get("gated", 0)
         for reason, k in (("wrapped Python number", "wrapped_numbers"), ("requires_grad", "requires_grad"),
                           ("conjugate or negative view", "conj_neg_views")):
             if n[k]:
@@ -840,7 +882,7 @@ class Hook:
             oc["fallbacks"] += f
         s["native"] = {"active": nreg is not None, **{k: n[k] for k in ("slow_calls", "remembered", "forgotten_full",
                                                            "unkeyable", "callback_errors", "kernels")}}
-        return s
+        return metrics_mod.with_miss_reasons(s, self._metrics)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every reported miss has been written to the miss queue."""

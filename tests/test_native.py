@@ -147,6 +147,79 @@ def test_threads_share_the_native_path(add_cache):
     assert st["native"]["callback_errors"] == 0
 
 
+@pytest.fixture(scope="module")
+def big_add(kernels):
+    """An add large enough (256 x 1024) that calls from several threads overlap."""
+    sig = sig_add_alpha((256, 1024))
+    out = kernels.ensure(sig)
+    assert out.status in ("compiled", "cached"), out
+    return kernels
+
+
+def _overlapping_calls(fn, n_threads=4, calls=150):
+    """Run ``fn`` from ``n_threads`` threads that start together."""
+    import threading
+
+    gate = threading.Barrier(n_threads)
+
+    def work():
+        gate.wait()
+        for _ in range(calls):
+            fn()
+
+    run_threads(n_threads, work)
+
+
+def test_threads_run_a_kernel_at_once_each_with_its_own_container(big_add, tmp_path):
+    """The hit path has no cross-call wait: each call runs a single-threaded container of its
+    own (checked out of the kernel's pool), so several threads run one kernel at once; the
+    results stay eager's and nothing is counted as an error."""
+    cache = big_add.copy_to(tmp_path / "cache")
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(256, 1024, generator=g), torch.randn(1024, generator=g)
+    expected = torch.add(a, b, alpha=2)
+    bad: list = []
+
+    def call():
+        if not same(torch.add(a, b, alpha=2), expected):
+            bad.append(1)
+
+    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore",
+                 native="require") as hook:
+        _overlapping_calls(call)
+        st = hook.stats()
+        n = hook._nreg.stats()
+    assert not bad
+    assert st["hits"] == 600 and st["kernel_errors"] == 0, st
+    assert n["callback_errors"] == 0, n
+    # more than one container: calls did overlap, and none shared a container
+    assert 2 <= n["containers"] <= 4, n
+
+
+def test_pooled_runner_from_several_threads(big_add):
+    """The Python path's wait-free runner (used for CUDA kernels; runs CPU kernels too):
+    thread-safe, one container per concurrent call, eager's results."""
+    from aoti_farm.compiler import flat_tensors
+    from aoti_farm.runner import PooledRunner
+
+    sig = sig_add_alpha((256, 1024))
+    r = PooledRunner(big_add.cache.open_entry(big_add.fp, sig.key).kernel_path, "cpu")
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(256, 1024, generator=g), torch.randn(1024, generator=g)
+    expected = torch.add(a, b, alpha=2)
+    ins = flat_tensors(sig, (a, b), {"alpha": 2})
+    bad: list = []
+
+    def call():
+        out = r.run(ins)
+        if len(out) != 1 or not same(out[0], expected):
+            bad.append(1)
+
+    _overlapping_calls(call)
+    assert not bad
+    assert 2 <= r.containers <= 4, r.containers
+
+
 def test_remembered_calls_are_bounded(tmp_path):
     """Dynamic shapes: an op that has remembered its limit of calls forgets them all and
     learns again (memory stays bounded); results stay eager's."""

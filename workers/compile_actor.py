@@ -28,6 +28,8 @@ import time
 import warnings
 from typing import Callable
 
+from aoti_farm.workers import metrics as farm_metrics
+
 #: Warm-up levels: "none" (nothing), "light" (imports, fingerprint, one torch.export of a
 #: trivial op: ~1.5 s), "compile" (also a full AOTInductor compile of a trivial op into a
 #: scratch directory: ~9 s on one core, of which ~3.5 s is first-compile overhead that the
@@ -176,4 +178,5 @@ class CompileActor:
                    "evidence": {}, "phases": {}}
         out["span"] = (w0, time.time())   # wall clock, for the warm report's timeline
         out["actor"] = self.info()
+        farm_metrics.record_compile(self.device, out)
         return out

@@ -37,6 +37,7 @@ from typing import Any, Callable
 from aoti_farm import leases
 from aoti_farm.cache import Cache
 from aoti_farm.signature import Signature
+from aoti_farm.workers import metrics as farm_metrics
 
 CPU, GPU = "cpu", "gpu"
 #: How many times Ray itself restarts a dead actor before the scheduler replaces it.
@@ -215,6 +216,7 @@ class Scheduler:
 
     def step(self, max_wait: float = 1.0) -> None:
         now = time.monotonic()
+        farm_metrics.observe_scheduler(self)
         self._unpark(now)
         self._dispatch(now)
         self._check_timeouts(time.monotonic())
@@ -247,6 +249,7 @@ class Scheduler:
 
     def shutdown(self) -> None:
         """Kill every actor and break the leases they held (abandons in-flight work)."""
+        farm_metrics.observe_scheduler(self, final=True)
         for w in self.workers:
             if w.state != "dead":
                 for _, task in w.queue:

@@ -1,0 +1,548 @@
+"""`aoti-farm explain`: what a serving process on this host would do with each signature of
+a trace, and why.
+
+Outcomes (one per signature):
+
+* ``hit`` -- an entry is published under this host's fingerprint; the hook serves it;
+* ``gated`` -- published, but under the hook's default policy ``serve="faster"`` its
+  manifest's ``speed`` record says the kernel is not faster than eager (``ratio >
+  GATE_RATIO``; both times are named) or it has no such record: the hook runs eager;
+* ``failed`` -- a failure record exists (its reason and evidence are named);
+* ``ineligible`` -- the hook never serves it (the op's or the argument's reason);
+* ``refused`` -- an entry is there but its manifest is unreadable or unsafe (the hook
+  refuses it and counts an integrity failure);
+* ``missing`` -- nothing published: the nearest entry of the same op under this
+  fingerprint is named with the fields that differ (``self.sizes [2,17,64] vs
+  [2,16,64]``, ``alpha 2 vs 1``); an entry of the very key under another fingerprint is
+  named with the fingerprint fields that differ (``cpu_isa avx2 vs avx512``).
+
+Speed: the cache is indexed once (:class:`CacheIndex`): every namespace's entry and
+failure keys are listed, and manifests are read (bounded, never hashed) only for hits and,
+when something is missing, once per entry of this host's namespace to group them by op.
+A signature's key is the hash of its signature, so what is read about a key is memoised
+for as long as the object lives (the serving hook keeps one, see ``Hook``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+import msgpack
+
+from aoti_farm import safeio
+from aoti_farm.cache import MANIFEST, Cache
+from aoti_farm.errors import UserError
+from aoti_farm.signature import Signature, describe, op_info, resolve_op
+
+OUTCOMES = ("hit", "gated", "failed", "ineligible", "refused", "missing")
+#: Fallback for the speed gate's threshold until ``aoti_farm.GATE_RATIO`` exists.
+DEFAULT_GATE_RATIO = 0.95
+_WRAPPED = ("float64", "int64", "bool", "complex128")
+
+
+def gate_ratio() -> float:
+    """The speed gate's threshold (runtime/gate.py's GATE_RATIO)."""
+    try:
+        from aoti_farm.runtime.gate import GATE_RATIO
+
+        return float(GATE_RATIO)
+    except ImportError:   # a build without the gate
+        return DEFAULT_GATE_RATIO
+
+
+def serve_policy(explicit: str | None = None) -> str:
+    """``faster`` (the hook's default: only kernels faster than eager) or ``always``."""
+    if explicit:
+        return explicit
+    try:
+        from aoti_farm.runtime.gate import policy_from_env
+
+        return policy_from_env()
+    except ImportError:
+        return "always"
+
+
+def _ratio(speed) -> float | None:
+    try:
+        from aoti_farm.runtime.gate import compile_ratio
+
+        return compile_ratio(speed)
+    except ImportError:
+        r = speed.get("ratio") if isinstance(speed, dict) else None
+        return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 else None
+
+
+@dataclass
+class Explanation:
+    index: int
+    key: str
+    op: str
+    description: str
+    device: str
+    outcome: str
+    reason: str                                       # one line
+    details: list[str] = field(default_factory=list)  # field by field
+    category: str = ""                                # missing: what kind of difference
+    data: dict = field(default_factory=dict)          # structured: nearest key, diff, speed, record
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- flattened key fields ----------------------------------------------------------------------
+
+
+def flatten_args(args: list) -> dict[str, tuple]:
+    """The named key fields of a signature's JSON args (``Signature.to_obj()["args"]``):
+    ``self.sizes``, ``self.dtype``, ``alpha`` ... -> (kind, value)."""
+    out: dict[str, tuple] = {}
+    for a in args:
+        if not isinstance(a, dict):
+            continue
+        _flat_one(a, str(a.get("name")), out)
+    return out
+
+
+def _flat_one(a: dict, name: str, out: dict) -> None:
+    kind = a.get("kind")
+    if kind == "tensor":
+        for f in ("dtype", "sizes", "strides", "device"):
+            v = a.get(f)
+            out[f"{name}.{f}"] = ("tensor", tuple(v) if isinstance(v, list) else v)
+    elif kind == "tensor_list":
+        items = a.get("items") or []
+        out[f"{name}.len"] = ("int", len(items))
+        for i, it in enumerate(items):
+            if isinstance(it, dict):
+                _flat_one(it, f"{name}[{i}]", out)
+    elif kind == "none":
+        out[name] = ("none", None)
+    else:
+        v = a.get("value")
+        out[name] = (kind, tuple(v) if isinstance(v, list) else v)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, tuple):
+        return "[" + ",".join(_show(x) for x in v) + "]"
+    if v is None:
+        return "None"
+    return str(v)
+
+
+def field_diff(mine: dict[str, tuple], theirs: dict[str, tuple]) -> list[tuple[str, str, str]]:
+    """(field, ours, theirs) for every field that differs (type too: 2 vs 2.0)."""
+    out = []
+    for k in list(mine) + [k for k in theirs if k not in mine]:
+        a, b = mine.get(k), theirs.get(k)
+        if a == b and (a is None or type(a[1]) is type(b[1])):
+            continue
+        sa = "absent" if a is None else _show(a[1])
+        sb = "absent" if b is None else _show(b[1])
+        if sa == sb and a is not None and b is not None:
+            sa, sb = f"{sa} ({a[0]})", f"{sb} ({b[0]})"
+        out.append((k, sa, sb))
+    return out
+
+
+def category(diff: list[tuple[str, str, str]]) -> str:
+    """What kind of difference a miss is: shape, dtype, device, layout or scalar argument."""
+    kinds = set()
+    for k, _, _ in diff:
+        tail = k.rsplit(".", 1)[-1] if "." in k else ""
+        kinds.add({"sizes": "shape", "len": "shape", "strides": "strides", "dtype": "dtype",
+                   "device": "device"}.get(tail, "argument"))
+    for c in ("shape", "strides", "dtype", "device", "argument"):
+        if c in kinds:
+            return c
+    return "other"
+
+
+def _distance(q: dict, c: dict) -> tuple[int, int]:
+    """(fields that differ, summed size distance) -- the nearest entry minimises it."""
+    n = 0
+    far = 0
+    for k in q.keys() | c.keys():
+        a, b = q.get(k), c.get(k)
+        if a != b or (a is not None and type(a[1]) is not type(b[1])):
+            n += 1
+            if a is not None and b is not None and isinstance(a[1], tuple) and isinstance(b[1], tuple):
+                far += sum(abs(x - y) for x, y in zip(a[1], b[1]) if isinstance(x, int) and isinstance(y, int))
+                far += abs(len(a[1]) - len(b[1])) * 1000
+    return n, far
+
+
+# --- the index ----------------------------------------------------------------------------------
+
+
+def _norm(v: Any) -> Any:
+    return json.loads(json.dumps(v, default=list))
+
+
+def fingerprint_diff(mine: dict, theirs: dict) -> list[tuple[str, str, str]]:
+    """(field, ours, theirs) of two fingerprints' fields (JSON-normalised)."""
+    a, b = _norm(mine), _norm(theirs or {})
+    return [(k, _fp_show(a.get(k)), _fp_show(b.get(k))) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _fp_show(v: Any) -> str:
+    if isinstance(v, str):
+        return v if v and " " not in v else json.dumps(v)
+    return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+
+
+class Namespace:
+    """One fingerprint namespace: its keys listed once, its manifests read on demand."""
+
+    def __init__(self, index: "CacheIndex", fp_id: str):
+        self.index, self.fp_id = index, fp_id
+        base = index.cache.root / fp_id
+        self.keys = _list_keys(base / "entries", lambda n: n if len(n) == 64 else None)
+        self.failed = _list_keys(base / "failed",
+                                 lambda n: n[:-8] if n.endswith(".msgpack") and len(n) == 72 else None)
+        try:
+            self.queued = {n[:-8] for n in os.listdir(base / "queue") if n.endswith(".msgpack") and len(n) == 72}
+        except OSError:
+            self.queued = set()
+        self._fields: dict | None | bool = False
+        self._by_op: dict[str, list[tuple[str, dict]]] | None = None
+
+    @property
+    def fields(self) -> dict | None:
+        """The namespace's fingerprint fields (its ``fingerprint.json``), None if unreadable."""
+        if self._fields is False:
+            try:
+                raw = safeio.read_bounded(str(self.index.cache.root / self.fp_id / "fingerprint.json"),
+                                          max_bytes=safeio.RECORD_MAX, uids=self.index.uids)
+                v = json.loads(raw)
+                self._fields = v if isinstance(v, dict) else None
+            except (OSError, ValueError):
+                self._fields = None
+        return self._fields  # type: ignore[return-value]
+
+    def by_op(self) -> dict[str, list[tuple[str, dict]]]:
+        """op -> [(key, flattened key fields)] of every readable entry (read once)."""
+        if self._by_op is None:
+            out: dict[str, list[tuple[str, dict]]] = {}
+            for k in self.keys:
+                got = self.index.signature_fields(self.fp_id, k)
+                if got is not None:
+                    out.setdefault(got[0], []).append((k, got[1]))
+            self._by_op = out
+        return self._by_op
+
+
+def _list_keys(base, name_key) -> set[str]:
+    out: set[str] = set()
+    try:
+        shards = [e.path for e in os.scandir(base) if len(e.name) == 2]
+    except OSError:
+        return out
+    for sh in shards:
+        try:
+            for n in os.listdir(sh):
+                k = name_key(n)
+                if k is not None:
+                    out.add(k)
+        except OSError:
+            continue
+    return out
+
+
+class CacheIndex:
+    """Every namespace of a cache, listed once; manifests read lazily and memoised by key."""
+
+    def __init__(self, cache: Cache):
+        self.cache = cache
+        self.uids = None if cache.allow_insecure else safeio.allowed_uids()
+        self.built_at = time.monotonic()
+        self.namespaces: dict[str, Namespace] = {fp: Namespace(self, fp) for fp in cache.fingerprint_ids()}
+        self._manifests: dict[tuple[str, str], dict | Exception] = {}
+        self._sigs: dict[tuple[str, str], tuple[str, dict] | None] = {}
+        self.manifests_read = 0
+
+    def manifest(self, fp_id: str, key: str) -> dict:
+        """A manifest, bounded and link-safe (no hash checked); raises OSError/ValueError."""
+        got = self._manifests.get((fp_id, key))
+        if got is None:
+            try:
+                raw = safeio.read_bounded(str(self.cache.root / fp_id / "entries" / key[:2] / key / MANIFEST),
+                                          max_bytes=safeio.MANIFEST_MAX, uids=self.uids)
+                self.manifests_read += 1
+                m = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+                got = m if isinstance(m, dict) else ValueError("manifest is not a map")
+            except (OSError, ValueError) as e:
+                got = e
+            except Exception as e:  # noqa: BLE001 -- msgpack raises several types for garbage
+                got = ValueError(f"manifest is not msgpack ({type(e).__name__})")
+            self._manifests[(fp_id, key)] = got
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def signature_fields(self, fp_id: str, key: str) -> tuple[str, dict] | None:
+        """(op, flattened key fields) of a published entry, or None when unreadable."""
+        k = (fp_id, key)
+        if k not in self._sigs:
+            try:
+                s = self.manifest(fp_id, key)["signature"]
+                self._sigs[k] = (str(s["op"]), flatten_args(s["args"]))
+            except Exception:  # noqa: BLE001 -- unreadable: never a candidate
+                self._sigs[k] = None
+            self._manifests.pop(k, None)  # only the fields are kept (memory)
+        return self._sigs[k]
+
+
+# --- explaining ---------------------------------------------------------------------------------
+
+
+class Explainer:
+    """Explains signatures against one cache for a set of device fingerprints
+    (``{"cpu": fp, "cuda": fp}``).  ``explain(sig)`` never raises for what the cache holds."""
+
+    def __init__(self, cache: Cache, fps: dict, *, index: CacheIndex | None = None,
+                 unserved: dict[str, str] | None = None, serve: str | None = None):
+        self.cache, self.fps = cache, fps
+        self.serve = serve_policy(serve)
+        self.index = index or CacheIndex(cache)
+        self.unserved = unserved or {}   # device type -> why it is not served here
+
+    def refresh(self, max_age: float = 0.0) -> None:
+        """List the cache again (what was read about keys stays memoised)."""
+        if time.monotonic() - self.index.built_at < max_age:
+            return
+        old = self.index
+        new = CacheIndex(self.cache)
+        new._sigs = {k: v for k, v in old._sigs.items() if k[0] in new.namespaces and k[1] in new.namespaces[k[0]].keys}
+        self.index = new
+
+    def host_notes(self) -> list[str]:
+        """Namespace-level notes: this host's fingerprint has no namespace but others do."""
+        notes = []
+        for dev, fp in self.fps.items():
+            if fp.id in self.index.namespaces or not self.index.namespaces:
+                continue
+            near = self._nearest_namespaces(fp)
+            if near:
+                ns, diff = near[0]
+                notes.append(f"{dev}: this host's fingerprint {fp.id} has no namespace in {self.cache.root}; "
+                             f"the nearest, {ns.fp_id} ({len(ns.keys)} entries), differs in "
+                             + "; ".join(f"{k} {a} vs {b}" for k, a, b in diff))
+        return notes
+
+    def _nearest_namespaces(self, fp) -> list[tuple[Namespace, list]]:
+        out = []
+        for ns in self.index.namespaces.values():
+            if ns.fp_id == fp.id or ns.fields is None:
+                continue
+            if ns.fields.get("device_type") not in (None, fp.as_dict().get("device_type")):
+                continue
+            out.append((ns, fingerprint_diff(fp.as_dict(), ns.fields)))
+        out.sort(key=lambda t: (len(t[1]), -len(t[0].keys), t[0].fp_id))
+        return out
+
+    def explain(self, sig: Signature, index: int = 0) -> Explanation:
+        ex = Explanation(index, sig.key, sig.op, _describe(sig), sig.device, "missing", "")
+        why = self._ineligible(sig)
+        if why:
+            ex.outcome, ex.reason = "ineligible", why
+            return ex
+        fp = self.fps[sig.device]
+        ns = self.index.namespaces.get(fp.id)
+        if ns is not None and sig.key in ns.keys:
+            return self._published(ex, fp.id)
+        if ns is not None and sig.key in ns.failed:
+            rec = self.cache.failure(fp.id, sig.key) or {"reason": "failure record vanished"}
+            ex.outcome = "failed"
+            ex.reason = f"compile failed: {' '.join(str(rec.get('reason')).split())[:300]}"
+            ev = rec.get("evidence") or {}
+            ex.details = [f"{k}: {' '.join(str(v).split())[:200]}" for k, v in (ev.items() if isinstance(ev, dict) else ())]
+            ex.details.append(f"attempts {rec.get('attempts')}; `aoti-farm cache rm --failed` retries it")
+            ex.data = {"failure": {k: rec.get(k) for k in ("reason", "evidence", "attempts", "host", "time")}}
+            return ex
+        return self._missing(ex, sig, fp, ns)
+
+    def _ineligible(self, sig: Signature) -> str | None:
+        if sig.device in self.unserved:
+            return self.unserved[sig.device]
+        if sig.device not in self.fps:
+            return f"device {sig.device} is not served here"
+        try:
+            info = op_info(resolve_op(sig.op))
+        except ValueError as e:
+            return str(e)
+        if info.ineligible:
+            return info.ineligible
+        for name, a in zip(info.arg_names, sig.args):
+            for t in (a[1] if a[0] == "TL" else (a,)):
+                if t[0] == "T" and len(t[2]) == 0 and t[1] in _WRAPPED and t[4] == "cpu":
+                    return f"{name}: 0-dim CPU double/long/bool tensor (maybe a wrapped Python number)"
+        return None
+
+    def _published(self, ex: Explanation, fp_id: str) -> Explanation:
+        try:
+            m = self.index.manifest(fp_id, ex.key)
+        except (OSError, ValueError) as e:
+            ex.outcome, ex.reason = "refused", f"the entry's manifest would be refused: {e}"
+            ex.category = getattr(e, "kind", "corrupt")
+            return ex
+        speed = m.get("speed")
+        ratio, limit = _ratio(speed), gate_ratio()
+        times = (f"kernel {_us(speed, 'kernel_us')} us vs eager {_us(speed, 'eager_us')} us (ratio {ratio:.3f})"
+                 if ratio is not None else "")
+        ex.data = {"speed": speed} if isinstance(speed, dict) else {}
+        if self.serve != "always" and ratio is None:
+            ex.outcome, ex.category = "gated", "no speed record"
+            ex.reason = ("the manifest has no speed record (built before the speed gate): eager runs; "
+                         "serve='always' (AOTI_FARM_SERVE=always) serves it")
+            return ex
+        if self.serve != "always" and ratio > limit:
+            ex.outcome, ex.category = "gated", "slower"
+            ex.reason = f"{times} > {limit}: not faster than eager by the gate's margin, eager runs"
+            ex.details.append("serve='always' (AOTI_FARM_SERVE=always) serves it")
+            return ex
+        ex.outcome = "hit"
+        ex.reason = "exact entry published under this host's fingerprint"
+        if times:
+            ex.details.append(times + ("" if self.serve == "always" else
+                                       f" <= {limit}; the hook confirms it on this host at the first call"))
+        return ex
+
+    def _missing(self, ex: Explanation, sig: Signature, fp, ns: Namespace | None) -> Explanation:
+        # the very key under another fingerprint: name the fingerprint fields that differ
+        foreign = [o for o in self.index.namespaces.values() if o.fp_id != fp.id and sig.key in o.keys]
+        if foreign:
+            diffs = sorted(((o, fingerprint_diff(fp.as_dict(), o.fields or {})) for o in foreign),
+                           key=lambda t: len(t[1]))
+            o, diff = diffs[0]
+            ex.category = "fingerprint"
+            ex.reason = f"published only under another fingerprint ({o.fp_id}), built for another toolchain"
+            ex.details = [f"{k} {a} vs {b}" for k, a, b in diff] or ["fingerprint.json unreadable"]
+            ex.data = {"foreign_fp": o.fp_id, "fingerprint_diff": [list(d) for d in diff]}
+            return ex
+        if ns is None:
+            ex.category = "fingerprint"
+            near = self._nearest_namespaces(fp)
+            if near:
+                o, diff = near[0]
+                ex.reason = f"this host's fingerprint {fp.id} has no namespace; nearest is {o.fp_id}"
+                ex.details = [f"{k} {a} vs {b}" for k, a, b in diff]
+                ex.data = {"foreign_fp": o.fp_id, "fingerprint_diff": [list(d) for d in diff]}
+            else:
+                ex.reason = f"the cache has nothing for fingerprint {fp.id} (nor any other)"
+            return ex
+        state = ("queued for compile (the miss queue holds it)" if sig.key in ns.queued else "")
+        cands = ns.by_op().get(sig.op, [])
+        if not cands:
+            ex.category = "op"
+            ex.reason = f"no entry of {sig.op} under this fingerprint ({len(ns.keys)} entries of other ops)"
+            if state:
+                ex.details.append(state)
+            return ex
+        q = flatten_args(sig.to_obj()["args"])
+        best = min(cands, key=lambda kc: (_distance(q, kc[1]), kc[0]))
+        diff = field_diff(q, best[1])
+        ex.category = category(diff)
+        ex.reason = f"not published; nearest entry {best[0][:16]} differs in {ex.category}"
+        ex.details = [f"{k} {a} vs {b}" for k, a, b in diff]
+        if state:
+            ex.details.append(state)
+        ex.data = {"nearest": best[0], "diff": [list(d) for d in diff], "same_op_entries": len(cands)}
+        return ex
+
+
+def _us(speed: dict, k: str) -> str:
+    v = speed.get(k) if isinstance(speed, dict) else None
+    return f"{float(v):.2f}" if isinstance(v, (int, float)) else "?"
+
+
+def _describe(sig: Signature) -> str:
+    try:
+        return describe(sig)
+    except Exception:  # noqa: BLE001
+        return sig.op
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def add_explain_args(p) -> None:
+    p.add_argument("--trace", required=True, help="trace file (see `aoti-farm trace show`)")
+    p.add_argument("--index", type=int, default=None, help="explain only this entry")
+    p.add_argument("--device", action="append", default=None, metavar="DEVICE",
+                   help="devices a serving process here serves: cpu, cuda or cuda:N (repeatable; "
+                        "default: cpu, and cuda:0 when torch sees a GPU)")
+    p.add_argument("--cache-dir", default=None,
+                   help="cache directory (default: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm)")
+    p.add_argument("--config", default=None, help="TOML config file (default: $AOTI_FARM_CONFIG)")
+    p.add_argument("--serve", choices=("faster", "always"), default=None,
+                   help="the hook's policy (default: $AOTI_FARM_SERVE, else faster: only kernels faster than eager)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def host_fingerprints(devices: Iterable[str] | None, inductor_options: dict) -> tuple[dict, dict]:
+    """({device type: Fingerprint}, {device type: why not served}) for this host."""
+    import torch
+
+    from aoti_farm.fingerprint import fingerprint
+
+    fps, unserved = {}, {}
+    explicit = devices is not None
+    for d in (devices or ("cpu", "cuda:0")):
+        if d == "cuda":
+            d = "cuda:0"
+        if d != "cpu" and not (d.startswith("cuda:") and d[5:].isdigit()):
+            raise UserError(f"--device {d!r}: use cpu, cuda or cuda:N")
+        kind = d.split(":")[0]
+        if kind == "cuda" and not torch.cuda.is_available():
+            if explicit:
+                raise UserError(f"--device {d}: torch sees no CUDA device on this host; explain it on a GPU host")
+            unserved["cuda"] = "a CUDA signature, and torch sees no CUDA device here (the hook serves CPU only)"
+            continue
+        fps[kind] = fingerprint(d, inductor_options)
+    if explicit:
+        for kind in ("cpu", "cuda"):
+            if kind not in fps:
+                unserved.setdefault(kind, f"device {kind} is not among --device")
+    return fps, unserved
+
+
+def explain_command(ns) -> int:
+    from aoti_farm.config import FarmConfig, resolve
+    from aoti_farm.trace import load_trace
+
+    cfg = resolve(FarmConfig, cli={"cache_dir": ns.cache_dir}, config_path=ns.config)
+    trace = load_trace(ns.trace)
+    entries = list(enumerate(trace))
+    if ns.index is not None:
+        if not 0 <= ns.index < len(trace):
+            raise UserError(f"--index {ns.index}: trace {ns.trace} has {len(trace)} entries (0..{len(trace) - 1}); "
+                            f"see `aoti-farm trace show {ns.trace}`")
+        entries = [entries[ns.index]]
+    cache = Cache(cfg.cache_dir, signing_key=None)
+    fps, unserved = host_fingerprints(ns.device, cfg.inductor_options)
+    t0 = time.perf_counter()
+    ex = Explainer(cache, fps, unserved=unserved, serve=ns.serve)
+    rows = [ex.explain(e.sig, i) for i, e in entries]
+    seconds = time.perf_counter() - t0
+    counts = {o: sum(r.outcome == o for r in rows) for o in OUTCOMES}
+    notes = ex.host_notes()
+    if ns.json:
+        print(json.dumps({"cache_dir": str(cache.root), "fingerprints": {d: fp.id for d, fp in fps.items()},
+                          "notes": notes, "counts": counts, "seconds": seconds,
+                          "signatures": [r.to_dict() for r in rows]}, indent=1, default=str))
+        return 0
+    for n in notes:
+        print(f"note: {n}")
+    for r in rows:
+        print(f"[{r.index}] {r.outcome:10} {r.key[:16]}  {r.description}")
+        print(f"     {r.reason}")
+        for d in r.details:
+            print(f"       {d}")
+    print(", ".join(f"{v} {k}" for k, v in counts.items() if v) + f" ({len(rows)} signatures, "
+          f"cache {cache.root}, {seconds:.2f}s)")
+    return 0
