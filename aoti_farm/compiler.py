@@ -68,10 +68,17 @@ class Compiler(Protocol):
 
 
 def load_runner(kernel_path: str, device: str):
-    """Load a kernel the way upstream's C++ holder does."""
+    """Load a kernel for serving: ``.run(tensors)`` is thread-safe and has no cross-call
+    wait.  CUDA: :class:`aoti_farm.runner.PooledRunner` (single-threaded containers, one per
+    concurrent call; the default container run makes each call wait for the previous
+    one's GPU work).  CPU: torch's runner with one model instance per core (the default
+    run waits only for a free instance; on CPU an instance is free once its call returns),
+    which costs less per call here than the ctypes pool (1.4 us vs 5.6 us, 2-core VM)."""
+    from aoti_farm.runner import CPU_MODELS, PooledRunner
+
     if device.startswith("cuda"):
-        return torch._C._aoti.AOTIModelContainerRunnerCuda(kernel_path, 1, device)
-    return torch._C._aoti.AOTIModelContainerRunnerCpu(kernel_path, 1)
+        return PooledRunner(kernel_path, device)
+    return torch._C._aoti.AOTIModelContainerRunnerCpu(kernel_path, CPU_MODELS)
 
 
 def flat_tensors(sig: S.Signature, args: tuple, kwargs: dict) -> list[torch.Tensor]:
