@@ -286,9 +286,21 @@ class Hook:
             self._refresh(d)
         self._ops_arg, self._served = ops, served
         self._reg: Any = None
+        self._not_serving: str | None = None
         try:
             if native == "require":
                 self._require_native()
+            elif not loadenv.load_safe():
+                # No kernel can ever be loaded into this process (the libstdc++ trap, see
+                # loadenv): intercept nothing, so the hook costs nothing.  Misses are not
+                # counted or queued either (that would need every call intercepted).
+                self._not_serving = self._native_error = (
+                    "this process cannot load AOTI kernels safely: start it with "
+                    f"LD_PRELOAD={loadenv.system_libstdcxx()} (aoti-farm run does)")
+                log.warning("aoti-farm hook serves nothing: %s", self._not_serving)
+                for d in served:  # bad `ops` are still an error
+                    dispatch.resolve_ops(ops, d)
+                self._reg = _NoRegistration()
             elif native == "auto" and not self._try_native():
                 if native_mod.error() and native_mod.error().startswith("not built"):
                     self._native_build = native_mod.build_in_background(self.worker_log)
@@ -297,11 +309,12 @@ class Hook:
         except ValueError as e:
             raise UserError(f"ops: {e}") from None
         self.install_seconds = self._reg.install_seconds
-        self._threads = [threading.Thread(target=self._poll_loop, name="aoti-farm-poll", daemon=True),
-                         threading.Thread(target=self._writer_loop, name="aoti-farm-missq", daemon=True)]
+        self._threads = [] if self._not_serving else [
+            threading.Thread(target=self._poll_loop, name="aoti-farm-poll", daemon=True),
+            threading.Thread(target=self._writer_loop, name="aoti-farm-missq", daemon=True)]
         for t in self._threads:
             t.start()
-        if on_miss == "compile" and "cpu" in self.fps:
+        if on_miss == "compile" and "cpu" in self.fps and not self._not_serving:
             # a warm worker (torch imported, idle at the lowest priority) compiles the first
             # miss without the interpreter start-up; it exits after ``worker_idle`` seconds
             self._pending.put(_Start("cpu"))
@@ -861,6 +874,7 @@ class Hook:
         g = self._gate.stats()
         s["serve"] = g["policy"]
         s["gate_trials"], s["gated_signatures"], s["gate_errors"] = g["gate_trials"], g["gated_signatures"], g["gate_errors"]
+        s["serving"] = self._not_serving is None   # False: nothing intercepted (see __init__)
         if n is None:
             s["native"] = {"active": False, "reason": self._native_error or
                            ("off" if self._native_mode == "off" else "building")}
@@ -922,6 +936,16 @@ class Hook:
 
     def __exit__(self, *exc) -> None:
         self.uninstall()
+
+
+class _NoRegistration:
+    """What a hook that cannot serve registers: nothing."""
+
+    ops: list = []
+    install_seconds = 0.0
+
+    def uninstall(self) -> None:
+        pass
 
 
 class _Flush:

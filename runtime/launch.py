@@ -105,8 +105,11 @@ def run_command(ns) -> int:
     for f in dataclasses.fields(cfg):
         if getattr(cfg, f.name) is None:
             env.pop(f"AOTI_FARM_{f.name.upper()}", None)
-    if os.environ.get("AOTI_FARM_HOOK_STATS"):
-        env["AOTI_FARM_HOOK_STATS"] = os.environ["AOTI_FARM_HOOK_STATS"]
+    stats = os.environ.get("AOTI_FARM_HOOK_STATS")
+    if stats:
+        if not os.path.isdir(stats):
+            raise UserError(f"AOTI_FARM_HOOK_STATS={stats}: no such directory; create it or unset the variable")
+        env["AOTI_FARM_HOOK_STATS"] = stats
     return _run(cmd, env)
 
 
@@ -171,9 +174,30 @@ def boot() -> None:
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
         def _stop() -> None:
-            hook.uninstall()
-            if stats_dir:
-                with open(os.path.join(stats_dir, f"stats-{os.getpid()}.json"), "w") as f:
-                    json.dump(hook.stats(), f)
+            # at the program's exit: nothing here may raise into it (one line on stderr)
+            try:
+                hook.uninstall()
+                if stats_dir:
+                    _write_stats(stats_dir, hook.stats())
+            except Exception as e:  # noqa: BLE001
+                why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+                print(f"aoti-farm: hook stats not written to {stats_dir}: {why}", file=sys.stderr)
+
 
         atexit.register(_stop)
+
+
+def _write_stats(stats_dir: str, stats: dict) -> None:
+    """``stats_dir/stats-<pid>.json``, written whole or not at all."""
+    path = os.path.join(stats_dir, f"stats-{os.getpid()}.json")
+    fd, tmp = tempfile.mkstemp(prefix=".stats-", dir=stats_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(stats, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -2,7 +2,7 @@
 
 ``AOTI_FARM_PRELOAD_LIBSTDCXX=1`` declares a host that needs the preload.  A process
 started without it must then never dlopen a kernel itself: the compiler verifies in a
-child that has the preload, and the hook serves eager and counts ``load_unsafe``.
+child that has the preload, and the hook intercepts nothing (eager, at eager's cost).
 """
 
 from __future__ import annotations
@@ -52,4 +52,5 @@ def test_unsafe_host_verifies_in_a_preloaded_child_and_hook_stays_eager(kernels,
         got = torch.add(a, b, alpha=2)
         st = hook.stats()
     assert torch.equal(got, expected)
-    assert st["hits"] == 0 and st["load_unsafe"] >= 1 and st["kernels_loaded"] == 0
+    # it cannot serve, so it intercepts nothing (costs nothing): no call is even counted
+    assert st["serving"] is False and st["calls"] == 0 and st["kernels_loaded"] == 0, st
