@@ -46,7 +46,9 @@ from typing import Any, Iterator
 import msgpack
 
 from aoti_farm.errors import FarmError, UserError
+from aoti_farm import safeio
 from aoti_farm.fingerprint import Fingerprint
+from aoti_farm.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
 CACHE_FORMAT = 1
@@ -125,20 +127,49 @@ def sign(manifest: dict, key: bytes) -> str:
     return hmac.new(key, _signing_payload(manifest), hashlib.sha256).hexdigest()
 
 
-def load_signing_key(explicit: str | bytes | None = None) -> bytes | None:
-    """``AOTI_FARM_SIGNING_KEY`` (the key itself) or ``AOTI_FARM_SIGNING_KEY_FILE``."""
-    if explicit:
-        return explicit.encode() if isinstance(explicit, str) else explicit
-    if os.environ.get("AOTI_FARM_SIGNING_KEY"):
-        return os.environ["AOTI_FARM_SIGNING_KEY"].encode()
-    path = os.environ.get("AOTI_FARM_SIGNING_KEY_FILE")
-    if path:
-        try:
-            with open(path, "rb") as f:
-                return f.read().strip()
-        except OSError as e:
-            raise UserError(f"signing key file {path}: {e.strerror}; fix AOTI_FARM_SIGNING_KEY_FILE") from None
+def load_signing_key(explicit: str | bytes | None = None, *, path: str | None = None,
+                     source: str = "signing_key_file") -> bytes | None:
+    """The signing key: ``explicit``; else the file ``path`` (a config's ``signing_key_file``,
+    named ``source`` in errors); else ``AOTI_FARM_SIGNING_KEY`` (the key itself) or
+    ``AOTI_FARM_SIGNING_KEY_FILE``; None when none is configured.  Fails closed: a key
+    that is configured but empty, whitespace-only or unreadable is a UserError, never
+    "no signing"."""
+    if explicit is not None:
+        key = explicit.encode() if isinstance(explicit, str) else bytes(explicit)
+        if not key.strip():
+            raise UserError("signing key: empty; pass the key, or None to run without signing")
+        return key
+    if path is not None:
+        return _read_key_file(path, source)
+    if "AOTI_FARM_SIGNING_KEY" in os.environ:
+        value = os.environ["AOTI_FARM_SIGNING_KEY"]
+        if not value.strip():
+            raise UserError("AOTI_FARM_SIGNING_KEY: set but empty; set it to the key, or unset it "
+                            "to run without signing")
+        return value.encode()
+    if "AOTI_FARM_SIGNING_KEY_FILE" in os.environ:
+        return _read_key_file(os.environ["AOTI_FARM_SIGNING_KEY_FILE"], "AOTI_FARM_SIGNING_KEY_FILE")
     return None
+
+
+#: Most bytes a signing key file may have.
+KEY_FILE_MAX = 1 << 16
+
+
+def _read_key_file(path: str, source: str) -> bytes:
+    if not str(path).strip():
+        raise UserError(f"{source}: set but empty; name the key file, or unset it to run without signing")
+    try:
+        # links are followed (secrets are often mounted as links); FIFOs, devices and huge files are not read
+        data = safeio.read_bounded(os.path.realpath(path), max_bytes=KEY_FILE_MAX,
+                                   what=f"signing key file {path}")
+    except safeio.UnsafeFile as e:
+        raise UserError(f"{e}; fix {source}") from None
+    key = data.strip()
+    if not key:
+        raise UserError(f"signing key file {path}: empty; put the key in it, or unset {source} "
+                        f"to run without signing")
+    return key
 
 
 _FROM_ENV = object()
@@ -146,20 +177,37 @@ _FROM_ENV = object()
 
 @dataclass(frozen=True)
 class Entry:
-    """A verified entry: safe to dlopen ``kernel_path``."""
+    """A verified entry.
+
+    ``kernel`` (when opened with ``private=True``) is a :class:`~aoti_farm.safeio.PrivateCopy`
+    of ``kernel.so`` holding exactly the bytes whose sha256 was checked: load
+    ``kernel.path``, then ``close()`` the entry.  ``kernel_path`` is the shared file, for
+    tools that copy it (with a hash check); never load it."""
 
     fp_id: str
     key: str
     path: Path
     manifest: dict
+    kernel: PrivateCopy | None = None
 
     @property
     def kernel_path(self) -> str:
         return str(self.path / KERNEL)
 
     @property
+    def load_path(self) -> str:
+        """The private copy's name for ``dlopen`` (``private=True`` entries only)."""
+        if self.kernel is None or self.kernel.fd < 0:
+            raise FarmError(f"entry {self.key[:12]}: no private copy to load (open it with private=True)")
+        return self.kernel.path
+
+    @property
     def signature(self) -> Signature:
         return parse_signature(self.manifest["signature"])
+
+    def close(self) -> None:
+        if self.kernel is not None:
+            self.kernel.close()
 
 
 class BadEntry(FarmError):
@@ -179,7 +227,9 @@ class Cache:
         """``signing_key`` defaults to the configured one (``load_signing_key()``); pass
         None to sign and check nothing, or bytes to use that key."""
         self.root = Path(root or default_cache_dir()).absolute()
-        self.signing_key = load_signing_key() if signing_key is _FROM_ENV else signing_key
+        # an empty key is an error (UserError), never "no signing"
+        self.signing_key = (load_signing_key() if signing_key is _FROM_ENV
+                            else None if signing_key is None else load_signing_key(signing_key))
         self.allow_insecure = allow_insecure
         self._uid = os.getuid()
 
@@ -250,16 +300,14 @@ class Cache:
         self.ensure(fp)
         stage = self.tmp_dir() / f"stage-{uuid.uuid4().hex}"
         try:
-            stage.mkdir()
+            stage.mkdir(mode=0o700)
             digests = {}
             for name, src in files.items():
                 if not _FILE_RE.match(name) or name == MANIFEST:
                     raise FarmError(f"refusing to publish file name {name!r}")
-                dst = stage / name
-                shutil.copyfile(src, dst)
-                with open(dst, "rb+") as f:
-                    os.fsync(f.fileno())
-                digests[name] = sha256_file(dst)
+                # the digest is of the bytes read from ``src`` (this process's verified
+                # build), never of the staged file, which another writer of tmp/ could swap
+                digests[name] = _copy_hashed(src, stage / name)
             manifest = {
                 "format": CACHE_FORMAT, "key": key, "signature": sig.to_obj(),
                 "fingerprint_id": fp.id, "fingerprint": fp.as_dict(), "files": digests,
@@ -283,8 +331,10 @@ class Cache:
             fsync_dir(final.parent)
             # a stale failure record for this key is now obsolete
             try:
-                self.failure_path(fp.id, key).unlink()
-            except FileNotFoundError:
+                from aoti_farm import failrec
+
+                failrec.remove_key(self, fp.id, key)
+            except (OSError, FarmError):
                 pass
             return final
         except OSError as e:
@@ -311,82 +361,168 @@ class Cache:
     def has_entry(self, fp_id: str, key: str) -> bool:
         return (self.entry_dir(fp_id, key) / MANIFEST).exists()
 
+    def _uids(self):
+        return None if self.allow_insecure else safeio.allowed_uids()
+
+    def _open_entry_dir(self, fp_id: str, key: str) -> int:
+        """The entry directory's descriptor, reached from the root one component at a time
+        (no link followed; each directory owned by this user or root and not writable by
+        others, unless ``allow_insecure``).  Raises :class:`BadEntry`."""
+        d = self.entry_dir(fp_id, key)
+        uids = self._uids()
+        try:
+            root = os.path.realpath(self.root)   # a link *to* the root is the user's choice
+            if not self.allow_insecure:
+                safeio.check_ancestors(root)
+            root_fd = safeio.open_dir(root, uids=uids)
+            try:
+                return safeio.walk(root_fd, (fp_id, "entries", key[:2], key), uids=uids, base=str(self.root))
+            finally:
+                os.close(root_fd)
+        except UnsafeFile as e:
+            raise BadEntry(_BAD_KIND[e.kind], str(e)) from None
+
+    def _read_manifest_at(self, dfd: int, d: Path) -> dict:
+        try:
+            raw = safeio.read_bounded(MANIFEST, dfd, max_bytes=safeio.MANIFEST_MAX, uids=self._uids(),
+                                      what=str(d / MANIFEST))
+        except UnsafeFile as e:
+            kind = "missing" if e.kind == "missing" else _BAD_KIND[e.kind]
+            raise BadEntry(kind, str(e)) from None
+        return _decode_manifest(raw, d)
+
     def read_manifest(self, d: Path) -> dict:
+        """The decoded manifest of the entry directory ``d`` (bounded, no link followed;
+        no other check: see :meth:`open_entry`)."""
         try:
-            with open(d / MANIFEST, "rb") as f:
-                raw = f.read(16 << 20)
-        except FileNotFoundError:
-            raise BadEntry("missing", f"{d}: no manifest") from None
-        except OSError as e:
-            raise BadEntry("corrupt", f"{d}: manifest unreadable: {e.strerror}") from None
+            dfd = safeio.open_dir(d, uids=self._uids())
+        except UnsafeFile as e:
+            raise BadEntry(_BAD_KIND[e.kind], f"{d}: {e}") from None
         try:
-            m = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-        except Exception as e:  # msgpack raises several types for garbage
-            raise BadEntry("corrupt", f"{d}: manifest is not msgpack ({type(e).__name__})") from None
-        if not isinstance(m, dict) or not isinstance(m.get("files"), dict) or m.get("format") != CACHE_FORMAT:
-            raise BadEntry("corrupt", f"{d}: manifest lacks format/files")
-        return m
+            return self._read_manifest_at(dfd, d)
+        finally:
+            os.close(dfd)
 
-    def _check_secure(self, p: Path) -> None:
-        if self.allow_insecure:
-            return
-        st = os.lstat(p)
-        if stat.S_ISLNK(st.st_mode):
-            raise BadEntry("insecure", f"{p}: is a symbolic link")
-        if st.st_uid != self._uid and st.st_uid != 0:
-            raise BadEntry("insecure", f"{p}: owned by uid {st.st_uid}, not {self._uid}")
-        if st.st_mode & stat.S_IWOTH:
-            raise BadEntry("insecure", f"{p}: is world-writable")
+    def open_entry(self, fp: Fingerprint | str, key: str, *, check_hashes: bool = True,
+                   private: bool = False) -> Entry:
+        """Verify an entry completely and return it; raises :class:`BadEntry`.
 
-    def open_entry(self, fp: Fingerprint | str, key: str, *, check_hashes: bool = True) -> Entry:
-        """Verify an entry completely and return it; raises :class:`BadEntry`."""
+        Every directory from the root down and every file is opened without following
+        links and checked on its descriptor; the manifest is read bounded and checked
+        (fingerprint, key, HMAC) before anything else.  With ``private=True`` the kernel is
+        copied into a sealed private copy while it is hashed (``Entry.kernel``): load that,
+        never the shared path, and ``close()`` the entry afterwards."""
         fp_id = fp if isinstance(fp, str) else fp.id
         d = self.entry_dir(fp_id, key)
-        if not d.exists():
-            raise BadEntry("missing", f"{d}: no such entry")
+        dfd = self._open_entry_dir(fp_id, key)
+        copy: PrivateCopy | None = None
         try:
-            for p in (self.root, self.ns(fp_id), d):
-                self._check_secure(p)
-        except OSError as e:
-            raise BadEntry("missing", f"{d}: {e.strerror}") from None
-        m = self.read_manifest(d)
-        if m.get("fingerprint_id") != fp_id or (not isinstance(fp, str) and m.get("fingerprint") != _plain(fp.as_dict())):
-            raise BadEntry("foreign", f"{d}: built under fingerprint {m.get('fingerprint_id')!r}, not {fp_id}")
-        if m.get("key") != key:
-            raise BadEntry("corrupt", f"{d}: manifest key {m.get('key')!r} != directory name")
-        try:
-            sig = parse_signature(m["signature"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise BadEntry("corrupt", f"{d}: bad signature in manifest: {e}") from None
-        if sig.key != key:
-            raise BadEntry("corrupt", f"{d}: signature hashes to {sig.key[:12]}, not {key[:12]}")
-        if self.signing_key:
-            mac = m.get("hmac")
-            if not mac:
-                raise BadEntry("unsigned", f"{d}: manifest is not signed and a signing key is configured")
-            if not hmac.compare_digest(str(mac), sign(m, self.signing_key)):
-                raise BadEntry("forged", f"{d}: manifest HMAC does not match")
-        if KERNEL not in m["files"]:
-            raise BadEntry("corrupt", f"{d}: manifest lists no {KERNEL}")
-        for name, digest in m["files"].items():
-            if not isinstance(name, str) or not _FILE_RE.match(name) or name == MANIFEST:
-                raise BadEntry("corrupt", f"{d}: manifest names a path outside the entry: {name!r}")
-            p = d / name
+            m = self._read_manifest_at(dfd, d)
+            if m.get("fingerprint_id") != fp_id or (not isinstance(fp, str) and m.get("fingerprint") != _plain(fp.as_dict())):
+                raise BadEntry("foreign", f"{d}: built under fingerprint {m.get('fingerprint_id')!r}, not {fp_id}")
+            if m.get("key") != key:
+                raise BadEntry("corrupt", f"{d}: manifest key {m.get('key')!r} != directory name")
+            if self.signing_key:
+                mac = m.get("hmac")
+                if not mac:
+                    raise BadEntry("unsigned", f"{d}: manifest is not signed and a signing key is configured")
+                if not isinstance(mac, str) or not hmac.compare_digest(mac, sign(m, self.signing_key)):
+                    raise BadEntry("forged", f"{d}: manifest HMAC does not match")
             try:
-                self._check_secure(p)
-                if check_hashes and sha256_file(p) != digest:
-                    raise BadEntry("corrupt", f"{p}: sha256 mismatch")
-            except FileNotFoundError:
-                raise BadEntry("missing", f"{p}: missing") from None
-            except OSError as e:
-                raise BadEntry("corrupt", f"{p}: unreadable: {e.strerror}") from None
-        return Entry(fp_id, key, d, m)
+                sig = parse_signature(m["signature"])
+                sig_key = sig.key
+            except Exception as e:  # noqa: BLE001 -- a crafted signature is a bad entry, whatever it raises
+                raise BadEntry("corrupt", f"{d}: bad signature in manifest: {type(e).__name__}: {e}") from None
+            if sig_key != key:
+                raise BadEntry("corrupt", f"{d}: signature hashes to {sig_key[:12]}, not {key[:12]}")
+            for name, digest in m["files"].items():
+                if not check_hashes and not (private and name == KERNEL):
+                    continue
+                what = str(d / name)
+                try:
+                    fd, _ = safeio.open_regular(name, dfd, max_bytes=safeio.KERNEL_MAX, uids=self._uids(), what=what)
+                except UnsafeFile as e:
+                    raise BadEntry(_BAD_KIND[e.kind], str(e)) from None
+                try:
+                    if private and name == KERNEL:
+                        copy = safeio.private_copy(fd, max_bytes=safeio.KERNEL_MAX, name=key[:16], what=what)
+                        got = copy.sha256
+                    else:
+                        got = _sha256_fd(fd, what)
+                except UnsafeFile as e:
+                    raise BadEntry(_BAD_KIND[e.kind], str(e)) from None
+                except OSError as e:
+                    raise BadEntry("corrupt", f"{what}: unreadable: {e.strerror}") from None
+                finally:
+                    os.close(fd)
+                if got != digest:
+                    raise BadEntry("corrupt", f"{what}: sha256 mismatch")
+            entry = Entry(fp_id, key, d, m, copy)
+            copy = None
+            return entry
+        finally:
+            os.close(dfd)
+            if copy is not None:
+                copy.close()
 
     def touch_used(self, entry: Entry) -> None:
+        """Mark the entry used (for gc's LRU): ``used`` is created or touched through the
+        entry's descriptor, never through a link."""
         try:
-            (entry.path / "used").touch()
+            dfd = self._open_entry_dir(entry.fp_id, entry.key)
+        except BadEntry:
+            return
+        try:
+            fd = os.open("used", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o644, dir_fd=dfd)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.utime(fd)
+            finally:
+                os.close(fd)
         except OSError:
             pass  # read-only caches still serve
+        finally:
+            os.close(dfd)
+
+    def unsafe_dirs(self) -> list[str]:
+        """Problems with the directories of the cache itself: the root's ancestors (the ssh
+        StrictModes rule), the root, each namespace, ``entries/`` and its shards (owner,
+        writable by others, links).  Empty when safe (or ``allow_insecure``)."""
+        if self.allow_insecure:
+            return []
+        out: list[str] = []
+        uids = safeio.allowed_uids()
+        root = os.path.realpath(self.root)
+        try:
+            safeio.check_ancestors(root)
+        except UnsafeFile as e:
+            out.append(str(e))
+        try:
+            root_fd = safeio.open_dir(root, uids=uids)
+        except UnsafeFile as e:
+            return out + ([] if e.kind == "missing" else [str(e)])
+        try:
+            for fp_id in self.fingerprint_ids():
+                for parts in ((fp_id,), (fp_id, "entries")):
+                    try:
+                        os.close(safeio.walk(root_fd, parts, uids=uids, base=str(self.root)))
+                    except UnsafeFile as e:
+                        if e.kind != "missing":
+                            out.append(str(e))
+                try:
+                    shards = sorted(os.listdir(self.ns(fp_id) / "entries"))
+                except OSError:
+                    continue
+                for sh in shards:
+                    try:
+                        os.close(safeio.walk(root_fd, (fp_id, "entries", sh), uids=uids, base=str(self.root)))
+                    except UnsafeFile as e:
+                        if e.kind != "missing":
+                            out.append(str(e))
+        finally:
+            os.close(root_fd)
+        return out
 
     def list_keys(self, fp_id: str) -> set[str]:
         base = self.ns(fp_id) / "entries"
@@ -410,49 +546,95 @@ class Cache:
     # -- failures --------------------------------------------------------------------------
     def record_failure(self, fp: Fingerprint, sig: Signature, reason: str, *,
                        evidence: dict | None = None, attempts: int = 1) -> None:
-        self.ensure(fp)
-        p = self.failure_path(fp.id, sig.key)
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            rec = {"format": CACHE_FORMAT, "key": sig.key, "signature": sig.to_obj(),
-                   "reason": reason, "evidence": evidence or {}, "attempts": attempts,
-                   "time": time.time(), "host": socket.gethostname()}
-            atomic_write(p, msgpack.packb(rec, use_bin_type=True, default=_default), tmp_dir=self.tmp_dir())
-        except OSError as e:
-            raise FarmError(f"cache {self.root}: cannot write failure record: {e.strerror}") from None
+        """Record (or replace) a deterministic failure (see :mod:`aoti_farm.failrec`)."""
+        from aoti_farm import failrec
+
+        failrec.write(self, fp, sig, reason, evidence=evidence, attempts=attempts)
 
     def failure(self, fp_id: str, key: str) -> dict | None:
+        """The failure record of ``key``, or None: none, or a bad one (unsafe, oversized,
+        garbage, wrong schema -- counted, and skipped: the signature is not failed)."""
+        from aoti_farm import failrec, records
+
         try:
-            with open(self.failure_path(fp_id, key), "rb") as f:
-                rec = msgpack.unpackb(f.read(), raw=False)
-            return rec if isinstance(rec, dict) else {"reason": "unreadable failure record"}
+            return failrec.read(self, fp_id, key)
         except FileNotFoundError:
             return None
-        except Exception:
-            return {"reason": "unreadable failure record"}
+        except FarmError as e:
+            records.count_bad("failure-record", getattr(e, "kind", "corrupt"))
+            return None
 
     def failed_keys(self, fp_id: str) -> set[str]:
-        base = self.ns(fp_id) / "failed"
-        out: set[str] = set()
-        try:
-            for sh in os.scandir(base):
-                for e in os.scandir(sh.path):
-                    if e.name.endswith(".msgpack") and _KEY_RE.match(e.name[:-8]):
-                        out.add(e.name[:-8])
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        return out
+        """Keys with a failure record file (read none: see :meth:`failure`)."""
+        from aoti_farm import failrec
+
+        return failrec.scan(self, fp_id).keys
 
     def remove_failures(self, fp_id: str | None = None) -> int:
+        from aoti_farm import failrec
+
         n = 0
         for f in ([fp_id] if fp_id else self.fingerprint_ids()):
             for k in self.failed_keys(f):
-                try:
-                    self.failure_path(f, k).unlink()
-                    n += 1
-                except FileNotFoundError:
-                    pass
+                n += failrec.remove_key(self, f, k)
         return n
+
+
+#: safeio's kinds of unsafe file -> BadEntry kinds
+_BAD_KIND = {"missing": "missing", "insecure": "insecure", "not_regular": "corrupt", "too_large": "corrupt",
+             "unreadable": "corrupt"}
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+#: Most files one manifest may list.
+_MAX_FILES = 16
+
+
+def _decode_manifest(raw: bytes, d: Path) -> dict:
+    """Decode and check the manifest's shape (types of the fields read before the HMAC)."""
+    try:
+        m = msgpack.unpackb(raw, raw=False, strict_map_key=False, max_str_len=1 << 20, max_bin_len=1 << 20,
+                            max_array_len=1 << 16, max_map_len=1 << 16)
+    except Exception as e:  # noqa: BLE001 -- msgpack raises several types for garbage
+        raise BadEntry("corrupt", f"{d}: manifest is not msgpack ({type(e).__name__})") from None
+    if not isinstance(m, dict) or not isinstance(m.get("files"), dict) or m.get("format") != CACHE_FORMAT:
+        raise BadEntry("corrupt", f"{d}: manifest lacks format/files")
+    files = m["files"]
+    if KERNEL not in files:
+        raise BadEntry("corrupt", f"{d}: manifest lists no {KERNEL}")
+    if len(files) > _MAX_FILES:
+        raise BadEntry("corrupt", f"{d}: manifest lists {len(files)} files")
+    for name, digest in files.items():
+        if not isinstance(name, str) or not _FILE_RE.match(name) or name == MANIFEST:
+            raise BadEntry("corrupt", f"{d}: manifest names a path outside the entry: {name!r}")
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            raise BadEntry("corrupt", f"{d}: manifest digest of {name!r} is not a sha256")
+    if not isinstance(m.get("signature"), dict) or not isinstance(m.get("key"), str):
+        raise BadEntry("corrupt", f"{d}: manifest lacks key/signature")
+    return m
+
+
+def _copy_hashed(src: str | os.PathLike, dst: Path) -> str:
+    """Copy ``src`` to a new file ``dst`` (fsync'ed); the sha256 of the bytes copied."""
+    h = hashlib.sha256()
+    with open(src, "rb") as fi, open(dst, "xb") as fo:
+        for chunk in iter(lambda: fi.read(1 << 20), b""):
+            h.update(chunk)
+            fo.write(chunk)
+        fo.flush()
+        os.fsync(fo.fileno())
+    return h.hexdigest()
+
+
+def _sha256_fd(fd: int, what: str) -> str:
+    h = hashlib.sha256()
+    n = 0
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            return h.hexdigest()
+        n += len(b)
+        if n > safeio.KERNEL_MAX:
+            raise UnsafeFile("too_large", f"{what}: grew past the {safeio.KERNEL_MAX}-byte cap")
+        h.update(b)
 
 
 def _plain(x: Any) -> Any:

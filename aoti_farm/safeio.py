@@ -23,13 +23,16 @@ Errors are :class:`UnsafeFile` with a ``kind``: ``missing``, ``not_regular``,
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import hashlib
 import os
+import shutil
 import stat
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 from typing import Iterable
 
@@ -59,7 +62,10 @@ def allowed_uids() -> frozenset[int]:
 
 
 def _check_owner_mode(st: os.stat_result, what: str, uids: Iterable[int] | None) -> None:
-    if uids is not None and st.st_uid not in uids:
+    """``uids`` None: no owner or mode check (the caller allows insecure caches)."""
+    if uids is None:
+        return
+    if st.st_uid not in uids:
         raise UnsafeFile("insecure", f"{what}: owned by uid {st.st_uid}, not one of {sorted(uids)}")
     if st.st_mode & stat.S_IWOTH:
         raise UnsafeFile("insecure", f"{what}: is writable by others")
@@ -75,6 +81,13 @@ def _oserror(e: OSError, what: str) -> UnsafeFile:
     return UnsafeFile("unreadable", f"{what}: {e.strerror or e}")
 
 
+def _is_link(name, dir_fd) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
 def open_dir(name: str | os.PathLike, dir_fd: int | None = None, *, uids: Iterable[int] | None = None,
              what: str | None = None) -> int:
     """Open one directory (no link followed) and check its owner and mode; returns the fd."""
@@ -82,6 +95,8 @@ def open_dir(name: str | os.PathLike, dir_fd: int | None = None, *, uids: Iterab
     try:
         fd = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
     except OSError as e:
+        if e.errno == errno.ENOTDIR and _is_link(name, dir_fd):  # O_DIRECTORY|O_NOFOLLOW on a link
+            raise UnsafeFile("insecure", f"{what}: is a symbolic link") from None
         raise _oserror(e, what) from None
     try:
         _check_owner_mode(os.fstat(fd), what, uids)
@@ -185,21 +200,27 @@ _private_lock = threading.Lock()
 
 
 def _private_tmp_dir() -> str:
-    """A 0700 directory this process owns (checked again on every use)."""
+    """A 0700 directory this process owns (checked again on every use; removed at exit)."""
     global _private_dir
     with _private_lock:
+        if _private_dir is not None:
+            try:
+                st = os.lstat(_private_dir)
+            except FileNotFoundError:  # a tmp cleaner took it: make another
+                _private_dir = None
+            else:
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                    raise UnsafeFile("insecure", f"{_private_dir}: private directory changed owner or mode")
         if _private_dir is None:
             _private_dir = tempfile.mkdtemp(prefix=f"aoti-farm-{os.getpid()}-")
-        st = os.lstat(_private_dir)
-        if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077):
-            raise UnsafeFile("insecure", f"{_private_dir}: private directory changed owner or mode")
+            atexit.register(shutil.rmtree, _private_dir, True)
         return _private_dir
 
 
 class PrivateCopy:
     """Bytes copied out of the shared cache into memory only this process can change.
-    ``path`` names it for ``dlopen``; ``close()`` once the library is loaded (the mapping
-    stays)."""
+    ``path`` names it for ``dlopen`` (a name used once); ``close()`` once the library is
+    loaded (the mapping stays)."""
 
     def __init__(self, fd: int, path: str, sha256: str, size: int, unlink: str | None = None):
         self.fd, self.path, self.sha256, self.size, self._unlink = fd, path, sha256, size, unlink
@@ -236,18 +257,22 @@ def _seal(fd: int) -> None:
 
 def private_copy(src_fd: int, *, max_bytes: int, name: str = "kernel", what: str = "file") -> PrivateCopy:
     """Copy the open file ``src_fd`` (from its current offset) into a private, sealed copy,
-    hashing exactly the bytes copied."""
+    hashing exactly the bytes copied.
+
+    The copy is a sealed memfd (no one, this process included, can change it) named by a
+    symbolic link with a fresh name in this process's 0700 directory: ``dlopen`` matches
+    libraries by name, so every load gets a name never used before, and a reused
+    ``/proc/self/fd/N`` can never stand for another library."""
     h = hashlib.sha256()
-    unlink = None
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create(f"aoti-farm-{name}", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
-        path = f"/proc/self/fd/{fd}"
-    else:  # pragma: no cover -- not Linux
-        d = _private_tmp_dir()
-        fd, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".so", dir=d)
-        unlink = path
+    d = _private_tmp_dir()
+    fd = -1
     n = 0
     try:
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create(f"aoti-farm-{name}", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
+        else:  # pragma: no cover -- not Linux
+            fd, tmp = tempfile.mkstemp(dir=d)
+            os.unlink(tmp)
         while True:
             b = os.read(src_fd, min(1 << 20, max_bytes + 1 - n))
             if not b:
@@ -260,13 +285,14 @@ def private_copy(src_fd: int, *, max_bytes: int, name: str = "kernel", what: str
             while view:
                 w = os.write(fd, view)
                 view = view[w:]
-        if unlink is None:
+        try:
             _seal(fd)
-        else:  # pragma: no cover
-            os.fchmod(fd, 0o500)
+        except OSError:  # pragma: no cover -- no sealing: the fd is still ours alone
+            pass
+        link = os.path.join(d, f"{name}-{uuid.uuid4().hex}.so")
+        os.symlink(f"/proc/{os.getpid()}/fd/{fd}", link)
     except BaseException:
-        os.close(fd)
-        if unlink:
-            os.unlink(unlink)
+        if fd >= 0:
+            os.close(fd)
         raise
-    return PrivateCopy(fd, path, h.hexdigest(), n, unlink)
+    return PrivateCopy(fd, link, h.hexdigest(), n, link)

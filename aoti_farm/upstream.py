@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from aoti_farm import sandbox
 from aoti_farm import signature as S
 from aoti_farm.cache import KERNEL, BadEntry, Cache, atomic_write, sha256_file
 from aoti_farm.errors import CompileRefused, FarmError, Ineligible, UserError
@@ -330,10 +331,12 @@ def _current_fps(cache: Cache, fp: Fingerprint | None) -> list[Fingerprint]:
     out = []
     for fp_id in cache.fingerprint_ids():
         try:
-            d = json.loads((cache.ns(fp_id) / "fingerprint.json").read_text())
+            from aoti_farm.records import read_fingerprint   # bounded, schema-checked
+
+            d = read_fingerprint(cache, fp_id)
             opts = dict(tuple(kv) for kv in d.get("inductor_options") or [])
             dev = d.get("device_type")
-        except (OSError, ValueError, TypeError):
+        except (OSError, FarmError, ValueError, TypeError):
             continue
         if dev == "cuda" and not torch.cuda.is_available():
             continue
@@ -442,7 +445,8 @@ def import_upstream(cache: Cache, from_dir: str | os.PathLike, *, inductor_optio
     """Adopt the kernels of an upstream aoti_eager cache (a ``TORCHINDUCTOR_CACHE_DIR``).
 
     Every item is rebuilt into a Signature, its library is copied, run against eager on
-    fresh random inputs (``AOTICompiler.verify``) and, if it agrees, published under this
+    fresh random inputs in a sandboxed child (:mod:`aoti_farm.sandbox`: the library is
+    foreign code until then) and, if it agrees, published under this
     host's fingerprint.  Returns a report: ``adopted``, ``present`` (already cached),
     ``rejected`` (disagrees with eager or does not load: reason, evidence), ``skipped``
     (malformed or unsupported items: where, reason)."""
@@ -515,7 +519,9 @@ def _import_file(cache: Cache, compiler: Any, fp: Fingerprint, ns: str, dev_dir:
             copy = os.path.join(work, KERNEL)
             shutil.copyfile(lib, copy)
             try:
-                verification = compiler.verify(sig, copy)
+                # a foreign library: its constructors run only in a sandboxed child (no
+                # signing key, memory limit, timeout), never in this process
+                verification = sandbox.verify_in_child(sig, copy)
             except CompileRefused as e:
                 report["rejected"].append({**rec, "reason": e.reason, "evidence": e.evidence})
                 continue

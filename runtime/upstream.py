@@ -9,7 +9,8 @@ kernels:
   verified entry of the shared cache for that op and device, in upstream's metadata form
   (torch dtype objects, device_index -1 on CPU, the absolute path of the entry's
   ``kernel.so``).  Each entry is fully checked with ``Cache.open_entry`` (manifest, key,
-  fingerprint, sha256, HMAC, ownership) before its path is handed over.
+  fingerprint, sha256, HMAC, ownership) and handed over as the path of its sealed private
+  copy (the verified bytes), never the shared file.
 * ``compile_fn(ns, op, device, dynamic, f, args, kwargs, ...)`` is called synchronously on a
   miss.  We rebuild the Signature from the OpOverload and the arguments and go through
   ``aoti_farm.job.compile_and_publish``: it returns a cached entry, compiles under the
@@ -73,6 +74,7 @@ class UpstreamBackend:
         self._fps: dict[str, Fingerprint | None] = {}
         self._ops: dict[str, dict[str, str]] = {}   # fp id -> key -> op name (manifest index)
         self._registered: list[str] = []
+        self._copies: list = []                      # private copies handed to upstream's holders
 
     # -- helpers ---------------------------------------------------------------------------
     def _fp(self, device: str) -> Fingerprint | None:
@@ -115,9 +117,9 @@ class UpstreamBackend:
                 if name != op:
                     continue
                 try:
-                    entry = self.cache.open_entry(fp, key)
+                    entry = self.cache.open_entry(fp, key, private=True)
                     item = {"meta_info": U.meta_info(entry.signature, as_objects=True),
-                            "kernel_path": entry.kernel_path}
+                            "kernel_path": self._keep(entry)}
                 except BadEntry as e:
                     self._count("bad_entries")
                     log.warning("aoti-farm: not serving %s: %s", key[:12], e)
@@ -172,10 +174,10 @@ class UpstreamBackend:
                 status = job.CACHED if self.cache.has_entry(fp.id, sig.key) else job.BUSY
                 out = None
             if status in (job.COMPILED, job.CACHED):
-                entry = self.cache.open_entry(fp, sig.key)
+                entry = self.cache.open_entry(fp, sig.key, private=True)
                 self._count("compiled" if status == job.COMPILED else ("waited" if waited else "cached"))
                 self.cache.touch_used(entry)
-                return entry.kernel_path
+                return self._keep(entry)
             if status == job.FAILED:
                 log.warning("aoti-farm: %s is not compiled: %s", S.describe(sig), out.error if out else "")
                 self._count("failed")
@@ -189,6 +191,14 @@ class UpstreamBackend:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
+    def _keep(self, entry) -> str:
+        """The path upstream's holder will load: the entry's sealed private copy (exactly the
+        verified bytes), kept open until this backend is disabled, since the holder loads
+        it after we return."""
+        with self._lock:
+            self._copies.append(entry.kernel)
+        return entry.load_path
+
     # -- lifecycle ------------------------------------------------------------------------------
     def disable(self) -> None:
         """Unregister this backend (holders registered meanwhile keep their kernels)."""
@@ -200,6 +210,10 @@ class UpstreamBackend:
             if b is not None and getattr(b.load_fn, "__self__", None) is self:
                 del backends[d]
         self._registered = []
+        with self._lock:   # libraries already loaded keep their mappings
+            copies, self._copies = self._copies, []
+        for c in copies:
+            c.close()
 
 
 def enable_upstream_backend(cache_dir: str | os.PathLike | None = None, *, devices: tuple[str, ...] = ("cpu", "cuda"),

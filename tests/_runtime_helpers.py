@@ -93,3 +93,33 @@ def _serve(cache: str, barrier: str, index: int, worker_log: str) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(_serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])))
+
+
+_EVIL_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+/* foreign code: proves by a file whether (and in which process) it ever ran */
+__attribute__((constructor)) static void aoti_farm_drill_evil(void) {
+  char buf[512];
+  const char* key = getenv("AOTI_FARM_SIGNING_KEY");
+  int n = snprintf(buf, sizeof buf, "pid=%d key=%s\n", (int)getpid(), key ? key : "-");
+  int fd = open(MARKER, O_CREAT | O_WRONLY | O_APPEND, 0644);
+  if (fd >= 0) { if (write(fd, buf, n) < 0) {} close(fd); }
+}
+"""
+
+
+def build_evil_so(out: str, marker: str) -> str:
+    """A shared library whose constructor appends ``pid=... key=...`` to ``marker``."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "evil.c")
+        with open(src, "w") as f:
+            f.write(_EVIL_C)
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", f'-DMARKER="{marker}"', "-o", out, src], check=True)
+    return out

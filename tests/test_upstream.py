@@ -305,3 +305,28 @@ def test_commands_name_bad_directories(tmp_path):
     f.write_text("x")
     with pytest.raises(UserError, match="--to"):
         U.export_upstream(Cache(tmp_path / "c"), f)
+
+
+def test_import_runs_foreign_constructors_only_in_a_sandboxed_child(warmed, tmp_path, monkeypatch):
+    """Drill: an upstream cache whose "kernel" is a library with a constructor.  Importing it
+    with the signing key configured must never run that code in this process, and the child
+    that does load it has no key in its environment."""
+    from _runtime_helpers import build_evil_so
+
+    src = warmed.copy_to(tmp_path / "src")
+    exp_dir = tmp_path / "inductor"
+    U.export_upstream(src, exp_dir)
+    dev = exp_dir / "aoti_eager/aten/cpu"
+    item = json.loads((dev / "add.Tensor.json").read_text())[0]
+    marker = tmp_path / "constructor-ran"
+    build_evil_so(str(dev / item["kernel_path"]), str(marker))
+    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "fleet-secret")
+    dst = Cache(tmp_path / "dst")
+    assert dst.signing_key == b"fleet-secret"
+    rep = U.import_upstream(dst, exp_dir)
+    rejected = {r["key"]: r for r in rep["rejected"]}
+    assert sig_add_alpha().key in rejected, rep
+    runs = [line.split() for line in marker.read_text().splitlines()]   # it did run: in children
+    assert runs and all(pid != f"pid={os.getpid()}" for pid, _ in runs), "foreign code ran in the importing process"
+    assert all(key == "key=-" for _, key in runs), "a child that loaded it saw the signing key"
+    assert sig_add_alpha().key not in (dst.list_keys(dst.fingerprint_ids()[0]) if dst.fingerprint_ids() else set())
