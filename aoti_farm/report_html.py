@@ -78,13 +78,14 @@ class _Layout:
     def x(self, t: float) -> float:
         return LABEL_W + (t - self.t0) / (self.t1 - self.t0) * WIDTH
 
-    def w(self, a: float, b: float) -> float:
-        return max(1.5, self.x(b) - self.x(a))
+    def w(self, a: float, b: float, least: float = 1.5) -> float:
+        return max(least, self.x(b) - self.x(a))
 
 
-def _rect(lay: _Layout, y: float, a: float, b: float, colour: str, title: str, cls: str, h: float = LANE_H - 6) -> str:
-    return (f'<rect class="{cls}" x="{lay.x(a):.1f}" y="{y + 3:.1f}" width="{lay.w(a, b):.1f}" height="{h:.1f}" '
-            f'fill="{colour}"><title>{html.escape(title)}</title></rect>')
+def _rect(lay: _Layout, y: float, a: float, b: float, colour: str, title: str, cls: str, h: float = LANE_H - 6,
+          least: float = 1.5) -> str:
+    return (f'<rect class="{cls}" x="{lay.x(a):.1f}" y="{y + 3:.1f}" width="{lay.w(a, b, least):.1f}" '
+            f'height="{h:.1f}" fill="{colour}"><title>{html.escape(title)}</title></rect>')
 
 
 def render(doc: dict, source: str = "") -> str:
@@ -129,10 +130,10 @@ def render(doc: dict, source: str = "") -> str:
     y = 36
     # the driver lane
     svg.append(f'<text x="4" y="{y + 16}" class="lane">driver (aoti-farm warm)</text>')
-    phases = [("startup", "process_start", "warm_start", "process start-up (imports)"),
+    phases = [("sched", "actors_requested", "scheduler_done", "scheduler: actors requested -> all done"),
+              ("startup", "process_start", "warm_start", "process start-up (imports)"),
               ("ray", "warm_start", "ray_started", "Ray start-up"),
               ("plan", "warm_start", "planned", "planning (cache lookups, fingerprint)"),
-              ("sched", "actors_requested", "scheduler_done", "scheduler: actors requested -> all done"),
               ("shutdown", "scheduler_done", "ray_shutdown", "actors and Ray shut down")]
     for cls, a, b, label in phases:
         if marks.get(a) is not None and marks.get(b) is not None and marks[b] >= marks[a]:
@@ -145,7 +146,12 @@ def render(doc: dict, source: str = "") -> str:
         lane = lanes[pid]
         w = lane["worker"] or {}
         host = next((str(s.get("worker")).rsplit(":", 1)[0] for _, s in lane["bars"] if s.get("worker")), "")
-        svg.append(f'<text x="4" y="{y + 16}" class="lane">actor {html.escape(host)}:{html.escape(pid)}</text>')
+        name = f"{host}:{pid}" if host else f"pid {pid}"
+        svg.append(f'<text x="4" y="{y + 16}" class="lane">actor {html.escape(name)}</text>')
+        created, asked = _num(w.get("created_at")), marks.get("actors_requested")
+        if created is not None and asked is not None and created > asked:
+            svg.append(_rect(lay, y, asked, created, COLOURS["startup"], f"actor {pid} requested -> its process "
+                             f"started: {created - asked:.2f} s", "actorstart", (LANE_H - 6) / 2))
         ws = _span(w.get("warmup_span"))
         if ws:
             svg.append(_rect(lay, y, ws[0], ws[1], COLOURS["warmup"], f"warm-up of actor {pid}: {ws[1] - ws[0]:.2f} s",
@@ -157,7 +163,7 @@ def render(doc: dict, source: str = "") -> str:
                      f"{b - a:.2f} s wall, attempts {s.get('attempts')}"
                      + "".join(f"\n{k} {v:.2f} s" for k, v in ph.items() if _num(v) is not None)
                      + (f"\nerror: {s.get('error')}" if s.get("error") else ""))
-            svg.append(_rect(lay, y, a, b, COLOURS.get(st, "#777777"), title, f"sig {html.escape(st)}"))
+            svg.append(_rect(lay, y, a, b, COLOURS.get(st, "#777777"), title, f"sig {html.escape(st)}", least=4.0))
         y += LANE_H
     svg.append("</svg>")
     return _page(doc, sigs, marks, workers, "\n".join(svg), source)
@@ -175,7 +181,8 @@ def _summary(doc: dict, sigs: list, marks: dict, workers: list) -> list[tuple[st
         rows.append(("Ray start-up", f"{marks['ray_started'] - marks['warm_start']:.1f} s"))
     warm = [sp[1] - sp[0] for w in workers if (sp := _span(w.get("warmup_span")))]
     if warm:
-        rows.append(("actor warm-up", f"{len(warm)} actors, {min(warm):.1f}-{max(warm):.1f} s each"))
+        rows.append(("actor warm-up", f"{len(warm)} actor{'s' if len(warm) != 1 else ''}, "
+                                      f"{min(warm):.1f}-{max(warm):.1f} s each"))
     comp = [float(s.get("seconds") or 0) for s in sigs if s.get("status") == "compiled"]
     if comp:
         rows.append(("compile time", f"{sum(comp):.1f} s in all, {sum(comp) / len(comp):.1f} s per compiled signature"))
