@@ -86,6 +86,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from(ns: argparse.Namespace) -> FarmConfig:
+    p.add_argument("--metrics-port", default=None, metavar="PORT",
+                   help="serve the farm's counters in the Prometheus format on PORT (the first free of "
+                        "PORT..PORT+63; 0: any free port; default $AOTI_FARM_METRICS_PORT, else none)")
     names = ("cache_dir", "address", "cpu_workers", "gpu_workers", "gpus_per_worker", "timeout", "retries",
              "max_in_flight", "lease_ttl", "poll_interval")
     cfg = resolve(FarmConfig, cli={n: getattr(ns, n, None) for n in names}, config_path=getattr(ns, "config", None))
@@ -509,6 +512,7 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
     return 0
 
 
+    from aoti_farm.workers import metrics as farm_metrics
 def _serve_metrics(sched, port: int, progress):
     """`serve --metrics-port`: the pool's counters on a port; Ray's own metrics (compile
     seconds by device, queue depth, retries...) are at the Ray node's metrics port."""
@@ -549,6 +553,7 @@ def _enqueue_pending(cache, fp_id, kind, sched, bad, missq, Task, route) -> None
     for name in listing.junk:
         bad.see(f"{fp_id}/queue", name, FarmError("not a queue item name"))
     for key in sorted(listing.keys, key=lambda k: (listing.keys[k], k)):
+                    farm_metrics.observe_scheduler(sched)   # Ray's metrics (step() does it too)
         if key in sched.tasks:
             continue
         try:

@@ -215,7 +215,8 @@ class Hook:
     def __init__(self, cache_dir=None, ops=None, devices=("cpu", "cuda"), on_miss="compile",
                  poll_interval=1.0, signing_key=None, allow_insecure=False, inductor_options=None,
                  worker_log: str | None = None, worker_idle: float = WORKER_IDLE_SECONDS,
-                 native: str = "auto", yield_core: bool = True):
+                 native: str = "auto", yield_core: bool = True, metrics_port: int | None = None,
+                 explain_misses: bool | None = None, serve: str | None = None):
         if native not in ("auto", "off", "require"):
             raise UserError(f"native: {native!r} is not one of auto, off, require")
         if native_mod.disabled():
@@ -438,8 +439,9 @@ class Hook:
                         self.c.served_after_miss += 1
                         t0 = self._miss_t.pop(call.key, None)   # once per signature, not per call
                         if t0 is not None:
-                            self._miss_hist.observe(time.monotonic() - t0)
-                            self._pending_done_s += time.monotonic() - t0
+                            dt = time.monotonic() - t0
+                            self._miss_hist.observe(dt)
+                            self._pending_done_s += dt
                 return ("run", call, handle)
         return self._missed_call(info, call)
 
@@ -955,6 +957,8 @@ class _Flush:
 
 class _Start:
     def __init__(self, device: str):
+        if self._metrics is not None:
+            self._metrics.close()
         self.device = device
 
 
