@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgpack
 
 from aoti_farm.cache import CACHE_FORMAT, KERNEL, MANIFEST, BadEntry, Cache, default_cache_dir
 from aoti_farm.errors import FarmError, UserError
@@ -166,7 +165,7 @@ def _rm_path(p: Path) -> None:
 
 
 def stats(ns) -> int:
-    from aoti_farm import leases, missq
+    from aoti_farm import verify_records
 
     cache = open_cache(ns.cache_dir)
     per = {}
@@ -175,9 +174,7 @@ def stats(ns) -> int:
         per[f] = {
             "entries": len(keys),
             "bytes": sum(dir_bytes(cache.entry_dir(f, k)) for k in keys),
-            "failures": len(cache.failed_keys(f)),
-            "queue": len(missq.pending(cache, f)),
-            "leases": len(leases.list_leases(cache, f)),
+            **verify_records.counts(cache, f),    # bounded reads; an unsafe directory counts 0
             "fingerprint": _fp_summary(cache, f),
         }
     tot = {k: sum(v[k] for v in per.values()) for k in ("entries", "bytes", "failures", "queue", "leases")}
@@ -194,16 +191,9 @@ def stats(ns) -> int:
 
 
 def _fp_summary(cache: Cache, fp_id: str) -> str:
-    try:
-        d = json.loads((cache.ns(fp_id) / "fingerprint.json").read_text())
-        parts = [f"torch {d.get('torch')}", d.get("device_type") or "?"]
-        if d.get("gpu"):
-            parts.append(str(d["gpu"]))
-        elif d.get("cpu_isa") is not None:
-            parts.append(d.get("cpu_isa") or "no-vec")
-        return ", ".join(parts)
-    except (OSError, ValueError, AttributeError):
-        return "fingerprint.json unreadable"
+    from aoti_farm.verify_records import fingerprint_summary
+
+    return fingerprint_summary(cache, fp_id)
 
 
 # --- ls ---------------------------------------------------------------------------------
@@ -252,7 +242,7 @@ def ls(ns) -> int:
 def verify(ns) -> int:
     """Verify every entry; with ``--repair`` remove what is bad.  Exit 1 if anything bad
     is left unrepaired."""
-    from aoti_farm import leases, missq
+    from aoti_farm import verify_records
 
     cache = open_cache(ns.cache_dir, write=bool(getattr(ns, "repair", False)))
     repair = bool(getattr(ns, "repair", False))
@@ -269,47 +259,8 @@ def verify(ns) -> int:
                 if repair:
                     item["repaired"] = cache.remove(f, k)
                 bad.append(item)
-        for k in sorted(cache.failed_keys(f)):
-            p = cache.failure_path(f, k)
-            try:
-                rec = msgpack.unpackb(p.read_bytes(), raw=False)
-                readable = isinstance(rec, dict) and rec.get("key") == k
-            except FileNotFoundError:
-                continue
-            except Exception:  # noqa: BLE001 -- garbage in any form
-                readable = False
-            if not readable:
-                item = {"what": "failure-record", "fingerprint": f, "key": k, "kind": "corrupt",
-                        "detail": f"{p}: unreadable failure record"}
-                if repair:
-                    _rm_path(p)
-                    item["repaired"] = True
-                bad.append(item)
-        for k in sorted(leases.list_leases(cache, f)):
-            try:
-                info = leases.holder_info(cache, f, k)
-            except Exception:  # noqa: BLE001
-                info = None
-            p = cache.ns(f) / "leases" / f"{k}.lease"
-            stale = info is None or info.get("stale")
-            if stale and (info is not None or now - _mtime(p) > leases.DEFAULT_TTL):
-                item = {"what": "lease", "fingerprint": f, "key": k, "kind": "stale",
-                        "detail": f"{p}: holder {info.get('owner') if info else '?'} stopped heartbeating"}
-                if repair:
-                    _rm_path(p)
-                    item["repaired"] = True
-                bad.append(item)
-        for k in missq.pending(cache, f):
-            try:
-                missq.read(cache, f, k)
-            except FileNotFoundError:
-                continue
-            except FarmError as e:
-                item = {"what": "queue-item", "fingerprint": f, "key": k, "kind": "corrupt", "detail": str(e)}
-                if repair:
-                    missq.done(cache, f, k)
-                    item["repaired"] = True
-                bad.append(item)
+        # queue items, leases, failure records, fingerprint.json: bounded reads, schema-checked
+        bad.extend(verify_records.check(cache, f, repair=repair))
     for p, mtime in _tmp_items(cache):
         age = now - mtime
         if age > ORPHAN_AGE:
@@ -336,13 +287,6 @@ def verify(ns) -> int:
                     ("; run `aoti-farm cache verify --repair` to remove them" if unrepaired else "")))
     _emit(ns, obj, lines)
     return 1 if unrepaired else 0
-
-
-def _mtime(p: Path) -> float:
-    try:
-        return os.stat(p).st_mtime
-    except OSError:
-        return 0.0
 
 
 # --- gc ---------------------------------------------------------------------------------

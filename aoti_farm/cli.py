@@ -142,13 +142,11 @@ def _farm_config(ns):
 
 
 def _signing_key(cfg):
-    if not cfg.signing_key_file:
-        return None
-    try:
-        with open(cfg.signing_key_file, "rb") as f:
-            return f.read().strip()
-    except OSError as e:
-        raise UserError(f"signing key file {cfg.signing_key_file}: {e.strerror}; fix signing_key_file") from None
+    from aoti_farm.cache import load_signing_key
+
+    if cfg.signing_key_file is None:
+        return None   # the Cache reads the environment's key
+    return load_signing_key(path=cfg.signing_key_file, source="signing_key_file")   # fails closed
 
 
 def cmd_key(ns) -> int:

@@ -124,13 +124,8 @@ def _check_writable(path: str) -> None:
 def _signing_key(cfg: FarmConfig) -> bytes | None:
     from aoti_farm.cache import load_signing_key
 
-    if not cfg.signing_key_file:
-        return load_signing_key()
-    try:
-        with open(cfg.signing_key_file, "rb") as f:
-            return f.read().strip()
-    except OSError as e:
-        raise UserError(f"signing key file {cfg.signing_key_file}: {e.strerror}; fix signing_key_file") from None
+    # fails closed: an empty or unreadable key is a UserError, never "no signing"
+    return load_signing_key(path=cfg.signing_key_file, source="signing_key_file")
 
 
 def _open_cache(cfg: FarmConfig):
@@ -193,8 +188,7 @@ def plan(sigs: list, cache, inductor_options: dict | None = None) -> Plan:
         have, failed = keys[dev]
         if sig.key in have:
             out.done.append(Result(sig.key, sig.op, "cached", fp_id=fp.id))
-        elif sig.key in failed:
-            rec = cache.failure(fp.id, sig.key) or {}
+        elif sig.key in failed and (rec := cache.failure(fp.id, sig.key)) is not None:   # a bad record: None
             out.done.append(Result(sig.key, sig.op, "failed", attempts=int(rec.get("attempts") or 0),
                                    error=f"recorded failure: {rec.get('reason')} (clear it with "
                                          f"`aoti-farm cache` to retry)", evidence=rec.get("evidence") or {},

@@ -16,32 +16,104 @@ What this assumes of the filesystem, written down:
 
 Leases only prevent duplicate *work*.  Correctness never depends on them: publishing is
 an atomic rename that the first writer wins, and every entry is verified.
+
+A lease is read bounded and schema-checked (:mod:`aoti_farm.records`): ``owner``,
+``host`` strings, ``pid`` an integer, ``taken`` a finite number, ``ttl`` a finite number
+in ``(0, MAX_TTL]``.  A lease that breaks that -- ``"ttl": Infinity`` or NaN, a FIFO, a
+link, a directory, a huge file -- is *bad*: it counts as expired (so it can never block a
+key), is counted, and ``cache verify --repair`` removes it.  A lease that is not JSON yet
+(a holder that crashed between its create and its write) is judged by its mtime alone;
+one whose mtime lies more than its TTL in the future is bad too.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
+import json
+
+from aoti_farm import records
 from aoti_farm.cache import Cache, check_key
+from aoti_farm.errors import FarmError
+from aoti_farm.records import BadRecord
 
 DEFAULT_TTL = 30.0
+#: The longest TTL a lease may carry (a longer one is bad: it would block a key for long).
+MAX_TTL = 3600.0
+SUFFIX = ".lease"
+
+
+def _good_ttl(x) -> bool:
+    return records.is_number(x) and 0 < x <= MAX_TTL
+
+
+_SCHEMA = {"owner": lambda x: isinstance(x, str) and 0 < len(x) <= 512, "host": records.short_str(256),
+           "pid": records.nonneg_int, "taken": records.is_number, "ttl": _good_ttl}
+
+
+def bounded_ttl(ttl: float) -> float:
+    """The TTL a lease is taken with: ``ttl`` within ``(0, MAX_TTL]`` (else the default)."""
+    if not records.is_number(ttl) or ttl <= 0:
+        return DEFAULT_TTL
+    return float(min(ttl, MAX_TTL))
+
+
+@dataclass
+class LeaseState:
+    """What a lease file says: ``stale`` (expired, bad or gone), ``info`` (the decoded
+    lease, when good), ``problem`` (a :class:`BadRecord`, when bad), ``age`` (seconds)."""
+
+    stale: bool
+    info: dict | None = None
+    problem: BadRecord | None = None
+    age: float = 0.0
+    exists: bool = True
+
+
+def _judge(cache: Cache, dir_fd: int, name: str, ttl: float, what: str) -> LeaseState:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return LeaseState(True, exists=False)
+    age = time.time() - st.st_mtime
+    try:
+        raw = records.read(cache, dir_fd, name, what)
+    except FileNotFoundError:
+        return LeaseState(True, exists=False)
+    except BadRecord as e:      # FIFO, device, link, directory, huge file: expired
+        return LeaseState(True, problem=e, age=age)
+    if age < -bounded_ttl(ttl):
+        return LeaseState(True, problem=BadRecord("corrupt", f"{what}: mtime {-age:.0f} s in the future"), age=age)
+    try:
+        obj = records.decode_json(raw, what)
+    except BadRecord as e:      # half-written by a crashed holder (or garbage): by mtime alone
+        stale = age > bounded_ttl(ttl)
+        return LeaseState(stale, problem=e if raw.strip() or stale else None, age=age)
+    try:
+        info = records.check_schema(obj, _SCHEMA, what)
+    except BadRecord as e:      # hostile or broken (ttl Infinity, NaN, huge, ...): expired
+        return LeaseState(True, problem=e, age=age)
+    return LeaseState(age > info["ttl"], info=info, age=age)
 
 
 class Lease:
-    def __init__(self, path: Path, owner: str, ttl: float):
-        self.path, self.owner, self.ttl = path, owner, ttl
+    def __init__(self, cache: Cache, fp_id: str, key: str, owner: str, ttl: float):
+        self.cache, self.fp_id, self.key = cache, fp_id, key
+        self.name = f"{key}{SUFFIX}"
+        self.path = lease_path(cache, fp_id, key)
+        self.owner, self.ttl = owner, ttl
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = False
 
     def start_heartbeat(self) -> "Lease":
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.path.stem[:8]}", daemon=True)
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.key[:8]}", daemon=True)
         self._thread.start()
         return self
 
@@ -51,15 +123,19 @@ class Lease:
                 if self.holder() != self.owner:
                     self.lost = True
                     return
-                os.utime(self.path)
-            except OSError:
+                fd = records.open_subdir(self.cache, self.fp_id, "leases")
+                try:
+                    os.utime(self.name, dir_fd=fd, follow_symlinks=False)
+                finally:
+                    os.close(fd)
+            except (OSError, FarmError):
                 self.lost = True
                 return
 
     def holder(self) -> str | None:
         try:
-            return json.loads(self.path.read_text()).get("owner")
-        except (OSError, ValueError, AttributeError):
+            return read_lease(self.cache, self.fp_id, self.key)["owner"]
+        except (OSError, FarmError):
             return None
 
     def release(self) -> None:
@@ -68,8 +144,12 @@ class Lease:
             self._thread.join(timeout=2)
         try:
             if self.holder() == self.owner:
-                self.path.unlink()
-        except OSError:
+                fd = records.open_subdir(self.cache, self.fp_id, "leases")
+                try:
+                    os.unlink(self.name, dir_fd=fd)
+                finally:
+                    os.close(fd)
+        except (OSError, FarmError):
             pass
 
     def __enter__(self) -> "Lease":
@@ -80,7 +160,7 @@ class Lease:
 
 
 def lease_path(cache: Cache, fp_id: str, key: str) -> Path:
-    return cache.ns(fp_id) / "leases" / f"{check_key(key)}.lease"
+    return cache.ns(fp_id) / "leases" / f"{check_key(key)}{SUFFIX}"
 
 
 def new_owner(label: str = "") -> str:
@@ -88,72 +168,112 @@ def new_owner(label: str = "") -> str:
 
 
 def try_acquire(cache: Cache, fp_id: str, key: str, owner: str, ttl: float = DEFAULT_TTL) -> Lease | None:
-    """Take the lease on ``key`` or return None if someone live holds it."""
-    p = lease_path(cache, fp_id, key)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    """Take the lease on ``key`` or return None if someone live holds it.  Raises
+    :class:`BadRecord` when the leases directory is unsafe (a link, writable by others)."""
+    name = f"{check_key(key)}{SUFFIX}"
+    what = f"lease {lease_path(cache, fp_id, key)}"
+    ttl = bounded_ttl(ttl)
     body = json.dumps({"owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
                        "taken": time.time(), "ttl": ttl}).encode()
-    for _ in range(3):
-        try:
-            fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            if not _is_stale(p, ttl):
-                return None
-            # Stale: move it aside; exactly one contender's rename succeeds.
-            aside = p.with_name(f"{p.name}.stale-{uuid.uuid4().hex[:8]}")
+    dfd = records.open_subdir(cache, fp_id, "leases", create=True)
+    try:
+        for _ in range(3):
             try:
-                os.rename(p, aside)
-            except FileNotFoundError:
-                continue
-            try:
-                # The file moved aside could be a fresh lease someone took between our
-                # staleness check and the rename; give it back if so.
-                if not _is_stale(aside, ttl):
-                    try:
-                        os.link(aside, p)
-                    except FileExistsError:
-                        pass
+                records.write_new(dfd, name, body)
+            except FileExistsError:
+                state = _judge(cache, dfd, name, ttl, what)
+                if state.problem is not None:
+                    records.count_bad("lease", state.problem.kind)
+                if not state.stale:
                     return None
-            finally:
+                # Stale or bad: move it aside; exactly one contender's rename succeeds.
+                aside = f"{name}.stale-{uuid.uuid4().hex[:8]}"
                 try:
-                    os.unlink(aside)
+                    os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
                 except FileNotFoundError:
-                    pass
-            continue
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return Lease(p, owner, ttl).start_heartbeat()
-    return None
+                    continue
+                try:
+                    # The file moved aside could be a fresh lease someone took between our
+                    # staleness check and the rename; give it back if so.
+                    if not _judge(cache, dfd, aside, ttl, what).stale:
+                        try:
+                            os.link(aside, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+                        except FileExistsError:
+                            pass
+                        return None
+                finally:
+                    records.remove_name(dfd, aside)
+                continue
+            return Lease(cache, fp_id, key, owner, ttl).start_heartbeat()
+        return None
+    finally:
+        os.close(dfd)
 
 
-def _is_stale(p: Path, ttl: float) -> bool:
+def read_lease(cache: Cache, fp_id: str, key: str) -> dict:
+    """The lease on ``key``, schema-checked; FileNotFoundError or :class:`BadRecord`."""
+    name = f"{check_key(key)}{SUFFIX}"
+    what = f"lease {lease_path(cache, fp_id, key)}"
+    fd = records.open_subdir(cache, fp_id, "leases")
     try:
-        st = os.stat(p)
+        return records.check_schema(records.decode_json(records.read(cache, fd, name, what), what), _SCHEMA, what)
+    finally:
+        os.close(fd)
+
+
+def inspect(cache: Cache, fp_id: str, key: str, ttl: float = DEFAULT_TTL) -> LeaseState:
+    """The state of the lease on ``key`` (see :class:`LeaseState`); BadRecord when the
+    leases directory is unsafe."""
+    name = f"{check_key(key)}{SUFFIX}"
+    try:
+        fd = records.open_subdir(cache, fp_id, "leases")
     except FileNotFoundError:
-        return True
+        return LeaseState(True, exists=False)
     try:
-        ttl = float(json.loads(p.read_text()).get("ttl", ttl))
-    except (OSError, ValueError, AttributeError, TypeError):
-        pass  # half-written by a crashed holder: judged by mtime alone
-    return time.time() - st.st_mtime > ttl
+        return _judge(cache, fd, name, ttl, f"lease {lease_path(cache, fp_id, key)}")
+    finally:
+        os.close(fd)
 
 
 def holder_info(cache: Cache, fp_id: str, key: str) -> dict | None:
-    p = lease_path(cache, fp_id, key)
+    """The lease's fields with its ``age`` and ``stale``; None when gone or bad."""
     try:
-        info = json.loads(p.read_text())
-        info["age"] = time.time() - os.stat(p).st_mtime
-        info["stale"] = _is_stale(p, info.get("ttl", DEFAULT_TTL))
-        return info
-    except (OSError, ValueError):
+        st = inspect(cache, fp_id, key)
+    except FarmError:
         return None
+    if st.info is None:
+        return None
+    return {**st.info, "age": st.age, "stale": st.stale}
+
+
+def scan(cache: Cache, fp_id: str) -> records.Listing:
+    """Lease files by key, and junk names; BadRecord when the directory is unsafe."""
+    try:
+        fd = records.open_subdir(cache, fp_id, "leases")
+    except FileNotFoundError:
+        return records.Listing()
+    try:
+        return records.list_dir(fd, SUFFIX, records.is_key)
+    finally:
+        os.close(fd)
 
 
 def list_leases(cache: Cache, fp_id: str) -> list[str]:
     try:
-        return [e.name[:-6] for e in os.scandir(cache.ns(fp_id) / "leases") if e.name.endswith(".lease")]
-    except FileNotFoundError:
+        return sorted(scan(cache, fp_id).keys)
+    except BadRecord:
         return []
+
+
+def remove(cache: Cache, fp_id: str, name: str) -> bool:
+    """Remove the lease entry ``name`` (a bad one, a junk name), never following a link."""
+    if not name or "/" in name or name in (".", ".."):
+        raise FarmError(f"invalid lease name {name!r}")
+    try:
+        fd = records.open_subdir(cache, fp_id, "leases")
+    except FileNotFoundError:
+        return False
+    try:
+        return records.remove_name(fd, name)
+    finally:
+        os.close(fd)

@@ -6,21 +6,34 @@ signature enqueues it once (the others see ``FileExistsError`` and count a dedup
 queue survives restarts of serving processes.  A drainer (``aoti-farm serve``, or a
 serving process's own background compile worker) removes a file once the signature is
 published or recorded as failing.
+
+Anyone who can write the queue directory can put anything there, so (see
+:mod:`aoti_farm.records`): the directory is walked without following links, for reading
+and for writing; an item is read bounded (a regular file of at most 1 MiB, opened
+non-blocking) and checked against its schema (``signature``: a table that hashes to the
+file's key, ``key``: the file's key, ``time``: a finite number).  A bad item is a
+:class:`~aoti_farm.records.BadRecord`: its drainer counts and skips it, ``cache verify``
+reports it and ``--repair`` removes it (:func:`done`).
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import time
 import uuid
 from pathlib import Path
 
 import msgpack
 
+from aoti_farm import records
 from aoti_farm.cache import Cache, check_key
 from aoti_farm.errors import FarmError
+from aoti_farm.records import BadRecord, is_key
 from aoti_farm.signature import Signature, parse_signature
+
+SUFFIX = ".msgpack"
+MAX_ITEM_BYTES = records.RECORD_MAX
+_SCHEMA = {"signature": lambda x: isinstance(x, dict), "key": is_key, "time": records.is_number}
 
 
 def queue_dir(cache: Cache, fp_id: str) -> Path:
@@ -30,67 +43,85 @@ def queue_dir(cache: Cache, fp_id: str) -> Path:
 def enqueue(cache: Cache, fp_id: str, sig: Signature) -> bool:
     """True if this call added it, False if it was already queued."""
     key = check_key(sig.key)
-    d = queue_dir(cache, fp_id)
-    d.mkdir(parents=True, exist_ok=True)
-    final = d / f"{key}.msgpack"
-    if final.exists():
-        return False
+    name = f"{key}{SUFFIX}"
     data = msgpack.packb({"signature": sig.to_obj(), "key": key, "time": time.time()}, use_bin_type=True)
-    tmp = d / f".{key}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = records.open_subdir(cache, fp_id, "queue", create=True)
     try:
-        os.link(tmp, final)  # atomic, fails if present: whole file or nothing, exactly once
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
-
-
-def pending(cache: Cache, fp_id: str) -> list[str]:
-    try:
-        items = [(e.stat().st_mtime, e.name[:-8]) for e in os.scandir(queue_dir(cache, fp_id))
-                 if e.name.endswith(".msgpack") and not e.name.startswith(".")]
-    except FileNotFoundError:
-        return []
-    return [k for _, k in sorted(items)]
-
-
-def read(cache: Cache, fp_id: str, key: str) -> Signature:
-    p = queue_dir(cache, fp_id) / f"{check_key(key)}.msgpack"
-    try:
-        obj = msgpack.unpackb(_read_plain(p), raw=False)
-        sig = parse_signature(obj["signature"])
-    except FileNotFoundError:
-        raise
-    except Exception as e:
-        raise FarmError(f"queue item {p}: unreadable ({e})") from None
-    if sig.key != key:
-        raise FarmError(f"queue item {p}: holds another signature")
-    return sig
-
-
-MAX_ITEM_BYTES = 1 << 20
-
-
-def _read_plain(p: Path) -> bytes:
-    """A queue item is a small regular file: never follow a symlink out of the cache, never
-    block on a FIFO or read an endless device."""
-    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ITEM_BYTES:
-            raise FarmError(f"queue item {p}: not a small regular file")
-        return os.read(fd, MAX_ITEM_BYTES + 1)
+        try:
+            os.stat(name, dir_fd=fd, follow_symlinks=False)
+            return False
+        except FileNotFoundError:
+            pass
+        tmp = f".{key}.{uuid.uuid4().hex[:8]}.tmp"
+        records.write_new(fd, tmp, data)
+        try:
+            # atomic, fails if present: whole file or nothing, exactly once
+            os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp, dir_fd=fd)
     finally:
         os.close(fd)
 
 
-def done(cache: Cache, fp_id: str, key: str) -> None:
+def scan(cache: Cache, fp_id: str) -> records.Listing:
+    """The queue's listing: well-named items (``keys``) and ``junk`` names.  An empty
+    listing when there is no queue; :class:`BadRecord` when the queue directory is unsafe
+    (a link, not a directory, writable by others)."""
     try:
-        (queue_dir(cache, fp_id) / f"{check_key(key)}.msgpack").unlink()
+        fd = records.open_subdir(cache, fp_id, "queue")
     except FileNotFoundError:
-        pass
+        return records.Listing()
+    try:
+        return records.list_dir(fd, SUFFIX, is_key)
+    finally:
+        os.close(fd)
+
+
+def pending(cache: Cache, fp_id: str) -> list[str]:
+    """Queued keys, oldest first (names that are no key are never listed: see :func:`scan`)."""
+    items = scan(cache, fp_id).keys
+    return sorted(items, key=lambda k: (items[k], k))
+
+
+def read(cache: Cache, fp_id: str, key: str) -> Signature:
+    """The queued signature; FileNotFoundError if it is gone, :class:`BadRecord` if the
+    item is unsafe or breaks the schema, FarmError for a name that is no key."""
+    check_key(key)
+    what = f"queue item {queue_dir(cache, fp_id) / (key + SUFFIX)}"
+    fd = records.open_subdir(cache, fp_id, "queue")
+    try:
+        raw = records.read(cache, fd, key + SUFFIX, what)
+    finally:
+        os.close(fd)
+    obj = records.check_schema(records.decode_msgpack(raw, what), _SCHEMA, what)
+    if obj["key"] != key:
+        raise BadRecord("corrupt", f"{what}: names the key {obj['key'][:16]}, not its own")
+    try:
+        sig = parse_signature(obj["signature"])
+    except Exception as e:  # noqa: BLE001 -- any malformed signature
+        raise BadRecord("corrupt", f"{what}: bad signature ({type(e).__name__}: {e})") from None
+    if sig.key != key:
+        raise BadRecord("corrupt", f"{what}: holds another signature")
+    return sig
+
+
+def done(cache: Cache, fp_id: str, key: str) -> bool:
+    """Remove the item ``key`` (whatever it is: a bad one too).  True if removed."""
+    return remove(cache, fp_id, f"{check_key(key)}{SUFFIX}")
+
+
+def remove(cache: Cache, fp_id: str, name: str) -> bool:
+    """Remove the queue entry ``name`` (a junk name too), never following a link."""
+    if not name or "/" in name or name in (".", ".."):
+        raise FarmError(f"invalid queue item name {name!r}")
+    try:
+        fd = records.open_subdir(cache, fp_id, "queue")
+    except FileNotFoundError:
+        return False
+    try:
+        return records.remove_name(fd, name)
+    finally:
+        os.close(fd)

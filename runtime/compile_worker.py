@@ -10,7 +10,10 @@ and is looked at again.  It exits after ``--idle`` seconds with nothing to do.
 Every event is printed as one JSON line on stdout with the worker's pid (the hook sends it
 to its worker log and follows it with :func:`read_events`): ``start``, ``ready`` (warm-up
 done), ``compile`` (a compile begins), ``outcome`` / ``error`` (it ended), ``bad-item``,
-``idle-exit``.  Exit status: 0 when idle, 2 on bad arguments or a fingerprint that is not this host's.
+``idle-exit``.  A bad queue item (unsafe, oversized, garbage, wrong schema; see
+:mod:`aoti_farm.missq`) is one ``bad-item`` event, skipped, never fatal.  Exit status: 0
+when idle, 2 on bad arguments (an empty signing key too) or a fingerprint that is not
+this host's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 POLL = 0.1
+#: Seconds before a bad queue item is read again (it may have been repaired meanwhile).
+BAD_ITEM_RETRY = 30.0
 
 
 #: Events after which the worker is compiling (or warming up) until its next event.
@@ -78,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    from aoti_farm import job, leases, missq
+    from aoti_farm import job, leases, missq, records
     from aoti_farm.cache import Cache
     from aoti_farm.compiler import AOTICompiler
-    from aoti_farm.errors import FarmError
+    from aoti_farm.errors import FarmError, UserError
     from aoti_farm.fingerprint import fingerprint
 
     try:
@@ -95,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compile_worker: --fp-id {ns.fp_id} is not this host's fingerprint {fp.id}; "
               f"start the worker with the hook's inductor options", file=sys.stderr)
         return 2
-    cache = Cache(ns.cache_dir, allow_insecure=ns.allow_insecure)
+    try:
+        cache = Cache(ns.cache_dir, allow_insecure=ns.allow_insecure)
+    except UserError as e:   # an empty or unreadable signing key: never "no signing"
+        print(f"compile_worker: {e}", file=sys.stderr)
+        return 2
     compiler = AOTICompiler(opts)
     owner = leases.new_owner("hook-worker")
     idle_since = time.monotonic()
@@ -120,13 +129,25 @@ def main(argv: list[str] | None = None) -> int:
             _out({"event": "warmup-error", "error": f"{type(e).__name__}: {e}"})
     _out({"event": "ready", "warmup_s": round(time.monotonic() - t0, 3)})
     idle_since = time.monotonic()   # idle time counts from here: the queue is looked at first
+    reported: set[str] = set()
+
+    def bad_item(name: str, err: object) -> None:
+        """A bad queue item (or an unsafe queue directory): never compiled, left for
+        `cache verify --repair`; one event per item per worker (the count is the events')."""
+        if name not in reported:
+            reported.add(name)
+            _out({"event": "bad-item", "key": name, "error": str(err)})
+
     while time.monotonic() - idle_since < ns.idle:
         try:
-            keys = missq.pending(cache, fp.id)
-        except OSError:
-            keys = []
+            listing = missq.scan(cache, fp.id)
+        except (OSError, FarmError) as e:
+            bad_item("queue", e)
+            listing = records.Listing()
+        for name in listing.junk:
+            bad_item(name, "not a queue item name")
         now = time.monotonic()
-        todo = [k for k in keys if retry_at.get(k, 0) <= now]
+        todo = [k for k in sorted(listing.keys, key=lambda k: (listing.keys[k], k)) if retry_at.get(k, 0) <= now]
         if not todo:
             time.sleep(POLL)
             continue
@@ -135,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                 sig = missq.read(cache, fp.id, key)
             except FileNotFoundError:
                 continue
-            except FarmError as e:  # unreadable/hostile item: never compiled, left for `cache verify`
-                _out({"event": "bad-item", "key": key, "error": str(e)})
-                retry_at[key] = float("inf")
+            except Exception as e:  # noqa: BLE001 -- unreadable/hostile item: skipped, looked at again later
+                bad_item(key, e)
+                retry_at[key] = time.monotonic() + BAD_ITEM_RETRY
                 continue
             try:
                 out = job.compile_and_publish(cache, compiler, fp, sig, owner=owner,
