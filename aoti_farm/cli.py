@@ -73,14 +73,32 @@ def _external(cmd: str):
 # --- trace ------------------------------------------------------------------------------
 
 
+def _budget_check(ns):
+    """The memory-budget check of a trace's entries (flag > env > [farm] > a quarter of
+    this host's memory): a function for ``load_trace(check=...)`` and the budget in bytes."""
+    from aoti_farm import budget
+    from aoti_farm.config import FarmConfig, resolve
+
+    cfg = resolve(FarmConfig, cli={"memory_budget": getattr(ns, "memory_budget", None)},
+                  config_path=getattr(ns, "config", None))
+
+    def check(sig):
+        over = budget.refusal(sig, cfg.memory_budget)
+        return over[0] if over else None
+
+    return check, budget.current(cfg.memory_budget)[0]
+
+
 def cmd_trace_validate(ns) -> int:
     from aoti_farm.trace import load_trace
 
-    t = load_trace(ns.file)
+    check, limit = _budget_check(ns)
+    t = load_trace(ns.file, check=check)
     calls = sum(e.count for e in t)
     ops = sorted({e.sig.op for e in t})
     if ns.json:
-        print(json.dumps({"file": ns.file, "ok": True, "entries": len(t), "calls": calls, "ops": ops}))
+        print(json.dumps({"file": ns.file, "ok": True, "entries": len(t), "calls": calls, "ops": ops,
+                          "memory_budget": limit}))
     else:
         print(f"{ns.file}: ok, {len(t)} unique signatures, {calls} calls, {len(ops)} ops ({', '.join(ops)})")
     return 0
@@ -137,7 +155,8 @@ def _entry(ns):
 def _farm_config(ns):
     from aoti_farm.config import FarmConfig, resolve
 
-    return resolve(FarmConfig, cli={"cache_dir": getattr(ns, "cache_dir", None)},
+    return resolve(FarmConfig, cli={"cache_dir": getattr(ns, "cache_dir", None),
+                                    "memory_budget": getattr(ns, "memory_budget", None)},
                    config_path=getattr(ns, "config", None))
 
 
@@ -185,6 +204,11 @@ def cmd_compile_one(ns) -> int:
     e = _entry(ns)
     sig = e.sig
     cfg = _farm_config(ns)
+    from aoti_farm import budget
+
+    over = budget.refusal(sig, cfg.memory_budget)   # before anything is allocated or leased
+    if over is not None:
+        raise UserError(f"trace {ns.trace} entry {ns.index}: {describe(sig)}: {over[0]}")
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -201,7 +225,7 @@ def cmd_compile_one(ns) -> int:
     cache = open_cache(cfg.cache_dir, create=True, signing_key=_signing_key(cfg))
     fp = fingerprint(sig.device if sig.device == "cpu" else "cuda:0", cfg.inductor_options)
     out = compile_and_publish(cache, AOTICompiler(cfg.inductor_options), fp, sig, owner=new_owner("compile-one"),
-                              lease_ttl=cfg.lease_ttl)
+                              lease_ttl=cfg.lease_ttl, memory_budget=cfg.memory_budget)
     if ns.json:
         print(json.dumps({**out.to_dict(), "description": describe(sig), "fingerprint_id": fp.id,
                           "cache_dir": str(cache.root)}, default=str))
@@ -259,6 +283,12 @@ def _common(p: argparse.ArgumentParser, *, cache: bool = True, js: bool = True) 
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def _memory_budget_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="refuse a signature whose compile would need more memory than this (6G, 512M; default: "
+                        "$AOTI_FARM_MEMORY_BUDGET, [farm] memory_budget, else a quarter of this host's memory)")
+
+
 def build_parser(command: str | None = None) -> Parser:
     """The parser; ``command`` names the subcommand whose external arguments to load
     (only that module is imported)."""
@@ -279,6 +309,7 @@ def build_parser(command: str | None = None) -> Parser:
     tsub.required = True
     v = tsub.add_parser("validate", help="check a trace file (exit 2 with the reason if bad)")
     v.add_argument("file")
+    _memory_budget_arg(v)
     _common(v, cache=False)
     v.set_defaults(func=cmd_trace_validate)
     s = tsub.add_parser("show", help="list a trace's signatures")
@@ -300,6 +331,7 @@ def build_parser(command: str | None = None) -> Parser:
     c1 = sub.add_parser("compile-one", help="compile, verify and publish one trace entry in this process")
     c1.add_argument("--trace", required=True)
     c1.add_argument("--index", type=int, required=True, help="entry index (see `trace show`)")
+    _memory_budget_arg(c1)
     _common(c1)
     c1.set_defaults(func=cmd_compile_one)
 

@@ -35,6 +35,7 @@ class FarmConfig:
     signing_key_file: str | None = None
     poll_interval: float = 1.0            # serve: queue polling, seconds
     warmup: str = "light"                 # compile actors' warm-up: none | light | compile
+    memory_budget: int | None = None      # bytes per compile ("6G"); None: a quarter of the host's memory (budget.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,10 @@ def _coerce(cls: type, name: str, value: Any, source: str) -> Any:
     f = {f.name: f for f in dataclasses.fields(cls)}[name]
     t = str(f.type)
     try:
+        if name == "memory_budget" and value is not None:
+            from aoti_farm.budget import parse_size
+
+            return parse_size(value.strip() if isinstance(value, str) else value)
         if value is None:
             if "None" in t:
                 return None

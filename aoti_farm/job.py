@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from aoti_farm import leases
+from aoti_farm import budget, leases
 from aoti_farm.cache import Cache
 from aoti_farm.compiler import Compiler
 from aoti_farm.errors import CompileRefused
@@ -41,7 +41,12 @@ class Outcome:
 
 def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: Signature, *,
                         owner: str, attempts: int = 1, lease_ttl: float = leases.DEFAULT_TTL,
-                        workroot: str | None = None, on_start=None) -> Outcome:
+                        workroot: str | None = None, on_start=None, memory_budget: int | None = None) -> Outcome:
+    """``memory_budget``: bytes (None: ``$AOTI_FARM_MEMORY_BUDGET``, else a quarter of
+    this host's memory).  A signature over it is refused before the lease and the
+    compile: a ``failed`` outcome whose evidence says ``refused: memory_budget``, with
+    no failure record (the budget is this host's, another may compile it); see
+    :mod:`aoti_farm.budget`."""
     key = sig.key
     worker = f"{socket.gethostname()}:{os.getpid()}"
     if cache.has_entry(fp.id, key):
@@ -49,6 +54,10 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
     if cache.failure(fp.id, key) is not None:
         rec = cache.failure(fp.id, key) or {}
         return Outcome(key, FAILED, worker=worker, error=rec.get("reason"), evidence=rec.get("evidence") or {})
+    over = budget.refusal(sig, memory_budget)
+    if over is not None:
+        budget.COUNTERS["refused"] += 1
+        return Outcome(key, FAILED, worker=worker, error=over[0], evidence=over[1])
     cache.ensure(fp)
     lease = leases.try_acquire(cache, fp.id, key, owner, lease_ttl)
     if lease is None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -62,6 +63,29 @@ INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 
 #: Largest tensor (elements) a trace may describe; beyond this it is "absurd".
 MAX_NUMEL = 1 << 31
+#: Every integer of a signature (a size, a stride, a scalar, a list item, a range) is an
+#: int64, as in torch's schemas; anything else is refused (ValueError) when parsed, and a
+#: call that passes one is never served (Ineligible).
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def is_int64(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX
+
+
+def _float(v: Any, where: str) -> float:
+    try:
+        return float(v)
+    except OverflowError:
+        raise ValueError(f"{where}: {str(v)[:40]}... is too large for a float") from None
+
+
+_CUDA_DEV = re.compile(r"cuda:(0|[1-9][0-9]{0,5})")
+
+
+def _device_ok(v: Any) -> bool:
+    """'cpu' or 'cuda:N' in canonical form (the form the recorder writes)."""
+    return isinstance(v, str) and (v == "cpu" or _CUDA_DEV.fullmatch(v) is not None)
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -84,18 +108,43 @@ def op_name(op: torch._ops.OpOverload) -> str:
     return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
 
 
-@lru_cache(maxsize=None)
+#: One identifier of a qualified op name (namespace, op, overload).
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+@lru_cache(maxsize=8192)   # successes only: a finite set of real ops
 def resolve_op(name: str) -> torch._ops.OpOverload:
-    """``aten::add.Tensor`` -> torch.ops.aten.add.Tensor; raises ValueError if unknown."""
+    """``aten::add.Tensor`` -> torch.ops.aten.add.Tensor; raises ValueError if unknown.
+
+    The name is looked up in torch's operator registry (the schemas registered under
+    ``ns::op``) before any attribute of ``torch.ops`` is touched, and what comes back
+    must be an OpOverload of exactly that name: a crafted name such as
+    ``aten::add.__class__`` or ``aten::__dict__`` is an unknown op, never some other
+    Python object (``aten::__and__.Tensor`` is a real op and resolves)."""
+    if not isinstance(name, str):
+        raise ValueError(f"op {name!r} is not a string")
     ns, sep, rest = name.partition("::")
     if not sep or not ns or not rest:
-        raise ValueError(f"op {name!r} is not a qualified name like 'aten::add.Tensor'")
-    base, _, overload = rest.partition(".")
+        raise ValueError(f"op {name[:200]!r} is not a qualified name like 'aten::add.Tensor'")
+    base, dot, overload = rest.partition(".")
+    overload = overload or ("" if dot else "default")
+    if not all(_IDENT.fullmatch(x) for x in (ns, base, overload)):
+        raise ValueError(f"unknown op or overload {name[:200]!r}")
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(f"{ns}::{base}")
+    except RuntimeError:
+        schemas = []
+    if (overload if overload != "default" else "") not in {s.overload_name for s in schemas}:
+        raise ValueError(f"unknown op or overload {name[:200]!r}")
     try:
         packet = getattr(getattr(torch.ops, ns), base)
-        return getattr(packet, overload or "default")
+        op = getattr(packet, overload) if isinstance(packet, torch._ops.OpOverloadPacket) else None
     except (AttributeError, RuntimeError):
-        raise ValueError(f"unknown op or overload {name!r}") from None
+        op = None
+    if not isinstance(op, torch._ops.OpOverload) or op_name(op) != (f"{ns}::{base}" if overload == "default"
+                                                                    else f"{ns}::{base}.{overload}"):
+        raise ValueError(f"unknown op or overload {name[:200]!r}")
+    return op
 
 
 # Schema argument kinds we can represent.  Keyed by Argument.real_type's string.
@@ -218,6 +267,8 @@ def _encode(kind: str, v: Any) -> tuple:
         if isinstance(v, bool):
             return ("b", v)
         if isinstance(v, int):
+            if not INT64_MIN <= v <= INT64_MAX:
+                raise Ineligible("integer outside int64")
             return ("i", v)
         if isinstance(v, float):
             return ("f", v)
@@ -233,7 +284,10 @@ def _encode(kind: str, v: Any) -> tuple:
     if k == "device":
         return ("dev", _device_str(torch.device(v)))
     if k == "int_list":
-        return ("il", tuple(int(x) for x in v))
+        il = tuple(int(x) for x in v)
+        if not all(INT64_MIN <= x <= INT64_MAX for x in il):
+            raise Ineligible("integer outside int64")
+        return ("il", il)
     if k == "float_list":
         return ("fl", tuple(float(x) for x in v))
     if k == "bool_list":
@@ -311,7 +365,10 @@ def key_fields(op: str, args: tuple) -> list[tuple[str, Any]]:
 
 
 def canonical_bytes(fields: list[tuple[str, Any]]) -> bytes:
-    return msgpack.packb([[k, _listify(v)] for k, v in fields], use_bin_type=True)
+    try:
+        return msgpack.packb([[k, _listify(v)] for k, v in fields], use_bin_type=True)
+    except OverflowError:  # parse_signature and encode_call admit int64 only; never here
+        raise ValueError("a signature integer is outside int64") from None
 
 
 def _listify(x: Any) -> Any:
@@ -376,6 +433,8 @@ def _tensor_from_json(d: dict, where: str) -> tuple:
     for f, v in (("sizes", sizes), ("strides", strides)):
         if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
             raise ValueError(f"{where}.{f}: must be a list of integers")
+        if not all(is_int64(x) for x in v):
+            raise ValueError(f"{where}.{f}: a value is outside int64")
         if any(x < 0 for x in v):
             raise ValueError(f"{where}.{f}: negative value in {v}")
     if len(sizes) != len(strides):
@@ -384,13 +443,43 @@ def _tensor_from_json(d: dict, where: str) -> tuple:
     if numel > MAX_NUMEL:
         raise ValueError(f"{where}.sizes: {sizes} has {numel} elements, over the limit of {MAX_NUMEL}")
     dev = d["device"]
-    if not isinstance(dev, str) or not (dev == "cpu" or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise ValueError(f"{where}.device: {dev!r} is not 'cpu' or 'cuda:N'")
+    if not _device_ok(dev):
+        raise ValueError(f"{where}.device: {str(dev)[:40]!r} is not 'cpu' or 'cuda:N'")
     if "range" in d:
-        r = d["range"]
-        if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, (int, float)) for x in r) and r[0] <= r[1]):
-            raise ValueError(f"{where}.range: must be [low, high] with low <= high")
+        _check_range(d["range"], f"{where}.range")
     return ("T", d["dtype"], tuple(sizes), tuple(strides), dev)
+
+
+def _check_range(r: Any, where: str) -> None:
+    """A value-range hint: [low, high], int64 integers or finite floats, low <= high."""
+    if not (isinstance(r, list) and len(r) == 2 and all(is_int64(x) or (isinstance(x, float) and math.isfinite(x))
+                                                         for x in r) and r[0] <= r[1]):
+        raise ValueError(f"{where}: must be [low, high] (int64 integers or finite numbers) with low <= high")
+
+
+def _check_hints(hints: Any, info: "OpInfo", where: str) -> dict:
+    """Hints decoded from a trace, manifest or queue item: per tensor (list) argument
+    ``{"range": [lo, hi]}`` or ``{"items": [{"range": ...} | None, ...]}``."""
+    if not isinstance(hints, dict):
+        raise ValueError(f"{where}: must be an object")
+    for name, h in hints.items():
+        w = f"{where}.{str(name)[:40]}"
+        if name not in info.arg_names:
+            raise ValueError(f"{w}: {info.name} has no argument of that name")
+        if not isinstance(h, dict) or not set(h) <= {"range", "items"}:
+            raise ValueError(f"{w}: must be an object with 'range' or 'items'")
+        if "range" in h:
+            _check_range(h["range"], f"{w}.range")
+        if "items" in h:
+            items = h["items"]
+            if not isinstance(items, list) or len(items) > 1024:
+                raise ValueError(f"{w}.items: must be a list (of at most 1024 items)")
+            for j, it in enumerate(items):
+                if it is not None:
+                    if not isinstance(it, dict) or set(it) != {"range"}:
+                        raise ValueError(f"{w}.items[{j}]: must be null or an object with a 'range'")
+                    _check_range(it["range"], f"{w}.items[{j}].range")
+    return hints
 
 
 def _arg_from_json(kind: str, d: Any, where: str) -> tuple:
@@ -411,22 +500,23 @@ def _arg_from_json(kind: str, d: Any, where: str) -> tuple:
         tag, v = _JSON_TAG[jk], d.get("value")
         ok = {
             "b": isinstance(v, bool),
-            "i": isinstance(v, int) and not isinstance(v, bool),
+            "i": is_int64(v),
             "f": isinstance(v, (int, float)) and not isinstance(v, bool) or v in ("inf", "-inf", "nan"),
             "s": isinstance(v, str),
             "dtype": isinstance(v, str) and v in _DTYPES, "layout": isinstance(v, str) and v in _LAYOUTS,
             "mf": isinstance(v, str) and v in _MEMFMTS,
-            "dev": isinstance(v, str) and (v == "cpu" or (v.startswith("cuda:") and v[5:].isdigit())),
-            "il": isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+            "dev": _device_ok(v),
+            "il": isinstance(v, list) and all(is_int64(x) for x in v),
             "fl": isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v),
             "bl": isinstance(v, list) and all(isinstance(x, bool) for x in v),
         }[tag]
         if not ok:
-            raise ValueError(f"{where}.value: {v!r} is not a valid {jk}")
+            raise ValueError(f"{where}.value: {_short(v)} is not a valid {jk}"
+                             + (" (integers are int64)" if tag in ("i", "il") else ""))
         if tag == "f":
-            v = float(v)
+            v = _float(v, f"{where}.value")
         if tag in ("il", "fl", "bl"):
-            v = tuple(float(x) if tag == "fl" else x for x in v)
+            v = tuple(_float(x, f"{where}.value") if tag == "fl" else x for x in v)
         enc = (tag, v)
     else:
         raise ValueError(f"{where}.kind: unknown kind {jk!r}")
@@ -437,6 +527,11 @@ def _arg_from_json(kind: str, d: Any, where: str) -> tuple:
     if enc[0] == "f" and base == "float":
         enc = ("f", float(enc[1]))
     return enc
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def parse_signature(obj: Any, where: str = "signature") -> Signature:
@@ -466,6 +561,7 @@ def parse_signature(obj: Any, where: str = "signature") -> Signature:
             i, a = by_name[name_]
             enc.append(_arg_from_json(kind, a, f"{where}.args[{i}]"))
             if "range" in a:
+                _check_range(a["range"], f"{where}.args[{i}].range")
                 hints[name_] = {"range": list(a["range"])}
         elif default is not _NODEFAULT:
             try:
@@ -474,8 +570,8 @@ def parse_signature(obj: Any, where: str = "signature") -> Signature:
                 raise ValueError(f"{where}.args: default of {name_!r}: {e}") from None
         else:
             raise ValueError(f"{where}.args: missing required argument {name_!r} of {name}")
-    if isinstance(obj.get("hints"), dict):
-        hints.update(obj["hints"])
+    if obj.get("hints") is not None:
+        hints.update(_check_hints(obj["hints"], info, f"{where}.hints"))
     return Signature(info.name, tuple(enc), hints)
 
 
@@ -504,7 +600,7 @@ def make_tensor(enc: tuple, gen: torch.Generator, value_range: list | None = Non
     elif dt in INT_DTYPES:
         lo, hi = (int(value_range[0]), int(value_range[1])) if value_range else (
             0, 15)  # without a recorded range: small and non-negative, safe as an index
-        base = torch.randint(lo, hi + 1, (n,), generator=gen, dtype=torch.int64).to(dtype)
+        base = torch.randint(lo, min(hi, INT64_MAX - 1) + 1, (n,), generator=gen, dtype=torch.int64).to(dtype)
     elif dt.startswith("complex"):
         base = torch.randn(n, dtype=dtype, generator=gen)
     else:

@@ -26,10 +26,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from aoti_farm.errors import UserError
-from aoti_farm.signature import Signature, parse_signature
+from aoti_farm.signature import Signature, _short, describe, is_int64, parse_signature
 
 FORMAT = "aoti-farm-trace"
 VERSION = 1
@@ -108,8 +108,9 @@ def _fix(path) -> str:
     return f"fix the entry or re-record the trace ({path})"
 
 
-def parse_trace(doc, path: str = "<trace>") -> Trace:
-    """Validate a decoded trace document; raises UserError (one line)."""
+def parse_trace(doc, path: str = "<trace>", check: Callable[[Signature], str | None] | None = None) -> Trace:
+    """Validate a decoded trace document; raises UserError (one line).  ``check`` (e.g.
+    the memory budget, :mod:`aoti_farm.budget`) returns a reason to refuse an entry, or None."""
     if not isinstance(doc, dict):
         raise UserError(f"trace {path}: top level must be a JSON object with 'format', 'version', 'entries'; re-record it")
     if doc.get("format") != FORMAT:
@@ -131,11 +132,11 @@ def parse_trace(doc, path: str = "<trace>") -> Trace:
         if not isinstance(e, dict):
             raise UserError(f"trace {path}: {where}: must be an object; {_fix(path)}")
         count = e.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise UserError(f"trace {path}: {where}.count: {count!r} is not a positive integer; {_fix(path)}")
+        if not is_int64(count) or count < 1:
+            raise UserError(f"trace {path}: {where}.count: {_short(count)} is not a positive int64; {_fix(path)}")
         order = e.get("order", i)
-        if not isinstance(order, int) or isinstance(order, bool) or order < 0:
-            raise UserError(f"trace {path}: {where}.order: {order!r} is not a non-negative integer; {_fix(path)}")
+        if not is_int64(order) or order < 0:
+            raise UserError(f"trace {path}: {where}.order: {_short(order)} is not a non-negative int64; {_fix(path)}")
         unknown = set(e) - {"order", "count", "op", "args", "hints"}
         if unknown:
             raise UserError(f"trace {path}: {where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; {_fix(path)}")
@@ -152,6 +153,9 @@ def parse_trace(doc, path: str = "<trace>") -> Trace:
         if reason:
             raise UserError(f"trace {path}: {where}.op: {sig.op} can never be served ({reason}); "
                             f"remove the entry from the trace")
+        reason = check(sig) if check is not None else None
+        if reason:
+            raise UserError(f"trace {path}: {where}: {describe(sig)}: {reason}")
         if sig.key in seen:
             # Duplicates are legal input (hand-merged files); fold them.
             out[seen[sig.key]].count += count
@@ -183,8 +187,9 @@ def _check_extent(args, where: str, path: str) -> None:
                                 f"{MAX_NUMEL}; {_fix(path)}")
 
 
-def load_trace(path: str | os.PathLike) -> Trace:
-    """Read and validate a trace file; raises UserError naming file, entry and field."""
+def load_trace(path: str | os.PathLike, check: Callable[[Signature], str | None] | None = None) -> Trace:
+    """Read and validate a trace file; raises UserError naming file, entry and field
+    (``check``: see :func:`parse_trace`)."""
     p = str(path)
     try:
         with open(p, "rb") as f:
@@ -209,7 +214,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise UserError(f"trace {p}: malformed JSON (nested too deeply); re-record it") from None
     except ValueError as e:  # e.g. an integer literal over Python's 4300-digit limit
         raise UserError(f"trace {p}: malformed JSON ({' '.join(str(e).split())[:120]}); fix the file or re-record it") from None
-    return parse_trace(doc, p)
+    return parse_trace(doc, p, check)
 
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> None:
