@@ -166,6 +166,7 @@ def _rm_path(p: Path) -> None:
 
 def stats(ns) -> int:
     from aoti_farm import verify_records
+    from aoti_farm.runtime.gate import GATE_RATIO, compile_ratio, speed_summary
 
     cache = open_cache(ns.cache_dir)
     per = {}
@@ -176,6 +177,9 @@ def stats(ns) -> int:
             "bytes": sum(dir_bytes(cache.entry_dir(f, k)) for k in keys),
             **verify_records.counts(cache, f),    # bounded reads; an unsafe directory counts 0
             "fingerprint": _fp_summary(cache, f),
+            # measured speed-ups (manifest "speed", runtime/gate.py)
+            "speed": speed_summary([compile_ratio((_manifest(cache, cache.entry_dir(f, k)) or {}).get("speed"))
+                                    for k in keys]),
         }
     tot = {k: sum(v[k] for v in per.values()) for k in ("entries", "bytes", "failures", "queue", "leases")}
     tmp = _tmp_items(cache)
@@ -186,6 +190,10 @@ def stats(ns) -> int:
     for f, v in per.items():
         lines.append(f"  fingerprint {f} ({v['fingerprint']}): entries {v['entries']}  size {human(v['bytes'])}  "
                      f"failures {v['failures']}  queue {v['queue']}  leases {v['leases']}")
+        sp = v["speed"]
+        med = "-" if sp["median_ratio"] is None else f"{sp['median_ratio']:.2f}x eager"
+        lines.append(f"    speed: {sp['faster']} faster than eager (<= {GATE_RATIO}x), {sp['not_faster']} not, "
+                     f"{sp['unmeasured']} unmeasured; median {med}")
     _emit(ns, obj, lines)
     return 0
 
@@ -200,6 +208,7 @@ def _fp_summary(cache: Cache, fp_id: str) -> str:
 
 
 def ls(ns) -> int:
+    from aoti_farm.runtime.gate import speedup_text
     from aoti_farm.signature import describe, parse_signature
 
     cache = open_cache(ns.cache_dir)
@@ -208,8 +217,9 @@ def ls(ns) -> int:
         for k in sorted(cache.list_keys(f)):
             d = cache.entry_dir(f, k)
             m = _manifest(cache, d)
-            op, desc, secs = "?", "(unreadable manifest)", None
+            op, desc, secs, speed, threads = "?", "(unreadable manifest)", None, None, None
             if m is not None:
+                speed, threads = m.get("speed"), m.get("threads")
                 try:
                     sig = parse_signature(m.get("signature"))
                     op, desc = sig.op, describe(sig)
@@ -217,7 +227,10 @@ def ls(ns) -> int:
                     desc = f"(bad signature: {e})"
                 secs = m.get("compile_seconds")
             rows.append({"fingerprint": f, "key": k, "op": op, "description": desc,
-                         "bytes": dir_bytes(d), "compile_seconds": secs, "last_used": _last_used(d)})
+                         "bytes": dir_bytes(d), "compile_seconds": secs, "last_used": _last_used(d),
+                         # kernel against eager on the compiling device (runtime/gate.py)
+                         "speed": speed if isinstance(speed, dict) else None,
+                         "threads": threads if isinstance(threads, str) else None})
         if getattr(ns, "failed", False):
             for k in sorted(cache.failed_keys(f)):
                 rec = cache.failure(f, k) or {}
@@ -229,7 +242,8 @@ def ls(ns) -> int:
             lines.append(f"{r['key'][:16]}  FAILED  {r['reason']}")
         else:
             s = "-" if r["compile_seconds"] is None else f"{r['compile_seconds']:.1f}s"
-            lines.append(f"{r['key'][:16]}  {human(r['bytes']):>7}  {s:>6}  {r['description']}")
+            lines.append(f"{r['key'][:16]}  {human(r['bytes']):>7}  {s:>6}  {speedup_text(r['speed']):>26}  "
+                         f"{r['description']}")
     if not rows:
         lines.append(f"(no entries in {cache.root})")
     _emit(ns, rows, lines)

@@ -51,6 +51,7 @@ class HookConfig:
     allow_insecure: bool = False
     inductor_options: dict = field(default_factory=dict)
     yield_core: bool = True               # fewer serving intra-op threads while compiling
+    serve: str = "faster"                 # faster: only kernels faster than eager (runtime/gate.py) | always
 
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
@@ -154,6 +155,9 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
     cfg = cls(**values)
     if isinstance(cfg, HookConfig) and cfg.on_miss not in ("compile", "queue", "ignore"):
         raise UserError(f"on_miss: {cfg.on_miss!r} is not one of compile, queue, ignore")
+    if isinstance(cfg, HookConfig) and cfg.serve not in ("faster", "always"):
+        raise UserError(f"serve: {cfg.serve!r} is not one of faster, always; fix --serve, "
+                        f"AOTI_FARM_SERVE or [hook] serve")
     if isinstance(cfg, FarmConfig) and cfg.warmup not in ("none", "light", "compile"):
         raise UserError(f"warmup: {cfg.warmup!r} is not one of none, light, compile")
     if isinstance(cfg, FarmConfig) and cfg.address == "":

@@ -426,6 +426,9 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         r["description"] = describe(s)
         r["device"] = s.device
         rows.append(r)
+    from aoti_farm.progress import attach_speed
+
+    attach_speed(rows, cache, cfg.inductor_options)   # each kernel's measured speed-up
     progress.finish(rows)
     if counters_out is not None and counters is not None:
         from dataclasses import asdict

@@ -36,7 +36,24 @@ FINGERPRINT_VERSION = 1
 #: (``aot_inductor.compile_wrapper_opt_level``) cuts a single-op compile from about 6.3 s
 #: to 5.1 s, but the runner's call of a 64x128 add went from about 2.8 us to 5.6 us; a
 #: kernel is compiled once and called millions of times, so the hit path wins.
-DEFAULT_INDUCTOR_OPTIONS: dict = {}
+#:
+#: ``cpp.dynamic_threads``: without it Inductor writes the compiling process's intra-op
+#: thread count into the generated C++ (``#pragma omp parallel num_threads(N)``, reduction
+#: buffers sized N, and no parallel region at all when N is 1), so a kernel built by a Ray
+#: actor with ``num_cpus=1`` ran on one thread wherever it was served.  With it every CPU
+#: kernel opens a plain ``#pragma omp parallel`` and sizes its buffers with
+#: ``omp_get_max_threads()``: it runs on the calling thread's intra-op thread count
+#: (``torch.set_num_threads``, yield_core's lowered count), on any host.  Being an option,
+#: it is part of the fingerprint: kernels built without it live in another namespace and
+#: are never served as if they scaled.  The manifest says ``threads: "dynamic"``.
+#:
+#: ``aoti_farm.parallel_min_work`` (aoti-farm's own, not passed to Inductor; see
+#: ``compiler.parallel_like_eager``): with dynamic threads Inductor opens a parallel region
+#: in every kernel, however small, which costs a fork/join per call (and a stall on a busy
+#: host) where eager runs inline.  A kernel loop is parallel only for at least this many
+#: elements, ATen's own grain size (``at::internal::GRAIN_SIZE``).  Part of the
+#: fingerprint, so a change of it is a new namespace.
+DEFAULT_INDUCTOR_OPTIONS: dict = {"cpp.dynamic_threads": True, "aoti_farm.parallel_min_work": 32768}
 
 
 def effective_options(inductor_options: dict | None) -> dict:

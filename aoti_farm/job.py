@@ -79,6 +79,9 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
             "compile_seconds": res.seconds, "phases": res.phases, "verification": res.verification,
             "worker": worker, "compiler": compiler.name, "attempts": attempts,
             "build": getattr(res, "build", None) or {},
+            # the speed gate (runtime/gate.py) and how a CPU kernel threads (compiler.thread_mode)
+            **({"speed": res.speed} if getattr(res, "speed", None) else {}),
+            **({"threads": res.threads} if getattr(res, "threads", None) else {}),
         })
         return Outcome(key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases,
                        build=getattr(res, "build", None) or {})

@@ -113,6 +113,8 @@ class Progress:
         out = ["", f"{'status':10} {'signatures':>10}"]
         out += [f"{k:10} {v:>10}" for k, v in rows]
         out.append(f"wall {wall:.1f}s, compile time {self.compile_seconds:.1f}s, retries {t.retried}")
+        speed = _speed_lines(results)
+        out += speed
         failed = [r for r in results if r["status"] == "failed"]
         if failed:
             out.append("failed signatures:")
@@ -124,6 +126,50 @@ class Progress:
             self.stream.write("\r\x1b[2K" + self.line() + "\n")
         self.stream.write(self.summary(results) + "\n")
         self.stream.flush()
+
+
+def attach_speed(rows: list[dict], cache, inductor_options: dict | None) -> None:
+    """Give each published row its kernel's measured speed (the manifest's ``speed``,
+    runtime/gate.py): ``speed`` (the dict) and ``speedup`` (eager / kernel).  Bounded,
+    verified-free reads of the manifests; an unreadable one leaves the row without."""
+    from aoti_farm.fingerprint import fingerprint
+    from aoti_farm.runtime.gate import compile_ratio
+
+    fps: dict = {}
+    for r in rows:
+        if r.get("status") not in ("compiled", "cached"):
+            continue
+        try:
+            dev = r.get("device") or "cpu"
+            if dev not in fps:
+                fps[dev] = fingerprint(dev, inductor_options).id
+            m = cache.read_manifest(cache.entry_dir(fps[dev], r["key"]))
+        except Exception:  # noqa: BLE001 -- a report line without a speed, never a failed warm
+            continue
+        sp = m.get("speed") if isinstance(m, dict) else None
+        ratio = compile_ratio(sp)
+        if ratio is not None:
+            r["speed"] = sp
+            r["speedup"] = 1.0 / ratio
+
+
+def _speed_lines(results: list[dict]) -> list[str]:
+    from aoti_farm.runtime.gate import GATE_RATIO, speed_summary, speedup_text
+
+    done = [r for r in results if r.get("status") in ("compiled", "cached")]
+    if not done:
+        return []
+    sm = speed_summary([1.0 / r["speedup"] if r.get("speedup") else None for r in done])
+    med = "-" if sm["median_ratio"] is None else f"{sm['median_ratio']:.2f}x eager"
+    out = [f"speed (kernel/eager on the compiling host): {sm['faster']} faster than eager "
+           f"(<= {GATE_RATIO}x, served under serve=faster), {sm['not_faster']} not, "
+           f"{sm['unmeasured']} unmeasured; median {med}"]
+    measured = sorted((r for r in done if r.get("speedup")), key=lambda r: -r["speedup"])
+    for r in measured[:10]:
+        out.append(f"  {speedup_text(r['speed']):>26}  {r['key'][:16]} {r.get('description') or r.get('op')}")
+    if len(measured) > 10:
+        out.append(f"  ... {len(measured) - 10} more (aoti-farm cache ls)")
+    return out
 
 
 def write_report(path: str, results: list[dict], extra: dict | None = None) -> None:

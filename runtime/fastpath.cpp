@@ -63,6 +63,7 @@ namespace {
 constexpr int64_t EAGER_MISS = -1;     // remembered: a miss (queued); counted as a miss
 constexpr int64_t EAGER_FAILED = -2;   // remembered: a signature with a failure record
 constexpr int64_t EAGER_ONCE = -3;     // not remembered: Python counted this call itself
+constexpr int64_t EAGER_GATED = -4;    // remembered: a cached kernel the speed gate declined (runtime/gate.py)
 // Most remembered calls per op; a full op forgets everything it remembered (dynamic
 // shapes must not grow memory without bound) and learns again through Python.
 constexpr size_t KNOWN_LIMIT = 16384;
@@ -310,7 +311,7 @@ struct State {
   // bumped by forget_eager(): an eager decision made before a bump is not remembered
   std::atomic<uint64_t> epoch{0};
   std::atomic<uint64_t> slow{0}, wrapped{0}, grad{0}, views{0}, unkeyable{0}, kernel_errors{0},
-      callback_errors{0}, remembered{0}, forgotten{0};
+      callback_errors{0}, remembered{0}, forgotten{0}, gated{0};
   ~State() {
     // The dispatcher may outlive the interpreter (static destruction at exit): never touch
     // Python objects then.
@@ -575,7 +576,8 @@ struct SlotKernel final : public c10::OperatorKernel {
         }
         return eager(op, ks, stack);
       }
-      (d.code == EAGER_FAILED ? slot->c.failed : slot->c.misses)++;
+      if (d.code == EAGER_GATED) st->gated++;
+      else (d.code == EAGER_FAILED ? slot->c.failed : slot->c.misses)++;
       return eager(op, ks, stack);
     }
     st->slow++;
@@ -597,7 +599,7 @@ struct SlotKernel final : public c10::OperatorKernel {
       }
       return eager(op, ks, stack);
     }
-    if (code == EAGER_MISS || code == EAGER_FAILED) {
+    if (code == EAGER_MISS || code == EAGER_FAILED || code == EAGER_GATED) {
       std::unique_lock<std::shared_mutex> lk(st->mu);
       // the cache changed while Python decided: the decision may be stale already
       if (st->epoch.load() == epoch) remember(key, code, nullptr);
@@ -706,6 +708,7 @@ class FastPath {
     d["wrapped_numbers"] = st_->wrapped.load();
     d["requires_grad"] = st_->grad.load();
     d["conj_neg_views"] = st_->views.load();
+    d["gated"] = st_->gated.load();
     d["unkeyable"] = st_->unkeyable.load();
     d["kernel_errors"] = st_->kernel_errors.load();
     d["callback_errors"] = st_->callback_errors.load();
@@ -735,6 +738,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("EAGER_MISS") = EAGER_MISS;
   m.attr("EAGER_FAILED") = EAGER_FAILED;
   m.attr("EAGER_ONCE") = EAGER_ONCE;
+  m.attr("EAGER_GATED") = EAGER_GATED;
   m.def("set_thread_limit", &set_thread_limit);
   m.def("follow_thread_limit", &follow_thread_limit);
   m.def("thread_limit_state", &thread_limit_state);

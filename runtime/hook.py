@@ -394,7 +394,8 @@ class Hook:
 
     def _decide(self, info: S.OpInfo, args: tuple, kwargs: dict) -> tuple:
         """What to do with one call: ``("run", call, handle)`` with a loaded kernel (the
-        caller runs it and counts the hit), or ``("miss"|"failed", call)`` /
+        caller runs it and counts the hit), ``("gated", call, settled)`` for a hit the speed
+        gate runs eager (counted here), or ``("miss"|"failed", call)`` /
         ``("fallback", None)`` for eager (counted here; a miss is reported)."""
         try:
             if dispatch.requires_grad_input(args, kwargs):
@@ -492,8 +493,36 @@ class Hook:
         if d[0] == "run":
             return d[2]
         return mod.EAGER_MISS if d[0] == "miss" else mod.EAGER_FAILED if d[0] == "failed" else mod.EAGER_ONCE
+        if d[0] == "gated" and d[2] and hasattr(mod, "EAGER_GATED"):
+            return mod.EAGER_GATED   # remembered: later calls run eager without asking
 
     def _native_error_cb(self, kernel_id: int, message: str) -> None:
+    def _gate_confirm(self, call: _Call, handle, info: S.OpInfo, args: tuple, kwargs: dict) -> bool | None:
+        """The speed gate's first look at a signature: the manifest's compile-time speed,
+        then kernel and eager timed here on this call's inputs (runtime/gate.py)."""
+        opened: list = []
+
+        def trial():
+            runner = handle
+            if isinstance(handle, int):   # a native kernel: time a Python runner of the same bytes
+                runner = load_runner(opened[0].load_path, "cuda:0" if call.device == "cuda" else "cpu")
+            tensors = call.gather(args, kwargs)
+            op = S.resolve_op(info.name)
+            # this thread is inside the hook: calling the op runs eager's kernel
+            return (lambda: runner.run(tensors)), (lambda: op(*args, **kwargs)), call.device
+
+        speed = None
+        try:
+            opened.append(self.cache.open_entry(self.fps[call.device], call.key, private=isinstance(handle, int)))
+            speed = opened[0].manifest.get("speed")
+        except Exception as e:  # noqa: BLE001 -- the gate declines what it cannot read
+            log.warning("speed gate: cannot read entry %s: %s", call.key[:12], e)
+        try:   # an entry it cannot read has no speed: declined
+            return self._gate.confirm(call.key, speed, trial)
+        finally:
+            for e in opened:
+                e.close()
+
         with self._lock:
             key = next((k for k, h in self._runners.items() if h == kernel_id and isinstance(h, int)), None)
         if key is not None:

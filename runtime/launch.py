@@ -84,6 +84,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", help="kernel cache (default: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm)")
     p.add_argument("--on-miss", choices=("compile", "queue", "ignore"),
                    help="compile misses in a background worker (default), only queue them, or ignore them")
+    p.add_argument("--serve", choices=("faster", "always"),
+                   help="serve a cached kernel only where it is faster than eager (default), or always")
     p.add_argument("--config", help="TOML file with a [hook] table")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the program and its arguments")
 
@@ -92,7 +94,8 @@ def run_command(ns) -> int:
     from aoti_farm.config import HookConfig, resolve
 
     cmd = _command(ns)
-    cfg = resolve(HookConfig, cli={"cache_dir": ns.cache_dir, "on_miss": ns.on_miss},
+    cfg = resolve(HookConfig, cli={"cache_dir": ns.cache_dir, "on_miss": ns.on_miss,
+                                     "serve": getattr(ns, "serve", None)},
                   config_path=getattr(ns, "config", None))
     extra = {"AOTI_FARM_HOOK": "1"}
     for f in dataclasses.fields(cfg):
@@ -170,7 +173,7 @@ def boot() -> None:
         cfg = resolve(HookConfig)
         hook = install(cache_dir=cfg.cache_dir, ops=cfg.ops, devices=cfg.devices, on_miss=cfg.on_miss,
                        poll_interval=cfg.poll_interval, allow_insecure=cfg.allow_insecure,
-                       inductor_options=cfg.inductor_options, yield_core=cfg.yield_core)
+                       inductor_options=cfg.inductor_options, yield_core=cfg.yield_core, serve=cfg.serve)
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
         def _stop() -> None:

@@ -23,6 +23,9 @@ from aoti_farm.job import compile_and_publish
 
 # Keep Inductor single-process in tests (no compile subprocess pool on 2 cores).
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# The hook's mechanism tests serve tiny kernels that are slower than eager: they run with
+# the speed gate off (serve="always"); tests/test_gate.py turns it on explicitly.
+os.environ.setdefault("AOTI_FARM_SERVE", "always")
 
 
 def sig_add_alpha(shape=(8, 16)):
