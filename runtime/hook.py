@@ -492,11 +492,10 @@ class Hook:
         d = self._decide(info, args, kwargs)
         if d[0] == "run":
             return d[2]
-        return mod.EAGER_MISS if d[0] == "miss" else mod.EAGER_FAILED if d[0] == "failed" else mod.EAGER_ONCE
         if d[0] == "gated" and d[2] and hasattr(mod, "EAGER_GATED"):
             return mod.EAGER_GATED   # remembered: later calls run eager without asking
+        return mod.EAGER_MISS if d[0] == "miss" else mod.EAGER_FAILED if d[0] == "failed" else mod.EAGER_ONCE
 
-    def _native_error_cb(self, kernel_id: int, message: str) -> None:
     def _gate_confirm(self, call: _Call, handle, info: S.OpInfo, args: tuple, kwargs: dict) -> bool | None:
         """The speed gate's first look at a signature: the manifest's compile-time speed,
         then kernel and eager timed here on this call's inputs (runtime/gate.py)."""
@@ -523,6 +522,7 @@ class Hook:
             for e in opened:
                 e.close()
 
+    def _native_error_cb(self, kernel_id: int, message: str) -> None:
         with self._lock:
             key = next((k for k, h in self._runners.items() if h == kernel_id and isinstance(h, int)), None)
         if key is not None:
