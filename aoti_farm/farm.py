@@ -70,6 +70,9 @@ def _pool_args(p: argparse.ArgumentParser) -> None:
                    help="retries after infrastructure failures (default 2); compile errors are never retried")
     p.add_argument("--max-in-flight", type=int, default=None, metavar="N", help="compile calls in flight (default 2 x workers)")
     p.add_argument("--lease-ttl", type=float, default=None, metavar="S", help="lease time-to-live (default 30)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="refuse signatures whose compile would need more memory than this, per compile (6G, 512M; "
+                        "default: $AOTI_FARM_MEMORY_BUDGET, else a quarter of the host's memory)")
 
 
 def add_warm_args(p: argparse.ArgumentParser) -> None:
@@ -90,7 +93,7 @@ def config_from(ns: argparse.Namespace) -> FarmConfig:
                    help="serve the farm's counters in the Prometheus format on PORT (the first free of "
                         "PORT..PORT+63; 0: any free port; default $AOTI_FARM_METRICS_PORT, else none)")
     names = ("cache_dir", "address", "cpu_workers", "gpu_workers", "gpus_per_worker", "timeout", "retries",
-             "max_in_flight", "lease_ttl", "poll_interval")
+             "max_in_flight", "lease_ttl", "poll_interval", "memory_budget")
     cfg = resolve(FarmConfig, cli={n: getattr(ns, n, None) for n in names}, config_path=getattr(ns, "config", None))
     if cfg.cpu_workers == 0 and cfg.gpu_workers == 0:
         raise UserError("--cpu-workers 0 and --gpu-workers 0: no workers; allow at least one")
@@ -162,8 +165,12 @@ class Plan:
         return len(self.todo) + len(self.done)
 
 
-def plan(sigs: list, cache, inductor_options: dict | None = None) -> Plan:
-    """Split ``sigs`` into work and what the cache already answers (see module doc)."""
+def plan(sigs: list, cache, inductor_options: dict | None = None, memory_budget: int | None = None) -> Plan:
+    """Split ``sigs`` into work and what the cache already answers (see module doc).
+    Work whose example inputs alone exceed ``memory_budget`` (None: the host default) is
+    refused here, ``failed`` with the reason (:mod:`aoti_farm.budget`; no failure record);
+    the compile path checks the whole estimate before compiling."""
+    from aoti_farm import budget
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.workers.pool import Result, Task, route
 
@@ -173,6 +180,10 @@ def plan(sigs: list, cache, inductor_options: dict | None = None) -> Plan:
     for sig in sigs:
         kind = route(sig)
         dev = "cpu" if kind == "cpu" else "cuda:0"
+        over = budget.refusal(sig, memory_budget, outputs=False)   # inputs alone: no meta run here
+        if over is not None:
+            out.done.append(Result(sig.key, sig.op, "failed", error=over[0], evidence=over[1]))
+            continue
         if dev not in out.fingerprints:
             if dev != "cpu":
                 if cuda_here is None:
@@ -198,11 +209,12 @@ def plan(sigs: list, cache, inductor_options: dict | None = None) -> Plan:
     return out
 
 
-def surely_work(sigs: list, cache) -> dict[str, int]:
+def surely_work(sigs: list, cache, memory_budget: int | None = None) -> dict[str, int]:
     """Per pool kind, how many signatures have neither an entry nor a failure record
     under *any* fingerprint namespace of ``cache`` (one directory scan per namespace, no
-    fingerprint needed): ``warm`` must compile at least these, whatever this host's
-    fingerprint is."""
+    fingerprint needed) and fit the memory budget (inputs alone, as :func:`plan`):
+    ``warm`` must compile at least these, whatever this host's fingerprint is."""
+    from aoti_farm import budget
     from aoti_farm.workers.pool import route
 
     known: set = set()
@@ -211,7 +223,7 @@ def surely_work(sigs: list, cache) -> dict[str, int]:
         known |= cache.failed_keys(fp_id)
     out = {"cpu": 0, "gpu": 0}
     for s in sigs:
-        if s.key not in known:
+        if s.key not in known and budget.refusal(s, memory_budget, outputs=False) is None:
             out[route(s)] += 1
     return out
 
@@ -241,7 +253,7 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
 
     def run() -> None:
         try:
-            box["plan"] = plan(sigs, cache, cfg.inductor_options)
+            box["plan"] = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
         except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
             box["error"] = e
             return
@@ -322,12 +334,14 @@ def stop_ray(ray) -> None:
 def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,
                    on_event: Callable | None = None):
     from aoti_farm.workers.compile_actor import CompileActor
-    from aoti_farm.workers.pool import Scheduler, actor_options
+    from aoti_farm.workers.pool import Scheduler, actor_options, worker_env
 
     remote_cls = ray.remote(CompileActor)
+    # the actors check the memory budget before each compile (job.compile_and_publish)
+    env = {**worker_env(), "AOTI_FARM_MEMORY_BUDGET": str(cfg.memory_budget)} if cfg.memory_budget else None
 
     def make_actor(kind: str):
-        return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker)).remote(
+        return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, env)).remote(
             str(cache.root), kind, cfg.inductor_options, cfg.lease_ttl, cache.signing_key, compiler_factory,
             cfg.warmup)
 
@@ -378,7 +392,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     counters = None
     results: dict = {}
     try:
-        sure = surely_work(sigs, cache)
+        sure = surely_work(sigs, cache, cfg.memory_budget)
         if sum(sure.values()):
             # Some signatures are in no namespace of the cache at all, so Ray is needed
             # whatever this host's fingerprint is: start Ray and the actors now, and plan
@@ -387,7 +401,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             p, ray, started, sched = _plan_while_starting(cfg, sigs, cache, sure, timeline, event,
                                                           compiler_factory)
         else:
-            p = plan(sigs, cache, cfg.inductor_options)
+            p = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
         timeline["planned"] = time.time()
         results = {r.key: r for r in p.done}
         for r in p.done:
