@@ -450,7 +450,7 @@ def import_upstream(cache: Cache, from_dir: str | os.PathLike, *, inductor_optio
     host's fingerprint.  Returns a report: ``adopted``, ``present`` (already cached),
     ``rejected`` (disagrees with eager or does not load: reason, evidence), ``skipped``
     (malformed or unsupported items: where, reason)."""
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compiler import AOTICompiler, fixed_thread_options
 
     src = Path(from_dir).absolute()
     base = src / "aoti_eager"
@@ -469,7 +469,10 @@ def import_upstream(cache: Cache, from_dir: str | os.PathLike, *, inductor_optio
             if device == "cuda" and not torch.cuda.is_available():
                 report["skipped"].append({"where": str(dev_dir), "reason": "CUDA kernels need a GPU to be verified"})
                 continue
-            fp = fingerprint("cpu" if device == "cpu" else "cuda:0", compiler.options())
+            # upstream built its CPU kernels with its process's thread count baked in: they go
+            # to the namespace of kernels built that way, never served as if they scaled
+            fp = fingerprint("cpu" if device == "cpu" else "cuda:0",
+                             fixed_thread_options(compiler.options()) if device == "cpu" else compiler.options())
             for jf in sorted(dev_dir.glob("*.json")):
                 _import_file(cache, compiler, fp, ns_dir.name, dev_dir, jf, report, seen)
     return report
