@@ -26,6 +26,7 @@ for as long as the object lives (the serving hook keeps one, see ``Hook``).
 from __future__ import annotations
 
 import json
+import operator
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -107,12 +108,20 @@ def flatten_args(args: list) -> dict[str, tuple]:
     return out
 
 
+def _frozen(v: Any) -> Any:
+    """A hashable form of a JSON value (a manifest from another writer may hold anything)."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    if isinstance(v, dict):
+        return repr(sorted(v.items(), key=repr))
+    return v
+
+
 def _flat_one(a: dict, name: str, out: dict) -> None:
-    kind = a.get("kind")
+    kind = _frozen(a.get("kind"))
     if kind == "tensor":
         for f in ("dtype", "sizes", "strides", "device"):
-            v = a.get(f)
-            out[f"{name}.{f}"] = ("tensor", tuple(v) if isinstance(v, list) else v)
+            out[f"{name}.{f}"] = ("tensor", _frozen(a.get(f)))
     elif kind == "tensor_list":
         items = a.get("items") or []
         out[f"{name}.len"] = ("int", len(items))
@@ -122,8 +131,7 @@ def _flat_one(a: dict, name: str, out: dict) -> None:
     elif kind == "none":
         out[name] = ("none", None)
     else:
-        v = a.get("value")
-        out[name] = (kind, tuple(v) if isinstance(v, list) else v)
+        out[name] = (kind, _frozen(a.get("value")))
 
 
 def _show(v: Any) -> str:
@@ -162,18 +170,66 @@ def category(diff: list[tuple[str, str, str]]) -> str:
     return "other"
 
 
-def _distance(q: dict, c: dict) -> tuple[int, int]:
-    """(fields that differ, summed size distance) -- the nearest entry minimises it."""
-    n = 0
-    far = 0
-    for k in q.keys() | c.keys():
-        a, b = q.get(k), c.get(k)
-        if a != b or (a is not None and type(a[1]) is not type(b[1])):
-            n += 1
-            if a is not None and b is not None and isinstance(a[1], tuple) and isinstance(b[1], tuple):
-                far += sum(abs(x - y) for x, y in zip(a[1], b[1]) if isinstance(x, int) and isinstance(y, int))
-                far += abs(len(a[1]) - len(b[1])) * 1000
-    return n, far
+_ABSENT = ("absent", None)
+
+
+def _nums(row: tuple) -> tuple[int, ...]:
+    """The integers of a row's list fields (sizes, strides, int lists), for closeness."""
+    out: list[int] = []
+    for v in row:
+        x = v[1]
+        if isinstance(x, tuple):
+            out.extend(i for i in x if isinstance(i, int) and not isinstance(i, bool))
+            out.append(-len(x) * 1000)   # another rank is far
+    return tuple(out)
+
+
+class OpGroup:
+    """The published entries of one op under one fingerprint, as rows aligned on the
+    op's key fields.  The nearest entry to a signature has the fewest fields that differ,
+    then the closest sizes (summed absolute differences of its list fields' integers),
+    then the smallest key: one vectorised pass over the group per signature."""
+
+    def __init__(self, items: list[tuple[str, dict]]):
+        import torch
+
+        fields: list[str] = []
+        seen: set[str] = set()
+        for _, f in items:
+            for k in f:
+                if k not in seen:
+                    seen.add(k)
+                    fields.append(k)
+        self.fields = fields
+        self.keys = [k for k, _ in items]          # sorted by the caller: ties -> smallest key
+        self.flats = [f for _, f in items]
+        rows = [tuple(f.get(k, _ABSENT) for k in fields) for _, f in items]
+        self.ids: list[dict] = [{} for _ in fields]
+        self._ids = torch.tensor([[self.ids[j].setdefault(v, len(self.ids[j])) for j, v in enumerate(r)]
+                                  for r in rows], dtype=torch.int64).reshape(len(rows), len(fields))
+        nums = [_nums(r) for r in rows]
+        width = max((len(n) for n in nums), default=0)
+        self._width = width
+        self._nums = torch.tensor([list(n) + [0] * (width - len(n)) for n in nums], dtype=torch.int64
+                                  ).reshape(len(rows), width)
+        self._lens = torch.tensor([len(n) for n in nums], dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def nearest(self, q: dict) -> tuple[str, dict]:
+        import torch
+
+        qrow = [q.get(k, _ABSENT) for k in self.fields]
+        qid = torch.tensor([self.ids[j].get(v, -1) for j, v in enumerate(qrow)], dtype=torch.int64)
+        differ = (self._ids != qid).sum(1)
+        qn = list(_nums(tuple(qrow)))
+        qlen = len(qn)
+        qn = (qn + [0] * self._width)[:self._width]
+        far = (self._nums - torch.tensor(qn, dtype=torch.int64)).abs().sum(1) + 1000 * (self._lens - qlen).abs()
+        score = differ * (1 << 40) + far.clamp(max=(1 << 40) - 1)
+        i = int(torch.argmin(score))    # the first minimum: the smallest key among equals
+        return self.keys[i], self.flats[i]
 
 
 # --- the index ----------------------------------------------------------------------------------
@@ -200,16 +256,17 @@ class Namespace:
 
     def __init__(self, index: "CacheIndex", fp_id: str):
         self.index, self.fp_id = index, fp_id
-        base = index.cache.root / fp_id
-        self.keys = _list_keys(base / "entries", lambda n: n if len(n) == 64 else None)
-        self.failed = _list_keys(base / "failed",
+        base = os.path.join(index.root, fp_id)
+        self.keys = _list_keys(os.path.join(base, "entries"), lambda n: n if len(n) == 64 else None)
+        self.failed = _list_keys(os.path.join(base, "failed"),
                                  lambda n: n[:-8] if n.endswith(".msgpack") and len(n) == 72 else None)
         try:
-            self.queued = {n[:-8] for n in os.listdir(base / "queue") if n.endswith(".msgpack") and len(n) == 72}
+            self.queued = {n[:-8] for n in os.listdir(os.path.join(base, "queue"))
+                           if n.endswith(".msgpack") and len(n) == 72}
         except OSError:
             self.queued = set()
         self._fields: dict | None | bool = False
-        self._by_op: dict[str, list[tuple[str, dict]]] | None = None
+        self._by_op: dict[str, OpGroup] | None = None
 
     @property
     def fields(self) -> dict | None:
@@ -224,15 +281,15 @@ class Namespace:
                 self._fields = None
         return self._fields  # type: ignore[return-value]
 
-    def by_op(self) -> dict[str, list[tuple[str, dict]]]:
-        """op -> [(key, flattened key fields)] of every readable entry (read once)."""
+    def by_op(self) -> dict[str, OpGroup]:
+        """op -> the readable entries of that op (manifests read once)."""
         if self._by_op is None:
             out: dict[str, list[tuple[str, dict]]] = {}
-            for k in self.keys:
+            for k in sorted(self.keys):
                 got = self.index.signature_fields(self.fp_id, k)
                 if got is not None:
                     out.setdefault(got[0], []).append((k, got[1]))
-            self._by_op = out
+            self._by_op = {op: OpGroup(items) for op, items in out.items()}
         return self._by_op
 
 
@@ -258,6 +315,7 @@ class CacheIndex:
 
     def __init__(self, cache: Cache):
         self.cache = cache
+        self.root = str(cache.root)
         self.uids = None if cache.allow_insecure else safeio.allowed_uids()
         self.built_at = time.monotonic()
         self.namespaces: dict[str, Namespace] = {fp: Namespace(self, fp) for fp in cache.fingerprint_ids()}
@@ -270,7 +328,7 @@ class CacheIndex:
         got = self._manifests.get((fp_id, key))
         if got is None:
             try:
-                raw = safeio.read_bounded(str(self.cache.root / fp_id / "entries" / key[:2] / key / MANIFEST),
+                raw = safeio.read_bounded(f"{self.root}/{fp_id}/entries/{key[:2]}/{key}/{MANIFEST}",
                                           max_bytes=safeio.MANIFEST_MAX, uids=self.uids)
                 self.manifests_read += 1
                 m = msgpack.unpackb(raw, raw=False, strict_map_key=False)
@@ -436,7 +494,7 @@ class Explainer:
                 ex.reason = f"the cache has nothing for fingerprint {fp.id} (nor any other)"
             return ex
         state = ("queued for compile (the miss queue holds it)" if sig.key in ns.queued else "")
-        cands = ns.by_op().get(sig.op, [])
+        cands = ns.by_op().get(sig.op)
         if not cands:
             ex.category = "op"
             ex.reason = f"no entry of {sig.op} under this fingerprint ({len(ns.keys)} entries of other ops)"
@@ -444,7 +502,7 @@ class Explainer:
                 ex.details.append(state)
             return ex
         q = flatten_args(sig.to_obj()["args"])
-        best = min(cands, key=lambda kc: (_distance(q, kc[1]), kc[0]))
+        best = cands.nearest(q)
         diff = field_diff(q, best[1])
         ex.category = category(diff)
         ex.reason = f"not published; nearest entry {best[0][:16]} differs in {ex.category}"
