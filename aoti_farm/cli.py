@@ -109,6 +109,10 @@ def cmd_trace_show(ns) -> int:
     from aoti_farm.trace import load_trace
 
     t = load_trace(ns.file)
+    if getattr(ns, "classes", False):
+        from aoti_farm.shapes import show_classes
+
+        return show_classes(t, ns.json)
     if ns.json:
         rows = [{"index": i, "order": e.order, "count": e.count, "key": e.key, "op": e.sig.op,
                  "device": e.sig.device, "description": describe(e.sig)} for i, e in enumerate(t)]
@@ -314,6 +318,8 @@ def build_parser(command: str | None = None) -> Parser:
     v.set_defaults(func=cmd_trace_validate)
     s = tsub.add_parser("show", help="list a trace's signatures")
     s.add_argument("file")
+    s.add_argument("--classes", action="store_true",
+                   help="group signatures that differ only in tensor sizes (shape classes, their ranges)")
     _common(s, cache=False)
     s.set_defaults(func=cmd_trace_show)
     m = tsub.add_parser("merge", help="merge traces: dedupe by key, sum counts (OUT IN... or --out OUT IN...)")

@@ -1,0 +1,400 @@
+"""Shape classes: signatures that differ only in tensor sizes.
+
+Two signatures are in one *group* when they have the same op, the same non-tensor
+arguments (exact values), and per tensor argument the same dtype, device, rank and layout
+class: the stride order of its dense dims, its broadcast (stride-0) dims, and its dims of
+size 0 or 1 (with their sizes).  A tensor that is not dense in its stride order (a slice
+of a larger buffer, an overlapping view) has no layout class: such a signature is only
+ever compiled and served exactly.
+
+A *class* is a group plus a size pattern learnt from a trace: each tensor dim of size
+>= 2 is either fixed (the same size in every member) or a symbol ``s0, s1, ...``; dims
+that are equal in every member share a symbol.  Each symbol has the observed range
+``[lo, hi]``.  The class key is the sha256 of the canonical named fields (op, per
+argument the pattern, the ranges) under a field ``class_version``, so it can never equal
+a signature key (whose fields start with ``key_version``).
+
+A call is *in* a class when it is in the class's group, its fixed dims match, its tied
+dims agree and each symbol's value lies in its range (:meth:`ShapeClass.bind`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from aoti_farm import signature as S
+
+CLASS_VERSION = 1
+#: Most symbols one class may have (a hint against absurd manifests).
+MAX_SYMBOLS = 64
+
+
+# --- layout classes ---------------------------------------------------------------------
+
+
+def tensor_layout(sizes: tuple, strides: tuple) -> tuple | None:
+    """(order, bcast, small) of a tensor, or None when it is not dense in its stride order.
+
+    ``order``: the dims of size >= 2 and non-zero stride, outermost first; ``bcast``: the
+    dims of size >= 2 with stride 0; ``small``: ``(dim, size)`` of the dims of size 0 or 1."""
+    small = tuple((d, s) for d, s in enumerate(sizes) if s <= 1)
+    bcast = tuple(d for d, (s, st) in enumerate(zip(sizes, strides)) if s > 1 and st == 0)
+    dense = [d for d, s in enumerate(sizes) if s > 1 and strides[d] != 0]
+    order = tuple(sorted(dense, key=lambda d: (-strides[d], -d)))
+    expect = 1
+    for d in reversed(order):
+        if strides[d] != expect:
+            return None
+        expect *= sizes[d]
+    return order, bcast, small
+
+
+def dense_strides(sizes: tuple, order: tuple, bcast: tuple) -> tuple:
+    """Strides of a tensor of ``sizes`` laid out densely in ``order`` (size-0/1 dims get
+    the contiguous stride, broadcast dims 0)."""
+    strides = [0] * len(sizes)
+    expect = 1
+    for d in reversed(order):
+        strides[d] = expect
+        expect *= sizes[d]
+    inner = 1
+    for d in range(len(sizes) - 1, -1, -1):   # size-0/1 dims: any stride; the contiguous one
+        if d not in order and d not in bcast:
+            strides[d] = inner
+        if d in order:
+            inner = max(inner, strides[d] * sizes[d])
+    return tuple(strides)
+
+
+def _tensors(args: tuple) -> list[tuple[int, int | None, tuple]]:
+    """(arg index, item index or None, encoded tensor) of every tensor argument."""
+    out = []
+    for i, a in enumerate(args):
+        if a[0] == "T":
+            out.append((i, None, a))
+        elif a[0] == "TL":
+            out.extend((i, j, t) for j, t in enumerate(a[1]) if t[0] == "T")
+    return out
+
+
+def _group_arg(a: tuple) -> tuple | None:
+    if a[0] == "T":
+        lay = tensor_layout(a[2], a[3])
+        return None if lay is None else ("T", a[1], len(a[2]), a[4], *lay)
+    if a[0] == "TL":
+        items = tuple(("N",) if t[0] == "N" else _group_arg(t) for t in a[1])
+        return None if any(x is None for x in items) else ("TL", items)
+    return a
+
+
+def group_of(op: str, args: tuple) -> tuple | None:
+    """The group (everything but the sizes of dims >= 2) of an encoded call, or None when
+    a tensor is not dense (no class)."""
+    out = []
+    for a in args:
+        g = _group_arg(a)
+        if g is None:
+            return None
+        out.append(g)
+    return (op, tuple(out))
+
+
+def group_key(group: tuple) -> str:
+    """sha256 hex of a group (the serving index's key; not a signature or class key)."""
+    op, args = group
+    fields = [("group_version", CLASS_VERSION), ("op", op)] + [(f"arg{i}", list(a)) for i, a in enumerate(args)]
+    return hashlib.sha256(S.canonical_bytes(fields)).hexdigest()
+
+
+# --- classes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShapeClass:
+    op: str
+    group: tuple                      # group_of(...)[1]: per argument
+    dims: tuple                       # per tensor (in _tensors order): per dim an int or a symbol name
+    ranges: tuple                     # ((name, lo, hi), ...) sorted by name
+    example: S.Signature | None = field(default=None, compare=False, hash=False)
+    members: tuple = field(default=(), compare=False, hash=False)   # member signatures (from a trace)
+
+    # -- identity
+    def key_fields(self) -> list[tuple[str, Any]]:
+        return ([("class_version", CLASS_VERSION), ("op", self.op)]
+                + [(f"arg{i}", list(a)) for i, a in enumerate(self.group)]
+                + [("dims", [list(d) for d in self.dims]), ("ranges", [list(r) for r in self.ranges])])
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(S.canonical_bytes(self.key_fields())).hexdigest()
+
+    @property
+    def group_key(self) -> str:
+        return group_key((self.op, self.group))
+
+    @property
+    def device(self) -> str:
+        return self.example.device if self.example is not None else "cpu"
+
+    @property
+    def symbols(self) -> dict[str, tuple[int, int]]:
+        return {n: (lo, hi) for n, lo, hi in self.ranges}
+
+    @property
+    def varies(self) -> bool:
+        return any(lo != hi for _, lo, hi in self.ranges)
+
+    # -- membership
+    def bind(self, args: tuple) -> dict[str, int] | None:
+        """Symbol values of an encoded call of this class's op, or None when the call is
+        outside the class (another group, a fixed dim differs, tied dims disagree, or a
+        symbol is out of its range)."""
+        g = group_of(self.op, args)
+        if g is None or g[1] != self.group:
+            return None
+        tens = _tensors(args)
+        if len(tens) != len(self.dims):
+            return None
+        env: dict[str, int] = {}
+        for (_, _, t), pat in zip(tens, self.dims):
+            sizes = t[2]
+            if len(sizes) != len(pat):
+                return None
+            for v, p in zip(sizes, pat):
+                if isinstance(p, int):
+                    if v != p:
+                        return None
+                elif env.setdefault(p, v) != v:
+                    return None
+        rng = self.symbols
+        for n, v in env.items():
+            lo, hi = rng[n]
+            if not lo <= v <= hi:
+                return None
+        return env
+
+    def contains(self, sig: S.Signature) -> bool:
+        return sig.op == self.op and self.bind(sig.args) is not None
+
+    def point(self, env: dict[str, int], hints: dict | None = None) -> S.Signature:
+        """The member signature with symbol values ``env`` (dense strides)."""
+        tens = iter(zip(_tensors(self.example.args), self.dims))
+        args = []
+        for a in self.example.args:
+            if a[0] == "T":
+                args.append(self._sized(a, next(tens)[1], env))
+            elif a[0] == "TL":
+                items = []
+                for t in a[1]:
+                    items.append(t if t[0] == "N" else self._sized(t, next(tens)[1], env))
+                args.append(("TL", tuple(items)))
+            else:
+                args.append(a)
+        return S.Signature(self.op, tuple(args), dict(self.example.hints if hints is None else hints))
+
+    @staticmethod
+    def _sized(t: tuple, pat: tuple, env: dict) -> tuple:
+        sizes = tuple(p if isinstance(p, int) else env[p] for p in pat)
+        order, bcast, _ = tensor_layout(t[2], t[3])
+        return ("T", t[1], sizes, dense_strides(sizes, order, bcast), t[4])
+
+    # -- forms
+    def to_obj(self) -> dict:
+        """msgpack/JSON-safe form (the manifest's ``shape_class``)."""
+        return {"op": self.op, "group": _plain(self.group), "dims": _plain(self.dims),
+                "ranges": _plain(self.ranges), "example": self.example.to_obj() if self.example else None}
+
+    def describe(self) -> str:
+        parts = []
+        for pat in self.dims:
+            parts.append("[" + ",".join(str(p) for p in pat) + "]")
+        rng = " ".join(f"{n}={lo}..{hi}" for n, lo, hi in self.ranges)
+        return f"{self.op}({', '.join(parts)}) {rng}".rstrip()
+
+    def ranges_text(self) -> str:
+        return " ".join(f"{n}={lo}..{hi}" for n, lo, hi in self.ranges)
+
+
+def _plain(x: Any) -> Any:
+    return [_plain(i) for i in x] if isinstance(x, (list, tuple)) else x
+
+
+def _tup(x: Any) -> Any:
+    return tuple(_tup(i) for i in x) if isinstance(x, list) else x
+
+
+def parse_class(obj: Any, where: str = "shape_class") -> ShapeClass:
+    """Inverse of :meth:`ShapeClass.to_obj`; ValueError naming the bad field.  The example
+    must be a member of the class."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: not a map")
+    op = obj.get("op")
+    if not isinstance(op, str):
+        raise ValueError(f"{where}.op: not a string")
+    ex = S.parse_signature(obj.get("example"), f"{where}.example")
+    if ex.op != op:
+        raise ValueError(f"{where}.example: op {ex.op!r} != {op!r}")
+    ranges = obj.get("ranges")
+    if not isinstance(ranges, list) or len(ranges) > MAX_SYMBOLS:
+        raise ValueError(f"{where}.ranges: not a list of at most {MAX_SYMBOLS}")
+    rs = []
+    for r in ranges:
+        if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and S.is_int64(r[1])
+                and S.is_int64(r[2]) and 2 <= r[1] <= r[2]):
+            raise ValueError(f"{where}.ranges: bad range {str(r)[:80]}")
+        rs.append(tuple(r))
+    dims = obj.get("dims")
+    if not isinstance(dims, list) or not all(isinstance(d, list) for d in dims):
+        raise ValueError(f"{where}.dims: not a list of lists")
+    names = {r[0] for r in rs}
+    for d in dims:
+        for p in d:
+            if not (S.is_int64(p) or (isinstance(p, str) and p in names)):
+                raise ValueError(f"{where}.dims: {str(p)[:40]} is neither a size nor a symbol of ranges")
+    g = group_of(op, ex.args)
+    if g is None:
+        raise ValueError(f"{where}.example: a tensor is not dense")
+    cls = ShapeClass(op, g[1], _tup(dims), tuple(rs), ex)
+    if _plain(cls.group) != obj.get("group"):
+        raise ValueError(f"{where}.group: does not match the example's")
+    if cls.bind(ex.args) is None:
+        raise ValueError(f"{where}.example: not a member of the class")
+    return cls
+
+
+# --- learning classes from a trace ------------------------------------------------------------
+
+
+def classes(sigs: Iterable[S.Signature]) -> tuple[list[ShapeClass], list[S.Signature]]:
+    """Group ``sigs`` into classes.  Returns (classes, loose): ``loose`` are signatures
+    with no layout class (a non-dense tensor).  A class of one member has no symbols."""
+    groups: dict[tuple, list[S.Signature]] = {}
+    loose = []
+    for s in sigs:
+        g = group_of(s.op, s.args)
+        if g is None:
+            loose.append(s)
+        else:
+            groups.setdefault(g, []).append(s)
+    out = []
+    for (op, gargs), members in groups.items():
+        out.append(_learn(op, gargs, members))
+    return out, loose
+
+
+def _learn(op: str, gargs: tuple, members: list[S.Signature]) -> ShapeClass:
+    members = list({m.key: m for m in members}.values())
+    shapes = [[t[2] for _, _, t in _tensors(m.args)] for m in members]
+    # each dim position of size >= 2: its vector of values over the members
+    pos = [(ti, d) for ti, sz in enumerate(shapes[0]) for d in range(len(sz))]
+    vec = {p: tuple(sh[p[0]][p[1]] for sh in shapes) for p in pos}
+    names: dict[tuple, str] = {}
+    dims = [list(sz) for sz in shapes[0]]
+    for p in pos:
+        v = vec[p]
+        if v[0] <= 1 or len(set(v)) == 1:
+            continue   # fixed (size-0/1 dims are in the group, so the same in all members)
+        if v not in names:
+            names[v] = f"s{len(names)}"
+        dims[p[0]][p[1]] = names[v]
+    ranges = tuple(sorted((n, min(v), max(v)) for v, n in names.items()))
+    # the example: the member with the largest sizes (every symbol at its widest)
+    example = max(members, key=lambda m: (sum(sum(t[2]) for _, _, t in _tensors(m.args)), m.key))
+    hints = _union_hints(members)
+    ex = S.Signature(example.op, example.args, hints)
+    return ShapeClass(op, gargs, tuple(tuple(d) for d in dims), ranges, ex, tuple(members))
+
+
+def _union_hints(members: list[S.Signature]) -> dict:
+    """Value-range hints widened over the members (example inputs stay in range)."""
+    out: dict = {}
+    for m in members:
+        for k, v in m.hints.items():
+            mine = out.get(k)
+            if mine is None:
+                out[k] = v
+            elif isinstance(mine, dict) and isinstance(v, dict) and "range" in mine and "range" in v:
+                out[k] = {**mine, "range": [min(mine["range"][0], v["range"][0]), max(mine["range"][1], v["range"][1])]}
+    return out
+
+
+def distinct_shapes(cls: ShapeClass) -> int:
+    return len({tuple(t[2] for _, _, t in _tensors(m.args)) for m in cls.members}) if cls.members else 1
+
+
+# --- sample points for verification -------------------------------------------------------------
+
+
+def sample_points(cls: ShapeClass, n_random: int = 3, seed: int = 0) -> list[dict[str, int]]:
+    """Symbol values to verify a class kernel at: every symbol at its low end, at its high
+    end, an odd value in range, ``n_random`` random interior points, and each observed
+    member.  Duplicates removed; order kept."""
+    rng = cls.symbols
+    if not rng:
+        return [{}]
+    rnd = random.Random(seed)
+    pts = [{n: lo for n, (lo, hi) in rng.items()}, {n: hi for n, (lo, hi) in rng.items()}]
+    odd = {}
+    for n, (lo, hi) in rng.items():
+        mid = (lo + hi) // 2
+        cand = [v for v in (mid | 1, mid - 1 | 1, lo | 1, hi - (1 - hi % 2)) if lo <= v <= hi and v % 2]
+        odd[n] = cand[0] if cand else lo
+    pts.append(odd)
+    for _ in range(n_random):
+        pts.append({n: (rnd.randint(lo + 1, hi - 1) if hi - lo >= 2 else rnd.randint(lo, hi)) for n, (lo, hi) in rng.items()})
+    for m in cls.members:
+        env = cls.bind(m.args)
+        if env is not None:
+            pts.append(env)
+    seen, out = set(), []
+    for p in pts:
+        k = tuple(sorted(p.items()))
+        if k not in seen:
+            seen.add(k)
+            out.append(p)
+    return out
+
+
+def export_point(cls: ShapeClass) -> dict[str, int]:
+    """Symbol values for the export's example inputs: in range and pairwise distinct where
+    possible (export would otherwise tie equal sizes), and distinct from the fixed sizes."""
+    fixed = {p for pat in cls.dims for p in pat if isinstance(p, int)}
+    ex = cls.bind(cls.example.args) or {}
+    taken, env = set(fixed), {}
+    for n, (lo, hi) in sorted(cls.symbols.items()):
+        v = ex.get(n, hi)
+        if v in taken:
+            v = next((c for c in range(hi, lo - 1, -1) if c not in taken), v)
+        env[n] = v
+        taken.add(v)
+    return env
+
+
+__all__ = ["ShapeClass", "classes", "group_of", "group_key", "parse_class", "sample_points", "export_point",
+           "tensor_layout", "dense_strides", "distinct_shapes", "CLASS_VERSION"]
+
+
+def show_classes(trace, as_json: bool = False) -> int:
+    """``aoti-farm trace show --classes``: one line per class (key, members, ranges)."""
+    import json
+
+    cls, loose = classes(trace.signatures)
+    if as_json:
+        rows = [{"key": c.key, "op": c.op, "members": len(c.members), "shapes": distinct_shapes(c),
+                 "ranges": {n: [lo, hi] for n, lo, hi in c.ranges}, "pattern": c.describe(),
+                 "member_keys": [m.key for m in c.members]} for c in cls]
+        rows += [{"key": s.key, "op": s.op, "members": 1, "shapes": 1, "ranges": {},
+                  "pattern": S.describe(s), "no_class": "a tensor is not dense in its stride order"} for s in loose]
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'key':16}  {'sigs':>4}  class")
+    for c in cls:
+        print(f"{c.key[:16]}  {len(c.members):>4}  {c.describe()}")
+    for s in loose:
+        print(f"{s.key[:16]}  {1:>4}  {S.describe(s)}  (no class: a tensor is not dense)")
+    n_var = sum(1 for c in cls if c.varies)
+    print(f"{len(trace)} signatures in {len(cls)} classes ({n_var} with varying sizes), {len(loose)} without a class")
+    return 0
