@@ -258,6 +258,7 @@ class Hook:
         self._room = ThreadRoom(bool(yield_core))   # fewer intra-op threads while compiling
         try:   # serve a kernel only where it is faster than eager (runtime/gate.py)
             self._gate = gate_mod.Gate(serve or gate_mod.policy_from_env())
+            self._gate_tls = threading.local()   # .eager: the Python path's exact eager call
         except ValueError as e:
             raise UserError(f"{e}; use serve='faster' (default) or 'always'") from None
         self._wstate: dict[int, str] = {}         # worker pid -> its last event
@@ -470,7 +471,14 @@ class Hook:
     def _handle(self, info: S.OpInfo, device: str, orig, keyset, args: tuple, kwargs: dict):
         """The pure-Python kernel (when the native hit path is not in use)."""
         self._room.follow()
-        d = self._decide(info, args, kwargs)
+        if self._gate.active:   # the gate's trial times exactly what a gated call runs
+            self._gate_tls.eager = lambda: dispatch.call_original(info, orig, keyset, args, kwargs)
+            try:
+                d = self._decide(info, args, kwargs)
+            finally:
+                self._gate_tls.eager = None   # holds this call's inputs
+        else:
+            d = self._decide(info, args, kwargs)
         if d[0] == "run":
             call, runner = d[1], d[2]
             try:
@@ -507,8 +515,10 @@ class Hook:
                 runner = load_runner(opened[0].load_path, "cuda:0" if call.device == "cuda" else "cpu")
             tensors = call.gather(args, kwargs)
             op = S.resolve_op(info.name)
-            # this thread is inside the hook: calling the op runs eager's kernel
-            return (lambda: runner.run(tensors)), (lambda: op(*args, **kwargs)), call.device
+            # the Python path's own eager call, else the op (this thread is inside the native
+            # hook: the dispatcher runs eager's kernel)
+            eager = getattr(self._gate_tls, "eager", None) if not isinstance(handle, int) else None
+            return (lambda: runner.run(tensors)), (eager or (lambda: op(*args, **kwargs))), call.device
 
         speed = None
         try:
