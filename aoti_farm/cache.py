@@ -431,6 +431,13 @@ class Cache:
             try:
                 sig = parse_signature(m["signature"])
                 sig_key = sig.key
+                if "shape_class" in m:   # a shape-general entry: keyed by its class (aoti_farm/shapes.py)
+                    from aoti_farm.shapes import parse_class
+
+                    cls = parse_class(m["shape_class"])
+                    if cls.example != sig:
+                        raise ValueError("the signature is not the class's example")
+                    sig_key = cls.key
             except Exception as e:  # noqa: BLE001 -- a crafted signature is a bad entry, whatever it raises
                 raise BadEntry("corrupt", f"{d}: bad signature in manifest: {type(e).__name__}: {e}") from None
             if sig_key != key:

@@ -1,0 +1,311 @@
+"""Shape-general kernels: one AOTInductor kernel for a whole shape class.
+
+:class:`ClassCompiler` exports the op with the class's varying dims symbolic
+(``torch.export.Dim`` with the class's observed ``[lo, hi]``; dims of size 0/1 are in
+the class's layout and stay exact), compiles it with AOTInductor like
+:class:`aoti_farm.compiler.AOTICompiler` (same options, split wrapper, thread mode), and
+verifies it against eager at sampled shapes (:func:`aoti_farm.shapes.sample_points`:
+both ends of every range, an odd size, random interior points and every observed
+shape).  One disagreement refuses the kernel.
+
+The speed gate is timed at every sample (``manifest["speed_samples"]``).  A class of one
+symbol whose kernel loses to eager at some samples is narrowed to the widest run of
+consecutive winning samples (the published class's ranges, thus its key, are that
+sub-range); otherwise ``manifest["speed"]`` is the worst sample, so a kernel slower than
+eager anywhere in its range is gated everywhere.
+
+Where the export with symbolic dims fails (an op whose meta function guards on a size,
+a divisibility the range does not satisfy), Inductor cannot compile the graph, or the
+verification refuses the kernel, :class:`DynamicUnsupported` says why and the farm
+compiles the class's members exactly.  No failure record is written for a class.
+
+:func:`compile_and_publish_class` is :func:`aoti_farm.job.compile_and_publish` for a
+class: lease on the class key, compile, publish (``manifest["shape_class"]``), and a hint
+``<root>/<fp>/classes/<group key>/<class key>`` for the serving hook's index.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from aoti_farm import leases, loadenv, splitbuild
+from aoti_farm import shapes as SH
+from aoti_farm import signature as S
+from aoti_farm.cache import Cache
+from aoti_farm.compiler import (FARM_OPTION_PREFIX, CompileInfraError, CompileResult, _first_line, _OpModule,
+                                compare, flat_tensors, infrastructure_error, length_tolerance, load_runner,
+                                parallel_like_eager, thread_mode)
+from aoti_farm.errors import CompileRefused
+from aoti_farm.fingerprint import Fingerprint, effective_options, seed_inductor_vec_isa
+from aoti_farm.job import BUSY, CACHED, COMPILED, FAILED, Outcome
+
+#: Seconds of the speed measurement per sampled shape.
+SAMPLE_SPEED_BUDGET_S = 0.15
+CLASSES_DIR = "classes"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class DynamicUnsupported(CompileRefused):
+    """This class gets no shape-general kernel (the reason says why): compile its members
+    exactly."""
+
+
+@dataclass(frozen=True)
+class ClassEntry:
+    """What :meth:`aoti_farm.cache.Cache.publish` needs: the class key, and as the
+    manifest's ``signature`` the class's example (a member; ``shape_class`` carries the
+    class itself)."""
+
+    cls: SH.ShapeClass
+
+    @property
+    def key(self) -> str:
+        return self.cls.key
+
+    def to_obj(self) -> dict:
+        return self.cls.example.to_obj()
+
+
+class ClassCompiler:
+    """Compiles and verifies one shape class's kernel."""
+
+    name = "aoti-dynamic"
+
+    def __init__(self, inductor_options: dict | None = None, measure_speed: bool = True, n_random: int = 3,
+                 gate_ratio: float | None = None):
+        from aoti_farm.runtime.gate import GATE_RATIO
+
+        self._options = effective_options(inductor_options)
+        self.measure_speed = measure_speed
+        self.n_random = n_random
+        self.gate_ratio = GATE_RATIO if gate_ratio is None else gate_ratio
+
+    def options(self) -> dict:
+        return dict(self._options)
+
+    # -- compile
+    def compile(self, cls: SH.ShapeClass, workdir: str) -> tuple[SH.ShapeClass, CompileResult]:
+        """(the class to publish -- ``cls`` or its winning sub-range --, its kernel)."""
+        if not cls.varies:
+            raise DynamicUnsupported("no varying size: an exact kernel")
+        info = cls.example.info()
+        if info.ineligible:
+            raise CompileRefused(f"ineligible: {info.ineligible}")
+        device = cls.device
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("CUDA class on a worker without a GPU")
+        os.makedirs(workdir, exist_ok=True)
+        if device == "cpu":
+            seed_inductor_vec_isa()
+        t0 = time.perf_counter()
+        sig = cls.point(SH.export_point(cls))
+        args, kwargs = S.materialize(sig, seed=0)
+        tensors = flat_tensors(sig, args, kwargs)
+        with torch.no_grad():
+            try:
+                S.resolve_op(sig.op)(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001
+                raise DynamicUnsupported(f"eager rejects the export's example shape: {type(e).__name__}: "
+                                         f"{_first_line(e)}") from None
+            dims = {n: torch.export.Dim(n, min=lo, max=hi) for n, (lo, hi) in cls.symbols.items()}
+            spec = tuple({d: dims[p] for d, p in enumerate(pat) if isinstance(p, str)} or None
+                         for pat in cls.dims)
+            try:
+                ep = torch.export.export(_OpModule(sig, args, kwargs), tuple(tensors), dynamic_shapes=(spec,),
+                                         strict=False)
+            except Exception as e:  # noqa: BLE001 -- a constraint violation, a guard on a size, ...
+                infra = infrastructure_error(e)
+                if infra is not None:
+                    raise CompileInfraError(f"export failed on this host ({infra})") from e
+                raise DynamicUnsupported(f"export with symbolic sizes failed: {type(e).__name__}: "
+                                         f"{_first_line(e)}") from None
+            t1 = time.perf_counter()
+            build = os.path.join(workdir, "build")
+            opts = {k: v for k, v in self._options.items() if not k.startswith(FARM_OPTION_PREFIX)}
+            opts["aot_inductor.output_path"] = os.path.join(build, "kernel.so")
+            if device == "cuda" and hasattr(torch._inductor.config.aot_inductor, "embed_kernel_binary"):
+                opts.setdefault("aot_inductor.embed_kernel_binary", True)
+            min_work = self._options.get("aoti_farm.parallel_min_work") if opts.get("cpp.dynamic_threads") else None
+            try:
+                with splitbuild.active(), parallel_like_eager(min_work):
+                    built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
+                    build_info = splitbuild.last_build()
+            except Exception as e:  # noqa: BLE001
+                infra = infrastructure_error(e)
+                if infra is not None:
+                    raise CompileInfraError(f"compile failed on this host ({infra}): {_first_line(e)}") from e
+                raise DynamicUnsupported(f"Inductor failed on symbolic sizes: {type(e).__name__}: "
+                                         f"{_first_line(e)}") from None
+        t2 = time.perf_counter()
+        if not isinstance(built, str) or not os.path.exists(built):
+            raise DynamicUnsupported(f"AOTInductor produced no library (got {built!r})")
+        path = os.path.join(workdir, "kernel.so")
+        os.replace(built, path)
+        shutil.rmtree(build, ignore_errors=True)
+        samples = self.verify(cls, path)
+        t3 = time.perf_counter()
+        served, speed = self.gate(cls, samples)
+        verification = {"ok": True, "samples": len(samples), "shapes": [s["at"] for s in samples]}
+        res = CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,
+                            phases={"export": t1 - t0, "inductor": t2 - t1, "verify": t3 - t2},
+                            build=build_info, speed=speed, threads=thread_mode(self._options, device))
+        res.speed_samples = [{"at": s["at"], **({"speed": s["speed"]} if "speed" in s else {})} for s in samples]
+        return served, res
+
+    # -- verification across the range
+    def load(self, kernel_path: str, device: str):
+        """The runner used to verify (a seam for tests)."""
+        return load_runner(kernel_path, "cuda:0" if device == "cuda" else "cpu")
+
+    def verify(self, cls: SH.ShapeClass, kernel_path: str) -> list[dict]:
+        """Kernel against eager at every sampled shape; DynamicUnsupported naming the first
+        disagreement.  Returns one dict per sample (``at``: symbol values, ``speed``)."""
+        if loadenv.remembered() is None and os.environ.get("AOTI_FARM_PRELOAD_LIBSTDCXX") not in ("0", "1"):
+            loadenv.probe(kernel_path, "cuda:0" if cls.device == "cuda" else "cpu")
+        if not loadenv.load_safe():
+            raise DynamicUnsupported("this process cannot load kernels safely (libstdc++ preload): exact kernels")
+        runner = self.load(kernel_path, cls.device)
+        op = S.resolve_op(cls.op)
+        out = []
+        for i, env in enumerate(SH.sample_points(cls, self.n_random, seed=len(cls.key))):
+            sig = cls.point(env)
+            args, kwargs = S.materialize(sig, seed=1000 + i)
+            with torch.no_grad():
+                try:
+                    expected = op(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001
+                    raise DynamicUnsupported(f"eager rejects the sampled shape {env}: {type(e).__name__}: "
+                                             f"{_first_line(e)}") from None
+                tensors = flat_tensors(sig, args, kwargs)
+                try:
+                    got = runner.run(tensors)
+                except Exception as e:  # noqa: BLE001
+                    raise DynamicUnsupported(f"kernel raised at {env}: {_first_line(e)}") from None
+            extra = length_tolerance(sig, args, kwargs, expected)
+            bad = compare(expected, got, extra)
+            if bad is not None:
+                bad["at"] = env
+                raise DynamicUnsupported(f"kernel disagrees with eager at {env}", bad)
+            one = {"at": env}
+            if self.measure_speed:
+                from aoti_farm.runtime.gate import time_against_eager
+
+                m = time_against_eager(lambda: runner.run(tensors), lambda: op(*args, **kwargs),
+                                       "cuda" if cls.device == "cuda" else "cpu", budget_s=SAMPLE_SPEED_BUDGET_S)
+                m.pop("calls", None)
+                one["speed"] = m
+            out.append(one)
+        return out
+
+    def gate(self, cls: SH.ShapeClass, samples: list[dict]) -> tuple[SH.ShapeClass, dict | None]:
+        """(the class to serve, its manifest ``speed``): the whole class when it wins at
+        every sample; for one symbol, the widest run of consecutive winning samples (at
+        least two); else the whole class with its worst sample (gated at serving)."""
+        timed = [s for s in samples if "speed" in s]
+        if not timed:
+            return cls, None
+        worst = max(timed, key=lambda s: s["speed"]["ratio"])
+        if worst["speed"]["ratio"] <= self.gate_ratio or len(cls.ranges) != 1:
+            return cls, _speed(worst)
+        name = cls.ranges[0][0]
+        pts = sorted(timed, key=lambda s: s["at"][name])
+        best, run = [], []
+        for s in pts:
+            run = run + [s] if s["speed"]["ratio"] <= self.gate_ratio else []
+            if len(run) > len(best):
+                best = run
+        if len(best) < 2 or best[0]["at"][name] == best[-1]["at"][name]:
+            return cls, _speed(worst)
+        lo, hi = best[0]["at"][name], best[-1]["at"][name]
+        sub = SH.ShapeClass(cls.op, cls.group, cls.dims, ((name, lo, hi),), cls.example, cls.members)
+        if sub.bind(cls.example.args) is None:   # the manifest's example must be a member
+            env = {name: hi}
+            sub = SH.ShapeClass(cls.op, cls.group, cls.dims, ((name, lo, hi),), cls.point(env), cls.members)
+        w = max(best, key=lambda s: s["speed"]["ratio"])
+        return sub, {**_speed(w), "sub_range": [lo, hi], "full_range": [cls.ranges[0][1], cls.ranges[0][2]]}
+
+
+def _speed(sample: dict) -> dict:
+    return {**sample["speed"], "at": sample["at"]}
+
+
+# --- publishing ------------------------------------------------------------------------------------
+
+
+def write_hint(cache: Cache, fp: Fingerprint, cls: SH.ShapeClass) -> None:
+    """``<root>/<fp>/classes/<group key>/<class key>``: an empty file telling the serving
+    hook which class entries exist for a group.  Only a hint: the entry itself is verified
+    (key, hashes, HMAC) before it is used."""
+    d = cache.root / fp.id / CLASSES_DIR / cls.group_key
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / cls.key
+    if not p.exists():
+        tmp = d / f".{cls.key}.{uuid.uuid4().hex[:8]}"
+        tmp.touch()
+        os.replace(tmp, p)
+
+
+def hinted_keys(cache: Cache, fp_id: str, gkey: str) -> list[str]:
+    """The class keys hinted for a group (names checked; nothing else trusted)."""
+    try:
+        names = os.listdir(cache.root / fp_id / CLASSES_DIR / gkey)
+    except OSError:
+        return []
+    return sorted(n for n in names if _HEX64.match(n))
+
+
+def compile_and_publish_class(cache: Cache, compiler: ClassCompiler, fp: Fingerprint, cls: SH.ShapeClass, *,
+                              owner: str, lease_ttl: float = leases.DEFAULT_TTL,
+                              workroot: str | None = None) -> Outcome:
+    """Lease, compile, verify across the range, publish.  ``failed`` with the reason when
+    the class gets no shape-general kernel (the caller compiles the members exactly);
+    ``evidence["ranges"]`` are the published ranges."""
+    key = cls.key
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    if cache.has_entry(fp.id, key):
+        write_hint(cache, fp, cls)
+        return Outcome(key, CACHED, worker=worker, evidence={"ranges": _ranges(cls)})
+    cache.ensure(fp)
+    lease = leases.try_acquire(cache, fp.id, key, owner, lease_ttl)
+    if lease is None:
+        return Outcome(key, BUSY, worker=worker)
+    t0 = time.perf_counter()
+    workdir = tempfile.mkdtemp(prefix=f"aoti-farm-class-{key[:12]}-", dir=workroot)
+    try:
+        if cache.has_entry(fp.id, key):
+            return Outcome(key, CACHED, worker=worker, evidence={"ranges": _ranges(cls)})
+        try:
+            served, res = compiler.compile(cls, workdir)
+        except CompileRefused as e:
+            return Outcome(key, FAILED, time.perf_counter() - t0, worker, e.reason, e.evidence or {})
+        cache.publish(fp, ClassEntry(served), res.files, {
+            "shape_class": served.to_obj(), "compile_seconds": res.seconds, "phases": res.phases,
+            "verification": res.verification, "worker": worker, "compiler": compiler.name, "attempts": 1,
+            "build": res.build or {}, "speed_samples": getattr(res, "speed_samples", []),
+            **({"speed": res.speed} if res.speed else {}),
+            **({"threads": res.threads} if res.threads else {}),
+        })
+        write_hint(cache, fp, served)
+        ev = {"ranges": _ranges(served), "planned_key": key}
+        return Outcome(served.key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases,
+                       build=res.build or {}, evidence=ev)
+    finally:
+        lease.release()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _ranges(cls: SH.ShapeClass) -> dict:
+    return {n: [lo, hi] for n, lo, hi in cls.ranges}
+
+
+__all__ = ["ClassCompiler", "ClassEntry", "DynamicUnsupported", "compile_and_publish_class", "write_hint",
+           "hinted_keys", "CLASSES_DIR"]
