@@ -56,6 +56,7 @@ from aoti_farm.runtime import native as native_mod
 from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events
 from aoti_farm.runtime.room import ThreadRoom, lowest_priority
 from aoti_farm.runtime import gate as gate_mod
+from aoti_farm.runtime.shapeserve import ShapeIndex
 
 log = logging.getLogger("aoti_farm.hook")
 
@@ -284,6 +285,7 @@ class Hook:
                 except Exception as e:  # noqa: BLE001 -- read-only or full: misses are not queued
                     log.warning("cache %s: %s", self.cache.root, e)
         self._index = {d: _Index(self.cache, fp) for d, fp in self.fps.items()}
+        self._shapes = ShapeIndex(self.cache, self.fps, _Call)   # shape-general entries (runtime/shapeserve.py)
         for d in self._index:
             self._refresh(d)
         self._ops_arg, self._served = ops, served
@@ -416,6 +418,9 @@ class Hook:
             self._fallback(info, "device not served")
             return ("fallback", None)
         index = self._index[call.device]
+        exact = call
+        if call.key not in index.keys or call.key in self._bad:   # exact first, then a shape class in range
+            call = self._shapes.call_for(exact, index.keys, self._bad) or exact
         if call.key in index.keys and call.key not in self._bad:
             handle = self._runners.get(call.key)
             if handle is None or isinstance(handle, int) != (self._nreg is not None):
@@ -445,7 +450,7 @@ class Hook:
                             self._miss_hist.observe(dt)
                             self._pending_done_s += dt
                 return ("run", call, handle)
-        return self._missed_call(info, call)
+        return self._missed_call(info, exact)
 
     def _missed_call(self, info: S.OpInfo, call: _Call) -> tuple:
         with self._lock:
@@ -679,6 +684,8 @@ class Hook:
                     dropped.append(h)
         for h in dropped:
             self._release(h)
+        if n:
+            self._shapes.changed()
         if n and self._nreg is not None:
             # the index changed: calls remembered as eager are decided again
             self._nreg.forget_eager()
@@ -916,6 +923,7 @@ class Hook:
         s["serve"] = g["policy"]
         s["gate_trials"], s["gated_signatures"], s["gate_errors"] = g["gate_trials"], g["gated_signatures"], g["gate_errors"]
         s["serving"] = self._not_serving is None   # False: nothing intercepted (see __init__)
+        s["shape_classes"] = self._shapes.stats()
         if n is None:
             s["native"] = {"active": False, "reason": self._native_error or
                            ("off" if self._native_mode == "off" else "building")}

@@ -1,0 +1,116 @@
+"""Serving shape-general kernels: which class entry, if any, covers an exact call.
+
+The hook asks :meth:`ShapeIndex.call_for` only when a call's exact key is not published
+(exact first).  The answer comes from the group of the call (:func:`aoti_farm.shapes.group_of`:
+op, non-tensor arguments, dtypes, ranks, devices, layout classes), the class keys hinted
+for that group (``<root>/<fp>/classes/<group key>/<class key>``, see
+:mod:`aoti_farm.dyncompile`) that are published in the hook's index, and each class's
+range check (:meth:`aoti_farm.shapes.ShapeClass.bind`: fixed dims equal, tied dims
+agree, every symbol in its range).  A call outside every range is a miss, as before.
+
+A class is read from its manifest and kept only when it hashes to the key it is
+published under, so the class matched is the one :meth:`aoti_farm.cache.Cache.open_entry`
+verifies when the hook loads the kernel.  Answers are remembered per exact signature
+until the index changes (:meth:`changed`); the native path remembers its decision per
+exact call, so a hit on a class kernel costs what an exact hit costs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from aoti_farm import shapes as SH
+from aoti_farm.dyncompile import hinted_keys
+
+log = logging.getLogger("aoti_farm.shapes")
+
+#: Most exact signatures whose answer is remembered.
+MEMO_LIMIT = 65536
+
+
+class ShapeIndex:
+    def __init__(self, cache, fps: dict, make_call):
+        self.cache, self.fps, self._make_call = cache, fps, make_call
+        self._lock = threading.Lock()
+        self._gen = 0
+        self._memo: dict[str, tuple] = {}            # exact key -> (generation, class call or None)
+        self._groups: dict[tuple, list] = {}         # (fp id, group key) -> [ShapeClass]
+        self._parsed: dict[str, object] = {}         # class key -> ShapeClass | None (unreadable)
+        self.matched = 0          # exact signatures served by a class entry
+        self.outside = 0          # signatures of a group with class entries, outside every range
+        self.errors = 0           # unreadable hints or manifests (skipped)
+
+    def changed(self) -> None:
+        """The index changed: every answer is decided again."""
+        with self._lock:
+            self._gen += 1
+            self._groups.clear()
+
+    def call_for(self, call, keys: set, bad) -> object | None:
+        """A call object keyed by the class entry covering ``call`` (published in ``keys``,
+        not in ``bad``), or None.  Never raises."""
+        memo = self._memo.get(call.key)
+        gen = self._gen
+        if memo is not None and memo[0] == gen:
+            c = memo[1]
+            return c if c is not None and c.key in keys and c.key not in bad else None
+        try:
+            cls = self._match(call, keys, bad)
+        except Exception as e:  # noqa: BLE001 -- a serving process never sees the farm's errors
+            log.warning("shape classes: %s", e)
+            self.errors += 1
+            cls = None
+        c = None
+        if cls is not None:
+            c = self._make_call(call.sig, cls.key, call.device, gather=call.gather)
+            self.matched += 1
+        if len(self._memo) < MEMO_LIMIT:
+            self._memo[call.key] = (gen, c)
+        return c
+
+    def _match(self, call, keys: set, bad):
+        sig = call.sig
+        g = SH.group_of(sig.op, sig.args)
+        fp = self.fps.get(call.device)
+        if g is None or fp is None:
+            return None
+        gk = SH.group_key(g)
+        cands = self._groups.get((fp.id, gk))
+        if cands is None:
+            cands = []
+            for k in hinted_keys(self.cache, fp.id, gk):
+                if k not in keys:
+                    continue   # a stale hint, or not yet in this process's index
+                if k not in self._parsed:
+                    self._parsed[k] = self._read(fp.id, k)
+                if self._parsed[k] is not None:
+                    cands.append(self._parsed[k])
+            # the narrowest range first: a sub-range kernel wins over a wider one
+            cands.sort(key=lambda c: sum(hi - lo for _, lo, hi in c.ranges))
+            self._groups[(fp.id, gk)] = cands
+        for cls in cands:
+            if cls.key not in bad and cls.bind(sig.args) is not None:
+                return cls
+        if cands:
+            self.outside += 1
+        return None
+
+    def _read(self, fp_id: str, key: str):
+        try:
+            m = self.cache.read_manifest(self.cache.entry_dir(fp_id, key))
+            cls = SH.parse_class(m.get("shape_class"))
+        except Exception as e:  # noqa: BLE001
+            log.warning("shape class %s unreadable: %s", key[:12], e)
+            self.errors += 1
+            return None
+        if cls.key != key:
+            self.errors += 1
+            return None
+        return cls
+
+    def stats(self) -> dict:
+        return {"matched": self.matched, "outside": self.outside, "errors": self.errors}
+
+
+__all__ = ["ShapeIndex"]
