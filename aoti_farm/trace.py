@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from aoti_farm.errors import UserError
-from aoti_farm.signature import Signature, _short, describe, is_int64, parse_signature
+from aoti_farm.signature import INT64_MAX, Signature, _short, describe, is_int64, parse_signature
 
 FORMAT = "aoti-farm-trace"
 VERSION = 1
@@ -158,7 +158,7 @@ def parse_trace(doc, path: str = "<trace>", check: Callable[[Signature], str | N
             raise UserError(f"trace {path}: {where}: {describe(sig)}: {reason}")
         if sig.key in seen:
             # Duplicates are legal input (hand-merged files); fold them.
-            out[seen[sig.key]].count += count
+            out[seen[sig.key]].count = min(out[seen[sig.key]].count + count, INT64_MAX)   # stays readable
             continue
         seen[sig.key] = len(out)
         out.append(TraceEntry(sig, count, order))
@@ -235,7 +235,7 @@ def merge(traces: Iterable[Trace]) -> Trace:
     for t in traces:
         for e in sorted(t.entries, key=lambda x: x.order):
             if e.key in seen:
-                seen[e.key].count += e.count
+                seen[e.key].count = min(seen[e.key].count + e.count, INT64_MAX)   # stays readable
                 _merge_hints(seen[e.key].sig.hints, e.sig.hints)
                 continue
             ne = TraceEntry(Signature(e.sig.op, e.sig.args, dict(e.sig.hints)), e.count, len(out))

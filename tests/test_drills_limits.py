@@ -371,3 +371,19 @@ def test_hook_worker_refuses_over_budget_end_to_end(tmp_path):
     assert missq.pending(c, fp.id) == [] and not c.has_entry(fp.id, sig.key)
     assert c.failure(fp.id, sig.key) is None
     print(f"hook worker refused relu[2**16] under a 1M budget; worker ran {time.monotonic() - t0:.1f}s")
+
+
+def test_merged_counts_stay_int64(world, capsys):
+    """Counts add up in a merge (and when a trace repeats a signature); the result is
+    capped at int64 so the merged trace still validates."""
+    big = 2**63 - 10
+    a, b = world["base"] / "cnt-a.json", world["base"] / "cnt-b.json"
+    for p in (a, b):
+        p.write_text(json.dumps(_trace(("aten::relu", [_t("self", [4])], {"count": big}),
+                                       ("aten::relu", [_t("self", [4])], {"count": big}))))
+    out = world["base"] / "cnt-merged.json"
+    rc, _, err = _run(capsys, ["trace", "merge", out, a, b])
+    assert rc == 0, err
+    rc, _, err = _run(capsys, ["trace", "validate", out])
+    assert rc == 0, err
+    assert json.loads(out.read_text())["entries"][0]["count"] == 2**63 - 1
