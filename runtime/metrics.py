@@ -33,7 +33,6 @@ import logging
 import os
 import socket
 import threading
-import time
 
 log = logging.getLogger("aoti_farm.metrics")
 
