@@ -47,7 +47,7 @@ POLICIES = ("faster", "always")
 COMPILE_BUDGET_S = 0.3
 #: Seconds the serving host's confirmation may take per signature (once per process).
 TRIAL_BUDGET_S = 0.1
-#: Rounds of the measurement (fewer for a call so slow that they do not fit the budget).
+#: Rounds of the measurement (fewer, down to one, for a call so slow that they do not fit).
 ROUNDS = 7
 MIN_ROUNDS = 3
 #: Most calls per batch (tiny ops).
@@ -83,7 +83,9 @@ def time_against_eager(run_kernel: Callable[[], object], run_eager: Callable[[],
         t2 = clock()
         per_call = max(t1 - t0, t2 - t1, 1e-7)
         fit = int(budget_s / (2 * per_call))
-        rounds = max(MIN_ROUNDS, min(rounds, fit)) if fit >= MIN_ROUNDS else MIN_ROUNDS
+        # as many rounds as fit the budget (up to ``rounds``); a call so slow that fewer
+        # than MIN_ROUNDS fit gets fewer, down to one (noise is small against such a call)
+        rounds = max(1, min(rounds, fit))
         batch = max(1, min(MAX_BATCH, int(budget_s / (2 * rounds * per_call))))
         ks, es, ratios = [], [], []
         for r in range(rounds):

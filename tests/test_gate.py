@@ -104,9 +104,29 @@ def test_time_against_eager_fields_and_bounds():
     assert set(m) >= {"kernel_us", "eager_us", "ratio", "rounds", "threads", "device", "calls"}
     assert m["rounds"] >= 3 and m["kernel_us"] > 0 and m["eager_us"] > 0 and m["device"] == "cpu"
     assert m["calls"] == 2 + 2 * m["rounds"] * m["batch"]
-    # a call slower than the whole budget still costs only 2 + 2 * 3 calls
-    slow = time_against_eager(lambda: time.sleep(0.03), lambda: None, "cpu", budget_s=0.01)
-    assert slow["rounds"] == 3 and slow["batch"] == 1 and slow["calls"] == 8
+    # rounds and batches follow the budget (a fake clock that each call advances)
+    now = [0.0]
+
+    def cost(seconds):
+        return lambda: now.__setitem__(0, now[0] + seconds)
+
+    clock = lambda: now[0]  # noqa: E731
+    slow = time_against_eager(cost(0.03), cost(0.001), "cpu", budget_s=0.01, clock=clock)
+    assert (slow["rounds"], slow["batch"], slow["calls"]) == (1, 1, 4) and slow["ratio"] == pytest.approx(30)
+    mid = time_against_eager(cost(0.01), cost(0.001), "cpu", budget_s=0.05, clock=clock)
+    assert (mid["rounds"], mid["batch"], mid["calls"]) == (2, 1, 6) and mid["ratio"] == pytest.approx(10)
+    fast = time_against_eager(cost(1e-6), cost(2e-6), "cpu", budget_s=0.3, clock=clock)
+    assert (fast["rounds"], fast["batch"]) == (7, 2000) and fast["ratio"] == pytest.approx(0.5)
+    assert fast["kernel_us"] == pytest.approx(1.0) and fast["eager_us"] == pytest.approx(2.0)
+    # one preempted batch (a 0.5 s stall in the third round's kernel batch) does not move it
+    n = [0]
+
+    def spiky():
+        n[0] += 1
+        now[0] += 1e-6 + (0.5 if n[0] == 4500 else 0.0)
+
+    noisy = time_against_eager(spiky, cost(2e-6), "cpu", budget_s=0.3, clock=clock)
+    assert n[0] > 4500 and noisy["ratio"] == pytest.approx(0.5) and noisy["kernel_us"] == pytest.approx(1.0)
 
 
 # --- the gate in the hook -------------------------------------------------------------------------
