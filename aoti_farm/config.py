@@ -36,6 +36,7 @@ class FarmConfig:
     poll_interval: float = 1.0            # serve: queue polling, seconds
     warmup: str = "light"                 # compile actors' warm-up: none | light | compile
     memory_budget: int | None = None      # bytes per compile ("6G"); None: a quarter of the host's memory (budget.py)
+    dynamic: str = "off"                  # warm: auto = a shape-general kernel per class of >= 2 shapes (dynwarm.py) | off
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,6 +159,8 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
     if isinstance(cfg, HookConfig) and cfg.serve not in ("faster", "always"):
         raise UserError(f"serve: {cfg.serve!r} is not one of faster, always; fix --serve, "
                         f"AOTI_FARM_SERVE or [hook] serve")
+    if isinstance(cfg, FarmConfig) and cfg.dynamic not in ("auto", "off"):
+        raise UserError(f"dynamic: {cfg.dynamic!r} is not one of auto, off; fix --dynamic, AOTI_FARM_DYNAMIC or [farm] dynamic")
     if isinstance(cfg, FarmConfig) and cfg.warmup not in ("none", "light", "compile"):
         raise UserError(f"warmup: {cfg.warmup!r} is not one of none, light, compile")
     if isinstance(cfg, FarmConfig) and cfg.address == "":

@@ -81,6 +81,9 @@ def add_warm_args(p: argparse.ArgumentParser) -> None:
     _pool_args(p)
     p.add_argument("--report", default=None, metavar="FILE",
                    help="write a JSON report: per signature key, op, status, seconds, worker, attempts, error")
+    p.add_argument("--dynamic", default=None, choices=("auto", "off"),
+                   help="auto: one shape-general kernel per shape class with >= 2 distinct shapes, exact kernels "
+                        "for the rest (default: $AOTI_FARM_DYNAMIC, [farm] dynamic, else off)")
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -93,7 +96,7 @@ def config_from(ns: argparse.Namespace) -> FarmConfig:
                    help="serve the farm's counters in the Prometheus format on PORT (the first free of "
                         "PORT..PORT+63; 0: any free port; default $AOTI_FARM_METRICS_PORT, else none)")
     names = ("cache_dir", "address", "cpu_workers", "gpu_workers", "gpus_per_worker", "timeout", "retries",
-             "max_in_flight", "lease_ttl", "poll_interval", "memory_budget")
+             "max_in_flight", "lease_ttl", "poll_interval", "memory_budget", "dynamic")
     cfg = resolve(FarmConfig, cli={n: getattr(ns, n, None) for n in names}, config_path=getattr(ns, "config", None))
     if cfg.cpu_workers == 0 and cfg.gpu_workers == 0:
         raise UserError("--cpu-workers 0 and --gpu-workers 0: no workers; allow at least one")
@@ -376,6 +379,11 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     sigs = load_signatures(models)
     cache = _open_cache(cfg)
+    class_rows: list = []
+    if getattr(cfg, "dynamic", "off") == "auto":   # shape-general kernels first (aoti_farm/dynwarm.py)
+        from aoti_farm.dynwarm import warm_classes
+
+        sigs, class_rows = warm_classes(cfg, sigs, cache, stream)
     progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
 
     def event(kind: str, data: dict) -> None:
@@ -440,6 +448,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         r["description"] = describe(s)
         r["device"] = s.device
         rows.append(r)
+    rows += class_rows
     from aoti_farm.progress import attach_speed
 
     attach_speed(rows, cache, cfg.inductor_options)   # each kernel's measured speed-up
