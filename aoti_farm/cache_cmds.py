@@ -218,11 +218,17 @@ def ls(ns) -> int:
             d = cache.entry_dir(f, k)
             m = _manifest(cache, d)
             op, desc, secs, speed, threads = "?", "(unreadable manifest)", None, None, None
+            ranges = None
             if m is not None:
                 speed, threads = m.get("speed"), m.get("threads")
                 try:
                     sig = parse_signature(m.get("signature"))
                     op, desc = sig.op, describe(sig)
+                    if "shape_class" in m:   # a shape-general entry: its pattern and ranges (aoti_farm/shapes.py)
+                        from aoti_farm.shapes import parse_class
+
+                        cls = parse_class(m["shape_class"])
+                        desc, ranges = f"{cls.describe()} [shape-general]", {n: [lo, hi] for n, lo, hi in cls.ranges}
                 except (ValueError, KeyError, TypeError) as e:
                     desc = f"(bad signature: {e})"
                 secs = m.get("compile_seconds")
@@ -230,7 +236,8 @@ def ls(ns) -> int:
                          "bytes": dir_bytes(d), "compile_seconds": secs, "last_used": _last_used(d),
                          # kernel against eager on the compiling device (runtime/gate.py)
                          "speed": speed if isinstance(speed, dict) else None,
-                         "threads": threads if isinstance(threads, str) else None})
+                         "threads": threads if isinstance(threads, str) else None,
+                         **({"ranges": ranges} if ranges else {})})
         if getattr(ns, "failed", False):
             for k in sorted(cache.failed_keys(f)):
                 rec = cache.failure(f, k) or {}

@@ -389,6 +389,11 @@ def export_upstream(cache: Cache, to_dir: str | os.PathLike, fp: Fingerprint | N
             except BadEntry as e:
                 report["bad"].append({"key": key, "kind": e.kind, "reason": str(e)})
                 continue
+            if "shape_class" in entry.manifest:   # aoti_farm/shapes.py
+                report["skipped"].append({"key": key, "op": sig.op, "signature": S.describe(sig),
+                                          "reason": "shape-general kernel (symbolic sizes): upstream's Python side "
+                                                    "loads static-shape kernels only"})
+                continue
             try:
                 meta = meta_info(sig)
             except Ineligible as e:
