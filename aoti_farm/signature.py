@@ -451,10 +451,12 @@ def _tensor_from_json(d: dict, where: str) -> tuple:
 
 
 def _check_range(r: Any, where: str) -> None:
-    """A value-range hint: [low, high], int64 integers or finite floats, low <= high."""
-    if not (isinstance(r, list) and len(r) == 2 and all(is_int64(x) or (isinstance(x, float) and math.isfinite(x))
-                                                         for x in r) and r[0] <= r[1]):
-        raise ValueError(f"{where}: must be [low, high] (int64 integers or finite numbers) with low <= high")
+    """A value-range hint: [low, high], numbers within int64's range (NaN is not), low <= high."""
+    def ok(x: Any) -> bool:
+        return is_int64(x) or (isinstance(x, float) and INT64_MIN <= x <= INT64_MAX)
+
+    if not (isinstance(r, list) and len(r) == 2 and ok(r[0]) and ok(r[1]) and r[0] <= r[1]):
+        raise ValueError(f"{where}: must be [low, high], numbers within int64's range, with low <= high")
 
 
 def _check_hints(hints: Any, info: "OpInfo", where: str) -> dict:
