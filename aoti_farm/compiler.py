@@ -19,46 +19,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from aoti_farm import loadenv, splitbuild
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
+from aoti_farm.tolerance import TOLERANCES, compare, length_tolerance  # noqa: F401 -- re-exported
 from aoti_farm.fingerprint import effective_options, seed_inductor_vec_isa
-
-#: (rtol, atol) per output dtype.  Integers and bools compare exactly.
-TOLERANCES = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-5),
-    torch.float16: (1e-2, 1e-3),
-    torch.bfloat16: (2e-2, 1e-2),
-    torch.complex64: (1e-4, 1e-5),
-    torch.complex128: (1e-7, 1e-7),
-}
 
 #: How many fresh random input sets a kernel must match eager on.
 VERIFY_TRIALS = 2
-
-#: Ops whose every output element is a scan (or a normalisation) along ``dim``: each is a
-#: sum of up to ``sizes[dim]`` terms.
-SCAN_OPS = {"aten::cumsum", "aten::cumprod", "aten::logcumsumexp", "aten::_logcumsumexp",
-            "aten::_softmax", "aten::softmax", "aten::_log_softmax", "aten::log_softmax"}
-#: Ops that multiply their terms (rounding errors compound relative to the value).
-PRODUCT_OPS = {"aten::cumprod", "aten::prod"}
-#: Matrix products: each output element sums K = the first matrix's last dimension terms.
-MATMUL_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
-              "aten::mv", "aten::addmv", "aten::dot", "aten::vdot", "aten::linear", "aten::addr",
-              "aten::einsum", "aten::tensordot"}
-
 
 #: aoti-farm's own options among the Inductor options (in the fingerprint, never passed on).
 FARM_OPTION_PREFIX = "aoti_farm."
@@ -201,96 +179,6 @@ class _OpModule(torch.nn.Module):
                 else:
                     kwargs[name][j] = t
         return self.op(*args, **kwargs)
-
-
-def reduction_terms(sig: S.Signature, args: tuple, kwargs: dict, expected: Any) -> int:
-    """How many terms each output element of this call sums (1 for elementwise ops): the
-    scan length along ``dim`` for scans and softmaxes, an upper bound of the contraction
-    length for matrix products, and input elements per output element for reductions."""
-    ins = [t for t in flat_tensors(sig, args, kwargs) if t.is_floating_point() or t.is_complex()]
-    outs = [t for t in (list(expected) if isinstance(expected, (tuple, list)) else [expected])
-            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
-    if not ins or not outs:
-        return 1
-    base = sig.op.split(".")[0]
-    if base in SCAN_OPS:
-        x = args[0] if args else None
-        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-        if isinstance(x, torch.Tensor) and isinstance(dim, int) and x.dim() > 0:
-            return max(1, int(x.shape[dim]))
-        return 1
-    if base in MATMUL_OPS:
-        return max([1] + [int(d) for t in ins for d in t.shape])
-    return max(1, max(t.numel() for t in ins) // max(1, min(t.numel() for t in outs)))
-
-
-def length_tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected: Any) -> tuple[float, float]:
-    """(extra rtol, extra atol) for a call whose outputs each sum ``L`` terms.
-
-    Two correct kernels that sum in different orders (a sequential scan against a
-    blocked or tree scan, as on CUDA) differ by rounding errors that grow with the number
-    of terms: about ``eps * L * mean|x|`` in the accumulation precision (measured on
-    randn rows: a tree scan of 16,384 floats differs from ATen's by up to 6.7e-5, where
-    the bound gives 1.6e-3, and by more than the fixed float32 tolerance at 340 of 4M
-    elements near the zero crossings of the running sum).  A wrong kernel (a shifted,
-    short or mis-dimensioned scan) is off by whole terms, about ``mean|x|``, and is still
-    refused."""
-    terms = reduction_terms(sig, args, kwargs, expected)
-    if terms <= 1:
-        return 0.0, 0.0
-    ins = [t for t in flat_tensors(sig, args, kwargs) if t.is_floating_point() or t.is_complex()]
-    wide = any(t.dtype in (torch.float64, torch.complex128) for t in ins)
-    eps = torch.finfo(torch.float64 if wide else torch.float32).eps
-    with torch.no_grad():
-        scale = max(float(t.detach().abs().double().mean()) if t.numel() else 0.0 for t in ins)
-    if not math.isfinite(scale):
-        scale = 0.0
-    rtol = eps * terms if sig.op.split(".")[0] in PRODUCT_OPS else 0.0
-    return rtol, eps * terms * scale
-
-
-def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] = (0.0, 0.0)) -> dict | None:
-    """None if ``got`` matches eager's ``expected``, else the evidence of the mismatch.
-    ``extra`` = (rtol, atol) added to the dtype's tolerances (:func:`length_tolerance`)."""
-    exp = list(expected) if isinstance(expected, (tuple, list)) else [expected]
-    if len(exp) != len(got):
-        return {"problem": "output count", "eager": len(exp), "kernel": len(got)}
-    for n, (e, g) in enumerate(zip(exp, got)):
-        if not isinstance(g, torch.Tensor):
-            return {"output": n, "problem": "not a tensor"}
-        if e.dtype != g.dtype:
-            return {"output": n, "problem": "dtype", "eager": str(e.dtype), "kernel": str(g.dtype)}
-        if e.shape != g.shape:
-            return {"output": n, "problem": "shape", "eager": list(e.shape), "kernel": list(g.shape)}
-        if e.device != g.device:
-            return {"output": n, "problem": "device", "eager": str(e.device), "kernel": str(g.device)}
-        if any(se != sg for se, sg, sz in zip(e.stride(), g.stride(), e.shape) if sz > 1):
-            return {"output": n, "problem": "strides", "eager": list(e.stride()), "kernel": list(g.stride())}
-        if e.dtype in TOLERANCES:
-            rtol, atol = TOLERANCES[e.dtype]
-            rtol, atol = rtol + extra[0], atol + extra[1]
-            ec, gc = e.detach().cpu().to(torch.complex128 if e.is_complex() else torch.float64), g.detach().cpu().to(
-                torch.complex128 if g.is_complex() else torch.float64)
-            g_nan = torch.isnan(gc) if not gc.is_complex() else torch.isnan(gc.real) | torch.isnan(gc.imag)
-            e_nan = torch.isnan(ec) if not ec.is_complex() else torch.isnan(ec.real) | torch.isnan(ec.imag)
-            if bool((g_nan & ~e_nan).any()):
-                idx = int((g_nan & ~e_nan).flatten().nonzero()[0])
-                return {"output": n, "problem": "NaN where eager has a number", "flat_index": idx}
-            ok = torch.isclose(gc, ec, rtol=rtol, atol=atol, equal_nan=True)
-            if not bool(ok.all()):
-                diff = (gc - ec).abs().flatten()
-                bad = (~ok).flatten().nonzero()
-                i = int(bad[0])
-                return {"output": n, "problem": "values", "mismatched": int(bad.numel()),
-                        "numel": e.numel(), "first_index": i, "eager": complex(ec.flatten()[i]).real if not ec.is_complex() else str(ec.flatten()[i]),
-                        "kernel": complex(gc.flatten()[i]).real if not gc.is_complex() else str(gc.flatten()[i]),
-                        "max_abs_err": float(diff[~diff.isnan()].max()) if bool((~diff.isnan()).any()) else math.nan,
-                        "rtol": rtol, "atol": atol}
-        elif not torch.equal(e.cpu(), g.cpu()):
-            bad = (e.cpu() != g.cpu()).flatten().nonzero()
-            return {"output": n, "problem": "values", "mismatched": int(bad.numel()), "numel": e.numel(),
-                    "first_index": int(bad[0])}
-    return None
 
 
 class AOTICompiler:

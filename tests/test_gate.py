@@ -306,6 +306,28 @@ def test_long_scan_tolerance_accepts_reordered_sum_refuses_wrong_one():
     assert length_tolerance(S.from_call(torch.ops.aten.add.Tensor, (a, a), {}), (a, a), {}, a + a) == (0.0, 0.0)
 
 
+def _tol(op, args, kwargs=None):
+    kwargs = kwargs or {}
+    return length_tolerance(S.from_call(op, args, kwargs), args, kwargs, op(*args, **kwargs))
+
+
+def test_length_tolerance_only_where_terms_add_up():
+    g = torch.Generator().manual_seed(1)
+    x, a, b = torch.randn(4, 65536, generator=g), torch.randn(64, 512, generator=g), torch.randn(512, 32, generator=g)
+    eps = torch.finfo(torch.float32).eps
+    rtol, atol = _tol(torch.ops.aten.sum.dim_IntList, (x, [1]))
+    assert rtol == 0 and atol == pytest.approx(eps * 65536 * float(x.abs().mean()), rel=1e-6)
+    rtol, atol = _tol(torch.ops.aten.mm.default, (a, b))
+    assert atol == pytest.approx(eps * 512 * float(a.abs().mean()) * float(b.abs().mean()), rel=1e-6)
+    rtol, atol = _tol(torch.ops.aten.cumprod.default, (x[:, :64] * 0.1 + 1, 1))
+    assert rtol == pytest.approx(eps * 64) and atol == 0
+    # normalised reductions and softmax stay at the dtype's tolerance (their outputs are
+    # not in summed units: a length-scaled atol would accept wrong kernels)
+    for op, args in ((torch.ops.aten.mean.dim, (x, [1])), (torch.ops.aten._softmax.default, (x, 1, False)),
+                     (torch.ops.aten.amax.default, (x, [1]))):
+        assert _tol(op, args) == (0.0, 0.0), op
+
+
 # --- infrastructure failures are retried, not recorded -----------------------------------------
 
 

@@ -1,0 +1,126 @@
+"""When a kernel's outputs agree with eager's: per-dtype tolerances, and extra tolerance for
+outputs that sum many terms (scans, sums, matrix products), whose rounding depends on the
+order of the additions.  Used by :mod:`aoti_farm.compiler`'s verification."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from aoti_farm import signature as S
+
+#: (rtol, atol) per output dtype.  Integers and bools compare exactly.
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (2e-2, 1e-2),
+    torch.complex64: (1e-4, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
+
+#: Scans that add their terms: output element i of a row sums the row's first i+1 terms.
+SUM_SCANS = {"aten::cumsum", "aten::logcumsumexp", "aten::_logcumsumexp"}
+#: Scans that multiply their terms (rounding errors compound relative to the value).
+PRODUCT_SCANS = {"aten::cumprod"}
+#: Reductions whose output is a plain sum of input elements (same units as the input).
+SUMS = {"aten::sum", "aten::nansum"}
+#: Matrix products: each output element sums K products; (first, second) operand among the
+#: floating tensor inputs in schema order.
+MATMULS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::matmul": (0, 1), "aten::dot": (0, 1),
+           "aten::vdot": (0, 1), "aten::mv": (0, 1), "aten::linear": (0, 1), "aten::addmm": (1, 2),
+           "aten::baddbmm": (1, 2), "aten::addbmm": (1, 2), "aten::addmv": (1, 2)}
+
+
+def _mean_abs(t: torch.Tensor) -> float:
+    with torch.no_grad():
+        v = float(t.detach().abs().double().mean()) if t.numel() else 0.0
+    return v if math.isfinite(v) else 0.0
+
+
+def length_tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected: Any) -> tuple[float, float]:
+    """(extra rtol, extra atol) for calls whose output elements each sum many terms: scans
+    (``cumsum``, ``logcumsumexp``; ``cumprod`` multiplies), ``sum``/``nansum`` and matrix
+    products.  Every other op keeps the dtype's fixed tolerance.
+
+    Two correct kernels that add in different orders (a sequential scan against a blocked
+    or tree scan, as on CUDA) differ by rounding errors that grow with the number of terms
+    L: about ``eps * L * mean|term|`` in the accumulation precision, for an output in the
+    input's units (measured on randn rows: a tree scan of 16,384 float32 values differs
+    from ATen's by up to 6.7e-5, where the bound gives 1.6e-3, and by more than the fixed
+    float32 tolerance at 340 of 4M elements, near the zero crossings of the running sum).
+    A wrong kernel (shifted, short, on the wrong dim) is off by whole terms, about
+    ``mean|term|``, and is still refused."""
+    from aoti_farm.compiler import flat_tensors
+
+    op = sig.op.split(".")[0]
+    if op not in SUM_SCANS and op not in PRODUCT_SCANS and op not in SUMS and op not in MATMULS:
+        return 0.0, 0.0
+    ins = [t for t in flat_tensors(sig, args, kwargs) if t.is_floating_point() or t.is_complex()]
+    outs = [t for t in (list(expected) if isinstance(expected, (tuple, list)) else [expected])
+            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+    if not ins or not outs:
+        return 0.0, 0.0
+    wide = any(t.dtype in (torch.float64, torch.complex128) for t in ins)
+    eps = torch.finfo(torch.float64 if wide else torch.float32).eps
+    x = args[0] if args and isinstance(args[0], torch.Tensor) else ins[0]
+    if op in SUM_SCANS or op in PRODUCT_SCANS:
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        if not isinstance(dim, int) or x.dim() == 0:
+            return 0.0, 0.0
+        terms = int(x.shape[dim])
+        return (eps * terms, 0.0) if op in PRODUCT_SCANS else (0.0, eps * terms * _mean_abs(x))
+    if op in SUMS:
+        terms = max(1, x.numel() // max(1, min(t.numel() for t in outs)))
+        return 0.0, eps * terms * _mean_abs(x)
+    i, j = MATMULS[op]
+    if len(ins) <= max(i, j) or ins[i].dim() == 0:
+        return 0.0, 0.0
+    terms = int(ins[i].shape[-1])
+    return 0.0, eps * terms * _mean_abs(ins[i]) * _mean_abs(ins[j])
+
+
+def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] = (0.0, 0.0)) -> dict | None:
+    """None if ``got`` matches eager's ``expected``, else the evidence of the mismatch.
+    ``extra`` = (rtol, atol) added to the dtype's tolerances (:func:`length_tolerance`)."""
+    exp = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    if len(exp) != len(got):
+        return {"problem": "output count", "eager": len(exp), "kernel": len(got)}
+    for n, (e, g) in enumerate(zip(exp, got)):
+        if not isinstance(g, torch.Tensor):
+            return {"output": n, "problem": "not a tensor"}
+        if e.dtype != g.dtype:
+            return {"output": n, "problem": "dtype", "eager": str(e.dtype), "kernel": str(g.dtype)}
+        if e.shape != g.shape:
+            return {"output": n, "problem": "shape", "eager": list(e.shape), "kernel": list(g.shape)}
+        if e.device != g.device:
+            return {"output": n, "problem": "device", "eager": str(e.device), "kernel": str(g.device)}
+        if any(se != sg for se, sg, sz in zip(e.stride(), g.stride(), e.shape) if sz > 1):
+            return {"output": n, "problem": "strides", "eager": list(e.stride()), "kernel": list(g.stride())}
+        if e.dtype in TOLERANCES:
+            rtol, atol = TOLERANCES[e.dtype]
+            rtol, atol = rtol + extra[0], atol + extra[1]
+            ec, gc = e.detach().cpu().to(torch.complex128 if e.is_complex() else torch.float64), g.detach().cpu().to(
+                torch.complex128 if g.is_complex() else torch.float64)
+            g_nan = torch.isnan(gc) if not gc.is_complex() else torch.isnan(gc.real) | torch.isnan(gc.imag)
+            e_nan = torch.isnan(ec) if not ec.is_complex() else torch.isnan(ec.real) | torch.isnan(ec.imag)
+            if bool((g_nan & ~e_nan).any()):
+                idx = int((g_nan & ~e_nan).flatten().nonzero()[0])
+                return {"output": n, "problem": "NaN where eager has a number", "flat_index": idx}
+            ok = torch.isclose(gc, ec, rtol=rtol, atol=atol, equal_nan=True)
+            if not bool(ok.all()):
+                diff = (gc - ec).abs().flatten()
+                bad = (~ok).flatten().nonzero()
+                i = int(bad[0])
+                return {"output": n, "problem": "values", "mismatched": int(bad.numel()),
+                        "numel": e.numel(), "first_index": i, "eager": complex(ec.flatten()[i]).real if not ec.is_complex() else str(ec.flatten()[i]),
+                        "kernel": complex(gc.flatten()[i]).real if not gc.is_complex() else str(gc.flatten()[i]),
+                        "max_abs_err": float(diff[~diff.isnan()].max()) if bool((~diff.isnan()).any()) else math.nan,
+                        "rtol": rtol, "atol": atol}
+        elif not torch.equal(e.cpu(), g.cpu()):
+            bad = (e.cpu() != g.cpu()).flatten().nonzero()
+            return {"output": n, "problem": "values", "mismatched": int(bad.numel()), "numel": e.numel(),
+                    "first_index": int(bad[0])}
+    return None
