@@ -1,0 +1,282 @@
+"""Shape classes and shape-general kernels (issue 15).
+
+One real class compile for the module (``warmed``: ``aoti-farm warm --dynamic auto`` of a
+trace with gelu at three lengths) and one exact compile (precedence); the rest is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import msgpack
+import pytest
+import torch
+
+from aoti_farm import dyncompile, shapes as SH, signature as S
+from aoti_farm.cache import BadEntry, Cache
+from aoti_farm.errors import UserError
+from aoti_farm.fingerprint import fingerprint
+
+
+def T(sizes, strides=None, dt="float32"):
+    if strides is None:
+        strides, acc = [], 1
+        for s in reversed(sizes):
+            strides.insert(0, acc)
+            acc *= s
+    return ("T", dt, tuple(sizes), tuple(strides), "cpu")
+
+
+def add(a, b, alpha=1):
+    return S.Signature("aten::add.Tensor", (a, b, ("i", alpha)))
+
+
+# --- grouping (pure) ---------------------------------------------------------------------------
+
+
+def test_signatures_differing_only_in_sizes_form_one_class_with_observed_ranges():
+    sigs = [add(T((n, 16)), T((n, 16))) for n in (4, 8, 12)]
+    cls, loose = SH.classes(sigs)
+    assert loose == [] and len(cls) == 1
+    c = cls[0]
+    assert c.dims == (("s0", 16), ("s0", 16))          # the dim that varies, tied across both inputs
+    assert c.ranges == (("s0", 4, 12),)
+    assert c.key not in {s.key for s in sigs}
+    assert SH.distinct_shapes(c) == 3
+    # two dims varying independently get two symbols
+    c2 = SH.classes([add(T((n, m)), T((n, m))) for n, m in ((4, 8), (8, 8), (8, 32))])[0][0]
+    assert c2.ranges == (("s0", 4, 8), ("s1", 8, 32))
+
+
+@pytest.mark.parametrize("other,why", [
+    (add(T((16, 8), (1, 16)), T((16, 8), (1, 16))), "stride order (a transposed layout)"),
+    (add(T((8, 16), (0, 1)), T((8, 16))), "a broadcast (stride-0) dim"),
+    (add(T((1, 16)), T((1, 16))), "a dim of size 1"),
+    (add(T((8, 16), dt="float64"), T((8, 16), dt="float64")), "dtype"),
+    (add(T((8, 16)), T((8, 16)), alpha=2), "a non-tensor argument"),
+    (add(T((2, 4, 16)), T((2, 4, 16))), "rank"),
+])
+def test_layout_and_argument_classes_never_merge(other, why):
+    base = [add(T((n, 16)), T((n, 16))) for n in (4, 12)]
+    cls, _ = SH.classes(base + [other])
+    assert len(cls) == 2, why
+    big = next(c for c in cls if len(c.members) == 2)
+    assert big.bind(other.args) is None, why
+
+
+def test_a_non_dense_tensor_has_no_class():
+    sliced = add(T((8, 16), (32, 1)), T((8, 16)))      # rows of a wider buffer
+    cls, loose = SH.classes([sliced, add(T((4, 16)), T((4, 16)))])
+    assert loose == [sliced] and len(cls) == 1
+
+
+def test_range_check_at_both_edges_and_one_past_them():
+    c = SH.classes([add(T((n, 16)), T((n, 16))) for n in (4, 9, 12)])[0][0]
+    assert c.bind(add(T((4, 16)), T((4, 16))).args) == {"s0": 4}
+    assert c.bind(add(T((12, 16)), T((12, 16))).args) == {"s0": 12}
+    assert c.bind(add(T((7, 16)), T((7, 16))).args) == {"s0": 7}        # unseen, inside
+    assert c.bind(add(T((3, 16)), T((3, 16))).args) is None             # one below
+    assert c.bind(add(T((13, 16)), T((13, 16))).args) is None           # one above
+    assert c.bind(add(T((7, 16)), T((8, 16))).args) is None             # tied dims disagree
+    assert c.bind(add(T((7, 17)), T((7, 17))).args) is None             # a fixed dim differs
+
+
+def test_class_round_trips_and_its_key_covers_the_ranges():
+    c = SH.classes([add(T((n, 16)), T((n, 16))) for n in (4, 12)])[0][0]
+    obj = json.loads(json.dumps(c.to_obj()))
+    assert SH.parse_class(obj).key == c.key
+    obj["ranges"][0][2] = 64
+    assert SH.parse_class(obj).key != c.key
+    obj["example"]["args"][0]["sizes"] = [3, 16]
+    with pytest.raises(ValueError, match="not a member"):
+        SH.parse_class(obj)
+
+
+def test_sample_points_cover_both_ends_an_odd_size_and_the_interior():
+    c = SH.classes([add(T((n, 16)), T((n, 16))) for n in (8, 24, 40)])[0][0]
+    pts = [p["s0"] for p in SH.sample_points(c, n_random=3)]
+    assert pts[0] == 8 and pts[1] == 40
+    assert any(v % 2 for v in pts)
+    assert sum(8 < v < 40 for v in pts) >= 3
+    assert {8, 24, 40} <= set(pts)
+
+
+def test_trace_show_classes(tmp_path, capsys):
+    from aoti_farm.cli import main
+    from aoti_farm.trace import Trace, TraceEntry, save_trace
+
+    p = tmp_path / "t.json"
+    save_trace(Trace([TraceEntry(s, 1, i) for i, s in enumerate(add(T((n, 16)), T((n, 16))) for n in (4, 8))]), p)
+    assert main(["trace", "show", "--classes", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "s0=4..8" in out and "1 with varying sizes" in out
+
+
+def test_dynamic_mode_is_validated(monkeypatch):
+    from aoti_farm.config import FarmConfig, resolve
+
+    assert resolve(FarmConfig, env={"AOTI_FARM_DYNAMIC": "auto"}).dynamic == "auto"
+    with pytest.raises(UserError, match="dynamic"):
+        resolve(FarmConfig, env={"AOTI_FARM_DYNAMIC": "sometimes"})
+
+
+# --- fallback (export only, no Inductor) ------------------------------------------------------------
+
+
+def test_a_class_that_cannot_be_exported_dynamically_falls_back_to_exact(tmp_path):
+    # _unsafe_view to [-1, 64] needs s0 * 16 % 64 == 0: export refuses symbolic s0
+    sigs = [S.Signature("aten::_unsafe_view", (T((n, 16)), ("il", (-1, 64)))) for n in (4, 8, 12)]
+    cls = SH.classes(sigs)[0][0]
+    cache = Cache(tmp_path / "c")
+    comp = dyncompile.ClassCompiler()
+    fp = fingerprint("cpu", comp.options())
+    out = dyncompile.compile_and_publish_class(cache, comp, fp, cls, owner="pytest")
+    assert out.status == "failed" and "export with symbolic sizes failed" in out.error
+    assert not cache.has_entry(fp.id, cls.key)
+
+    class Cfg:
+        inductor_options, cpu_workers, memory_budget = {}, 1, None
+    left, rows = __import__("aoti_farm.dynwarm", fromlist=["x"]).warm_classes(Cfg, sigs, cache, open(os.devnull, "w"))
+    assert [s.key for s in left] == [s.key for s in sigs]          # all compiled exactly
+    assert rows[0]["status"] == "fallback" and "export" in rows[0]["error"]
+
+
+# --- one real class compile, shared ---------------------------------------------------------------
+
+
+LENGTHS = (8, 24, 40)
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory):
+    """``aoti-farm warm --dynamic auto`` of a trace with gelu at three lengths."""
+    import aoti_farm
+    from aoti_farm.cli import main
+
+    d = tmp_path_factory.mktemp("shapes")
+    trace = d / "trace.json"
+    with aoti_farm.record(str(trace)):
+        for n in LENGTHS:
+            torch.nn.functional.gelu(torch.randn(n, 64))
+    report = d / "report.json"
+    rc = main(["warm", "--model", str(trace), "--dynamic", "auto", "--cache-dir", str(d / "cache"),
+               "--cpu-workers", "1", "--report", str(report)])
+    assert rc == 0
+    rows = json.loads(report.read_text())
+    rows = rows["signatures"]
+    cache = Cache(d / "cache")
+    fp = fingerprint("cpu")
+    return cache, fp, rows
+
+
+def _class_key(cache, fp):
+    keys = cache.list_keys(fp.id)
+    for k in keys:
+        if "shape_class" in cache.read_manifest(cache.entry_dir(fp.id, k)):
+            return k
+    raise AssertionError("no shape-general entry")
+
+
+def test_warm_dynamic_auto_publishes_one_class_kernel_for_three_lengths(warmed):
+    cache, fp, rows = warmed
+    assert len(cache.list_keys(fp.id)) == 1                       # one kernel, not three
+    k = _class_key(cache, fp)
+    m = cache.open_entry(fp, k).manifest
+    assert SH.parse_class(m["shape_class"]).ranges == (("s0", 8, 40),)
+    assert m["verification"]["samples"] >= 5
+    assert {8, 40} <= {s["at"]["s0"] for s in m["speed_samples"]}
+    row = next(r for r in rows if r.get("kind") == "shape_class")
+    assert row["status"] == "compiled" and row["ranges"] == {"s0": [8, 40]}
+
+
+def test_unseen_length_inside_the_range_is_a_hit_equal_to_eager(warmed, tmp_path):
+    from aoti_farm.runtime import install
+
+    cache, fp, _ = warmed
+    xs = {n: torch.randn(n, 64) for n in (17, 8, 40, 41, 7)}
+    xs["t"] = torch.randn(64, 17).t()                               # another layout class: a miss
+    want = {n: torch.ops.aten.gelu.default(x) for n, x in xs.items()}
+    with install(cache.root, ops=["aten::gelu"], on_miss="ignore", serve="always") as h:
+        got = {n: torch.ops.aten.gelu.default(x) for n, x in xs.items()}
+        st = h.stats()
+    for n in xs:
+        assert torch.equal(got[n], want[n]) or torch.allclose(got[n], want[n], rtol=1e-4, atol=1e-5), n
+    assert st["hits"] == 3 and st["misses"] == 3                    # 17, 8, 40 hit; 41, 7, transposed miss
+    assert st["shape_classes"]["matched"] == 3
+
+
+def test_exact_kernel_wins_over_the_class(warmed, tmp_path):
+    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.job import compile_and_publish
+    from aoti_farm.runtime import install
+
+    cache, fp, _ = warmed
+    c2 = Cache(tmp_path / "c")
+    shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
+    sig16 = S.from_call(torch.ops.aten.gelu.default, (torch.empty(16, 64),), {})
+    assert compile_and_publish(c2, AOTICompiler(), fp, sig16, owner="pytest").status == "compiled"
+    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", serve="always") as h:
+        torch.ops.aten.gelu.default(torch.randn(16, 64))   # exact entry
+        torch.ops.aten.gelu.default(torch.randn(17, 64))   # class entry
+        st = h.stats()
+    assert st["hits"] == 2 and st["shape_classes"]["matched"] == 1
+
+
+def test_tampered_class_manifest_is_refused(warmed, tmp_path):
+    cache, fp, _ = warmed
+    c2 = Cache(tmp_path / "c")
+    shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
+    k = _class_key(c2, fp)
+    p = c2.entry_dir(fp.id, k) / "manifest.msgpack"
+    m = msgpack.unpackb(p.read_bytes(), raw=False)
+    m["shape_class"]["ranges"][0][2] = 4096                        # a wider range than verified
+    os.chmod(p, 0o644)
+    p.write_bytes(msgpack.packb(m, use_bin_type=True))
+    with pytest.raises(BadEntry) as e:
+        c2.open_entry(fp, k)
+    assert e.value.kind == "corrupt"
+
+
+class _WrongAt(dyncompile.ClassCompiler):
+    """Test double of the build step only: reuses a verified kernel's bytes, and its runner
+    returns a wrong value at one shape (the verification is the real one)."""
+
+    def __init__(self, kernel, bad_len):
+        super().__init__(measure_speed=False)
+        self.kernel, self.bad_len = kernel, bad_len
+
+    def compile(self, cls, workdir):
+        path = os.path.join(workdir, "kernel.so")
+        shutil.copyfile(self.kernel, path)
+        self.verify(cls, path)
+        raise AssertionError("verification passed a wrong kernel")
+
+    def load(self, kernel_path, device):
+        real, bad_len = super().load(kernel_path, device), self.bad_len
+
+        class Wrong:
+            def run(self, tensors):
+                out = real.run(tensors)
+                if tensors[0].shape[0] == bad_len:
+                    out[0].view(-1)[3] += 1.0
+                return out
+        return Wrong()
+
+
+def test_a_kernel_wrong_at_one_sampled_shape_is_refused(warmed, tmp_path):
+    cache, fp, _ = warmed
+    entry = cache.open_entry(fp, _class_key(cache, fp))
+    cls = SH.parse_class(entry.manifest["shape_class"])
+    cls = SH.ShapeClass(cls.op, cls.group, cls.dims, cls.ranges, cls.example,
+                        tuple(cls.point({"s0": n}) for n in LENGTHS))
+    odd = next(p["s0"] for p in SH.sample_points(cls) if p["s0"] % 2 and p["s0"] not in (8, 40))
+    c2 = Cache(tmp_path / "c")
+    # the right kernel passes every sample; wrong at an odd interior size: refused
+    dyncompile.ClassCompiler(measure_speed=False).verify(cls, entry.kernel_path)
+    out = dyncompile.compile_and_publish_class(c2, _WrongAt(entry.kernel_path, odd), fp, cls, owner="pytest")
+    assert out.status == "failed" and f"'s0': {odd}" in out.error
+    assert out.evidence["problem"] == "values"
+    assert not c2.has_entry(fp.id, cls.key)
+    assert dyncompile.hinted_keys(c2, fp.id, cls.group_key) == []
