@@ -193,7 +193,25 @@ class ShapeClass:
                 args.append(("TL", tuple(items)))
             else:
                 args.append(a)
-        return S.Signature(self.op, tuple(args), dict(self.example.hints if hints is None else hints))
+        return S.Signature(self.op, tuple(args), dict(self.hints_at(env) if hints is None else hints))
+
+    def hints_at(self, env: dict[str, int]) -> dict:
+        """Value-range hints for example inputs at ``env``: those of the members no larger
+        than ``env`` in every symbol (an index valid for a smaller table is valid for a
+        larger one: embedding, gather, index_select), else of the smallest member."""
+        if not self.members:
+            return dict(self.example.hints)
+        below, smallest = [], None
+        for m in self.members:
+            e = self.bind(m.args)
+            if e is None:
+                continue
+            if all(e[n] <= env.get(n, e[n]) for n in e):
+                below.append(m)
+            if smallest is None or sum(e.values()) < smallest[0]:
+                smallest = (sum(e.values()), m)
+        pick = below or ([smallest[1]] if smallest else [])
+        return _union_hints(pick) if pick else dict(self.example.hints)
 
     @staticmethod
     def _sized(t: tuple, pat: tuple, env: dict) -> tuple:
