@@ -345,6 +345,8 @@ def gc(ns) -> int:
 
 
 def rm(ns) -> int:
+    from aoti_farm import failrec
+
     keys = list(getattr(ns, "keys", None) or [])
     failed, every = bool(getattr(ns, "failed", False)), bool(getattr(ns, "all", False))
     if not keys and not failed and not every:
@@ -372,11 +374,7 @@ def rm(ns) -> int:
             for f, k in hits:
                 if cache.remove(f, k):
                     removed.append(k)
-                try:
-                    cache.failure_path(f, k).unlink()
-                    failures += 1
-                except FileNotFoundError:
-                    pass
+                failures += failrec.remove_key(cache, f, k)   # whatever it is; no link followed
         if failed:
             failures += cache.remove_failures()
     obj = {"cache_dir": str(cache.root), "removed": removed, "failure_records_removed": failures}

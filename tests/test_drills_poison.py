@@ -273,7 +273,16 @@ def test_stats_and_ls_finish_on_poisoned_cache(poisoned, tmp_path):
     assert st["queue"] == 1 + 7 and st["leases"] == 7 and st["entries"] == 1
     ls = aoti(tmp_path, "ls", "cache", "ls", "--failed", "--cache-dir", str(cache.root))
     assert ls.p.returncode == 0 and "Traceback" not in ls.err, ls.err
-    print(f"drill 10 stats/ls: exit=0,0 queue={st['queue']} leases={st['leases']} failures={st['failures']}")
+    # `cache rm` of a poisoned record (a directory) and of all of them (a FIFO, links, huge)
+    rm1 = aoti(tmp_path, "rm1", "cache", "rm", Q_DIR[:12], "--cache-dir", str(cache.root), "--json")
+    assert rm1.p.returncode == 0 and json.loads(rm1.out)["failure_records_removed"] == 1, rm1.err
+    rm = aoti(tmp_path, "rm", "cache", "rm", "--failed", "--cache-dir", str(cache.root), "--json")
+    assert rm.p.returncode == 0 and json.loads(rm.out)["failure_records_removed"] == 4, rm.err
+    left = {str(p.relative_to(cache.ns(fp_id) / "failed")) for p in (cache.ns(fp_id) / "failed").rglob("*")}
+    assert not any(k in name for name in left for k in (Q_DIR, Q_FIFO, Q_ZERO, Q_HUGE, Q_SCHEMA)), left
+    assert os.path.exists("/dev/zero")
+    print(f"drill 10 stats/ls/rm: exit=0,0,0,0 queue={st['queue']} leases={st['leases']} failures={st['failures']} "
+          f"rm_removed=1+4")
 
 
 # --- serve -------------------------------------------------------------------------------------
