@@ -12,10 +12,11 @@ So each kernel is timed against eager twice:
         per-round ratios), "rounds": int, "threads": intra-op threads, "device": str}
 
 2. **On the serving host**, the first time this process would run the kernel
-   (:meth:`Gate.confirm`): a compile host and a serving host of one fingerprint can still
-   differ (core count, clocks, load).  The first hit of a signature is timed the same way,
-   on the caller's own inputs, within :data:`TRIAL_BUDGET_S` seconds; then the decision is
-   settled for the life of the process (never re-measured on a hot path).
+   (:meth:`Gate.request`): a compile host and a serving host of one fingerprint can still
+   differ (core count, clocks, load).  The kernel is timed the same way, in the gate's own
+   background thread on fresh inputs of the signature (never on the caller's request
+   path), within :data:`TRIAL_BUDGET_S` seconds; calls meanwhile run eager.  Then the
+   decision is settled for the life of the process (never re-measured).
 
 Under the policy ``serve="faster"`` (the default) a kernel is served only when the
 compile-time ratio is at most :data:`GATE_RATIO` (faster by a 5% margin) *and* the on-host
@@ -30,8 +31,10 @@ is the median of the per-round ratios, which one preempted batch does not move.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import queue
 import statistics
 import threading
 import time
@@ -150,12 +153,16 @@ class Gate:
         self._lock = threading.Lock()
         self._decided: dict[str, bool] = {}
         self._pending: set[str] = set()
+        self._queued: set[str] = set()
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._idle = threading.Condition(self._lock)
         self.why: dict[str, dict] = {}     # key -> how it was decided (ratios, reason)
         self.trials = 0                    # kernel + eager executions spent on confirmations
         self.gated_signatures = 0          # signatures declined (served eager)
         self.served_signatures = 0         # signatures confirmed faster
         self.errors = 0                    # confirmations that failed (declined)
-        self.gated_calls = 0               # gated calls counted here (the Python path's)
 
     @property
     def active(self) -> bool:
@@ -168,9 +175,10 @@ class Gate:
         return self._decided.get(key)
 
     def confirm(self, key: str, speed, trial: Callable[[], tuple]) -> bool | None:
-        """Decide ``key``: declined at once when the manifest's ratio is missing or above
-        :data:`GATE_RATIO`; otherwise ``trial()`` returns ``(run_kernel, run_eager,
-        device)`` and the two are timed here.  None when another thread is deciding it."""
+        """Decide ``key`` in this thread: declined at once when the manifest's ratio is
+        missing or above :data:`GATE_RATIO`; otherwise ``trial()`` returns ``(run_kernel,
+        run_eager, device[, context])`` and the two are timed here (within ``context``, if
+        given).  None when another thread is deciding it."""
         if self.policy == "always":
             return True
         with self._lock:
@@ -187,8 +195,10 @@ class Gate:
             elif cr > self.ratio:
                 why = {"reason": "slower on the compile host", "compile_ratio": cr}
             else:
-                run_kernel, run_eager, device = trial()
-                m = self.measure(run_kernel, run_eager, device, budget_s=self.budget_s)
+                t = trial()
+                run_kernel, run_eager, device = t[:3]
+                with (t[3] if len(t) > 3 else contextlib.nullcontext()):
+                    m = self.measure(run_kernel, run_eager, device, budget_s=self.budget_s)
                 calls = m["calls"]
                 ok = m["ratio"] <= self.ratio
                 why = {"reason": "faster here" if ok else "slower here", "compile_ratio": cr,
@@ -209,12 +219,57 @@ class Gate:
                 self.gated_signatures += 1
         return ok
 
-    def count_gated(self) -> None:
+    def request(self, key: str, speed: Callable[[], object], trial: Callable[[], tuple]) -> None:
+        """Decide ``key`` in the gate's background thread (:meth:`confirm` with ``speed()``),
+        unless it is decided or on its way; never blocks, never raises."""
         with self._lock:
-            self.gated_calls += 1
+            if self._closed or key in self._decided or key in self._pending or key in self._queued:
+                return
+            self._queued.add(key)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="aoti-farm-gate", daemon=True)
+                self._thread.start()
+        self._jobs.put((key, speed, trial))
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            key, speed, trial = job
+            try:
+                if not self._closed:
+                    try:
+                        sp = speed()
+                    except Exception:  # noqa: BLE001 -- an unreadable entry has no speed: declined
+                        sp = None
+                    self.confirm(key, sp, trial)
+            finally:
+                with self._lock:
+                    self._queued.discard(key)
+                    self._idle.notify_all()
+
+    def wait(self, timeout: float = 60.0) -> bool:
+        """Wait until every requested decision is made (tests, benchmarks); True if so."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            while self._queued or self._pending:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            t = self._thread
+        if t is not None:
+            self._jobs.put(None)
+            t.join(timeout=5)
 
     def stats(self) -> dict:
         with self._lock:
             return {"policy": self.policy, "ratio": self.ratio, "gate_trials": self.trials,
                     "gated_signatures": self.gated_signatures, "served_signatures": self.served_signatures,
-                    "gate_errors": self.errors, "deciding": len(self._pending)}
+                    "gate_errors": self.errors, "deciding": len(self._pending) + len(self._queued)}

@@ -28,6 +28,7 @@ counted and the call returns eager's result.  Counters: :class:`HookStats`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -108,6 +109,7 @@ class HookStats:
     workers_started: int = 0          # background compile worker processes started
     worker_errors: int = 0            # a compile worker could not be started
     gated: int = 0                    # cache hits the speed gate ran eager (runtime/gate.py)
+    gate_pending: int = 0             # cache hits run eager while this host timed the kernel
     per_op: dict = field(default_factory=dict)      # op -> OpCounts
     miss_explained: dict = field(default_factory=dict)  # first misses by explain's category (explain_misses)
 
@@ -259,7 +261,6 @@ class Hook:
         self._room = ThreadRoom(bool(yield_core))   # fewer intra-op threads while compiling
         try:   # serve a kernel only where it is faster than eager (runtime/gate.py)
             self._gate = gate_mod.Gate(serve or gate_mod.policy_from_env())
-            self._gate_tls = threading.local()   # .eager: the Python path's exact eager call
         except ValueError as e:
             raise UserError(f"{e}; use serve='faster' (default) or 'always'") from None
         self._wstate: dict[int, str] = {}         # worker pid -> its last event
@@ -432,12 +433,15 @@ class Hook:
                 handle = self._load(call)
             if handle is not None and self._gate.active:
                 ok = self._gate.decision(call.key)
-                if ok is None:
-                    ok = self._gate_confirm(call, handle, info, args, kwargs)
-                if not ok:   # a hit that runs eager; None: another thread is timing it
+                if ok is None:   # timed in the gate's thread; eager meanwhile
+                    self._gate_request(call, handle)
+                if not ok:   # a hit that runs eager
                     with self._lock:
                         self.c.calls += 1
-                        self.c.gated += 1
+                        if ok is None:
+                            self.c.gate_pending += 1
+                        else:
+                            self.c.gated += 1
                     return ("gated", call, ok is not None)
             if handle is not None:
                 if call.missed:
@@ -476,14 +480,7 @@ class Hook:
     def _handle(self, info: S.OpInfo, device: str, orig, keyset, args: tuple, kwargs: dict):
         """The pure-Python kernel (when the native hit path is not in use)."""
         self._room.follow()
-        if self._gate.active:   # the gate's trial times exactly what a gated call runs
-            self._gate_tls.eager = lambda: dispatch.call_original(info, orig, keyset, args, kwargs)
-            try:
-                d = self._decide(info, args, kwargs)
-            finally:
-                self._gate_tls.eager = None   # holds this call's inputs
-        else:
-            d = self._decide(info, args, kwargs)
+        d = self._decide(info, args, kwargs)
         if d[0] == "run":
             call, runner = d[1], d[2]
             try:
@@ -509,33 +506,55 @@ class Hook:
             return mod.EAGER_GATED   # remembered: later calls run eager without asking
         return mod.EAGER_MISS if d[0] == "miss" else mod.EAGER_FAILED if d[0] == "failed" else mod.EAGER_ONCE
 
-    def _gate_confirm(self, call: _Call, handle, info: S.OpInfo, args: tuple, kwargs: dict) -> bool | None:
-        """The speed gate's first look at a signature: the manifest's compile-time speed,
-        then kernel and eager timed here on this call's inputs (runtime/gate.py)."""
+    def _gate_request(self, call: _Call, handle) -> None:
+        """Have the speed gate time this kernel against eager in its own thread: the
+        manifest's compile-time speed, then both on fresh inputs of the signature, with
+        this hook bypassed in that thread (runtime/gate.py)."""
         opened: list = []
 
-        def trial():
-            runner = handle
-            if isinstance(handle, int):   # a native kernel: time a Python runner of the same bytes
-                runner = load_runner(opened[0].load_path, "cuda:0" if call.device == "cuda" else "cpu")
-            tensors = call.gather(args, kwargs)
-            op = S.resolve_op(info.name)
-            # the Python path's own eager call, else the op (this thread is inside the native
-            # hook: the dispatcher runs eager's kernel)
-            eager = getattr(self._gate_tls, "eager", None) if not isinstance(handle, int) else None
-            return (lambda: runner.run(tensors)), (eager or (lambda: op(*args, **kwargs))), call.device
-
-        speed = None
-        try:
-            opened.append(self.cache.open_entry(self.fps[call.device], call.key, private=isinstance(handle, int)))
-            speed = opened[0].manifest.get("speed")
-        except Exception as e:  # noqa: BLE001 -- the gate declines what it cannot read
-            log.warning("speed gate: cannot read entry %s: %s", call.key[:12], e)
-        try:   # an entry it cannot read has no speed: declined
-            return self._gate.confirm(call.key, speed, trial)
-        finally:
-            for e in opened:
+        def speed():
+            e = self.cache.open_entry(self.fps[call.device], call.key, private=isinstance(handle, int))
+            sp = e.manifest.get("speed")
+            r = gate_mod.compile_ratio(sp)
+            if isinstance(handle, int) and r is not None and r <= self._gate.ratio:
+                opened.append(e)   # its private copy is loaded for the trial
+            else:
                 e.close()
+            return sp
+
+        def trial():
+            try:
+                runner = handle
+                if isinstance(handle, int):   # a native kernel: time a Python runner of the same bytes
+                    runner = load_runner(opened[0].load_path, "cuda:0" if call.device == "cuda" else "cpu")
+            finally:
+                for e in opened:
+                    e.close()
+            args, kwargs = S.materialize(call.sig, seed=0)
+            tensors = flat_tensors(call.sig, args, kwargs)
+            op = S.resolve_op(call.sig.op)
+            return (lambda: runner.run(tensors)), (lambda: op(*args, **kwargs)), call.device, self._bypassed()
+
+        self._gate.request(call.key, speed, trial)
+
+    @contextlib.contextmanager
+    def _bypassed(self):
+        """This thread's calls of served ops go straight to eager (no hit, miss or count)."""
+        nreg, reg = self._nreg, self._reg
+        if nreg is not None:
+            prev = nreg.mod.set_inside(True)
+            try:
+                yield
+            finally:
+                nreg.mod.set_inside(prev)
+        else:
+            tls = reg._tls
+            prev = getattr(tls, "active", False)
+            tls.active = True
+            try:
+                yield
+            finally:
+                tls.active = prev
 
     def _native_error_cb(self, kernel_id: int, message: str) -> None:
         with self._lock:
@@ -968,6 +987,7 @@ class Hook:
         for t in self._threads:
             t.join(timeout=30)
         self._room.close()
+        self._gate.close()
         self._runners.clear()
         if self._nreg is not None:
             self._native_final = self._nreg.stats()

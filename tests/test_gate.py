@@ -139,15 +139,17 @@ def test_hook_gates_kernel_slower_on_compile_host(kernels, tmp_path, native):
     expected = torch.add(a, b, alpha=2)
     with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="queue", native=native,
                  serve="faster") as hook:
-        got = [torch.add(a, b, alpha=2) for _ in range(6)]
+        got = [torch.add(a, b, alpha=2)]          # eager while the gate's thread decides
+        assert hook._gate.wait(60)
+        got += [torch.add(a, b, alpha=2) for _ in range(6)]
         hook.flush()
         st = hook.stats()
     assert all(torch.equal(x, expected) for x in got)
-    assert st["gated"] == 6 and st["hits"] == 0 and st["misses"] == 0, st
+    assert st["gate_pending"] == 1 and st["gated"] == 6 and st["hits"] == 0 and st["misses"] == 0, st
     assert st["gated_signatures"] == 1 and st["gate_trials"] == 0 and st["queued"] == 0, st
     assert st["serve"] == "faster"
-    if native == "auto":   # the native path remembered the decision: 5 of the 6 never asked Python
-        assert st["native"]["active"] and st["native"]["slow_calls"] == 1, st["native"]
+    if native == "auto":   # remembered once decided: 5 of the 6 gated calls never asked Python
+        assert st["native"]["active"] and st["native"]["slow_calls"] == 2, st["native"]
     qdir = cache.root / kernels.fp.id / "queue"
     assert not qdir.exists() or not os.listdir(qdir)          # a gated hit is never queued as a miss
 
@@ -155,8 +157,9 @@ def test_hook_gates_kernel_slower_on_compile_host(kernels, tmp_path, native):
 @pytest.mark.parametrize("native", ["auto", "off"])
 def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_path, native):
     """Compile host says 0.5x for both; the on-host trial (real kernel, real eager, a fixed
-    2 ms added to one side) decides: served where eager carries the penalty, gated where
-    the kernel does.  The trial is bounded and settles: later calls are plain hits / eager."""
+    2 ms added to one side; in the gate's own thread, the hook bypassed there) decides:
+    served where eager carries the penalty, gated where the kernel does.  The caller never
+    waits for it (eager meanwhile); the decision then settles."""
     a, b = _add_call()
     expected = torch.add(a, b, alpha=2)
     results = {}
@@ -165,7 +168,9 @@ def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_pa
         with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", native=native,
                      serve="faster") as hook:
             hook._gate.measure = _penalised(side)
-            got = [torch.add(a, b, alpha=2) for _ in range(5)]
+            got = [torch.add(a, b, alpha=2)]      # starts the trial in the gate's thread
+            assert hook._gate.wait(120)
+            got += [torch.add(a, b, alpha=2) for _ in range(5)]
             results[side] = hook.stats()
         assert all(torch.equal(x, expected) for x in got)
     served, gated = results["eager"], results["kernel"]
@@ -173,6 +178,7 @@ def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_pa
     assert gated["hits"] == 0 and gated["gated"] == 5 and gated["gated_signatures"] == 1, gated
     for st in (served, gated):
         assert 0 < st["gate_trials"] <= 2 + 2 * 7 * 2000 and st["misses"] == 0 and st["gate_errors"] == 0, st
+        assert st["gate_pending"] == 1 and st["per_op"].get("aten::add.Tensor", {}).get("misses", 0) == 0, st
 
 
 def test_serve_always_keeps_todays_behaviour(kernels, tmp_path):
