@@ -146,7 +146,7 @@ def load_signing_key(explicit: str | bytes | None = None, *, path: str | None = 
         if not value.strip():
             raise UserError("AOTI_FARM_SIGNING_KEY: set but empty; set it to the key, or unset it "
                             "to run without signing")
-        return value.encode()
+        return os.fsencode(value)   # the environment's own bytes (any encoding)
     if "AOTI_FARM_SIGNING_KEY_FILE" in os.environ:
         return _read_key_file(os.environ["AOTI_FARM_SIGNING_KEY_FILE"], "AOTI_FARM_SIGNING_KEY_FILE")
     return None
