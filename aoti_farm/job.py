@@ -43,10 +43,12 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
                         owner: str, attempts: int = 1, lease_ttl: float = leases.DEFAULT_TTL,
                         workroot: str | None = None, on_start=None, memory_budget: int | None = None) -> Outcome:
     """``memory_budget``: bytes (None: ``$AOTI_FARM_MEMORY_BUDGET``, else a quarter of
-    this host's memory).  A signature over it is refused before the lease and the
-    compile: a ``failed`` outcome whose evidence says ``refused: memory_budget``, with
+    this host's memory).  A signature over it is refused before anything is compiled or
+    allocated: a ``failed`` outcome whose evidence says ``refused: memory_budget``, with
     no failure record (the budget is this host's, another may compile it); see
-    :mod:`aoti_farm.budget`."""
+    :mod:`aoti_farm.budget`.  The inputs alone are checked first; the whole estimate
+    (a meta run, whose first one imports torch._dynamo) only under the lease, when this
+    process is about to compile, so a cached or busy answer never pays for it."""
     key = sig.key
     worker = f"{socket.gethostname()}:{os.getpid()}"
     if cache.has_entry(fp.id, key):
@@ -54,7 +56,7 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
     if cache.failure(fp.id, key) is not None:
         rec = cache.failure(fp.id, key) or {}
         return Outcome(key, FAILED, worker=worker, error=rec.get("reason"), evidence=rec.get("evidence") or {})
-    over = budget.refusal(sig, memory_budget)
+    over = budget.refusal(sig, memory_budget, outputs=False)
     if over is not None:
         budget.COUNTERS["refused"] += 1
         return Outcome(key, FAILED, worker=worker, error=over[0], evidence=over[1])
@@ -68,6 +70,10 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
         # re-check under the lease: someone may have published while we waited
         if cache.has_entry(fp.id, key):
             return Outcome(key, CACHED, worker=worker)
+        over = budget.refusal(sig, memory_budget)
+        if over is not None:
+            budget.COUNTERS["refused"] += 1
+            return Outcome(key, FAILED, worker=worker, error=over[0], evidence=over[1])
         if on_start is not None:
             on_start()   # the compile begins (the serving hook makes room for it)
         try:

@@ -330,7 +330,7 @@ def test_plan_splits_refused_from_work(tmp_path):
 
 def test_compile_and_publish_refuses_before_lease_and_compile(tmp_path):
     """The shared compile path (Ray actors, the hook's worker, compile-one): refused
-    with no lease, no entry and no failure record.  With the real compiler: were the
+    with no lease left, no entry and no failure record.  With the real compiler: were the
     budget not checked, this would compile (a small kernel) and the test would fail."""
     from aoti_farm import job
     from aoti_farm.compiler import AOTICompiler
