@@ -23,8 +23,8 @@ Ray is imported only here and in ``aoti_farm.workers``, and only when there is w
 An embedded Ray starts without its dashboard (nobody could reach it: it lives for one
 run); ``AOTI_FARM_RAY_DASHBOARD=1`` starts it (when Ray's dashboard dependencies are
 installed).  ``warm`` starts an embedded Ray *while* planning when some signature is in no
-namespace of the cache (so Ray is surely needed), and warms Inductor's vector-ISA probe
-cache meanwhile (see :func:`prewarm_inductor_disk_caches`).
+namespace of the cache (so Ray is surely needed), and builds the host's per-host compile
+products meanwhile (see :func:`start_host_prep`).
 
 Warm-up measurement (2-core host, torch 2.13 CPU, one process, /tmp/wu.py-style): the
 first AOTInductor compile in a process takes ~9-10 s, later ones ~5.5 s.  With warm-up
@@ -89,12 +89,12 @@ def add_warm_args(p: argparse.ArgumentParser) -> None:
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     _pool_args(p)
     p.add_argument("--poll-interval", type=float, default=None, metavar="S", help="miss-queue polling (default 1)")
-
-
-def config_from(ns: argparse.Namespace) -> FarmConfig:
     p.add_argument("--metrics-port", default=None, metavar="PORT",
                    help="serve the farm's counters in the Prometheus format on PORT (the first free of "
                         "PORT..PORT+63; 0: any free port; default $AOTI_FARM_METRICS_PORT, else none)")
+
+
+def config_from(ns: argparse.Namespace) -> FarmConfig:
     names = ("cache_dir", "address", "cpu_workers", "gpu_workers", "gpus_per_worker", "timeout", "retries",
              "max_in_flight", "lease_ttl", "poll_interval", "memory_budget", "dynamic")
     cfg = resolve(FarmConfig, cli={n: getattr(ns, n, None) for n in names}, config_path=getattr(ns, "config", None))
@@ -231,45 +231,68 @@ def surely_work(sigs: list, cache, memory_budget: int | None = None) -> dict[str
     return out
 
 
-def prewarm_inductor_disk_caches() -> None:
-    """Build what every compile actor's first CPU compile would otherwise build: Inductor's
-    vector-ISA test programs, kept in its cache directory (shared with the actors, which
-    inherit this environment), so the actors only load them.  Runs while Ray starts,
-    when the CPUs are mostly idle; any failure only leaves the work to the actors."""
-    try:
-        from torch._inductor import cpu_vec_isa
+#: Below this many cores the driver leaves the per-host products to the actors' first
+#: compiles: start-up is CPU-bound there, and a compile in the driver (its own imports,
+#: a trivial kernel) would take the CPU from the actors' imports (2-core VM: the first
+#: actor's compile builds them while the second waits on their locks, at no extra cost).
+PREP_MIN_CORES = 4
 
-        from aoti_farm.fingerprint import seed_inductor_vec_isa
 
-        seed_inductor_vec_isa()
-        cpu_vec_isa.pick_vec_isa()
-    except Exception:  # noqa: BLE001
-        pass
+def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
+                    compiler_factory: Callable | None) -> threading.Thread | None:
+    """Build this host's per-host compile products (:mod:`aoti_farm.hostprep`: ISA
+    probe, precompiled headers, the split build's common object, the loader probe) in a
+    thread of the driver, while Ray and the actors start, so that no actor's first
+    compile builds them and the others queue behind it.  Only for an embedded Ray (the
+    actors run on this host) with at least two CPU signatures to compile, and the real
+    compiler; nothing waits for it (compiles wait on each product's own lock)."""
+    if (n_cpu < 2 or compiler_factory is not None or (cfg.address or os.environ.get("RAY_ADDRESS"))
+            or (os.cpu_count() or 1) < PREP_MIN_CORES):
+        return None
+
+    def run() -> None:
+        from aoti_farm import hostprep
+
+        t0 = time.time()
+        out = hostprep.prepare(cfg.inductor_options)
+        timeline["host_prep"] = {"span": [t0, time.time()], **{k: out.get(k) for k in ("status", "build", "error")
+                                                                if out.get(k) is not None}}
+
+    th = threading.Thread(target=run, name="aoti-farm-hostprep", daemon=True)
+    th.start()
+    return th
 
 
 def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict, event: Callable,
                          compiler_factory: Callable | None):
-    """(plan, ray, started, scheduler): :func:`plan` runs in a thread while this one starts
-    Ray and an actor pool sized for the ``sure`` signatures (their warm-up starts at once)."""
+    """(plan, ray, started, scheduler, host-prep thread): :func:`plan` runs in a thread
+    while this one starts Ray and an actor pool sized for the ``sure`` signatures (their
+    warm-up starts at once); the host preparation starts as soon as the plan is known."""
     box: dict = {}
     planned = threading.Event()
+    # the signatures in no namespace are compiled whatever the plan says: prepare the host
+    # for them at once (its imports overlap a fresh host's ISA probe in the planner)
+    box["prep"] = start_host_prep(cfg, sure["cpu"], timeline, compiler_factory)
 
     def run() -> None:
         try:
             box["plan"] = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
+            if box["prep"] is None:
+                box["prep"] = start_host_prep(cfg, sum(t.kind == "cpu" for t in box["plan"].todo), timeline,
+                                              compiler_factory)
         except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
             box["error"] = e
-            return
         finally:
             planned.set()
-        if any(t.kind == "cpu" for t in box["plan"].todo):
-            prewarm_inductor_disk_caches()   # not waited for: the actors wait on its file locks
 
     th = threading.Thread(target=run, name="aoti-farm-plan", daemon=True)
     th.start()
     ray = sched = None
     started = False
     try:
+        import ray as _ray  # noqa: F401 -- timed apart from ray.init
+
+        timeline["ray_imported"] = time.time()
         ray, started = start_ray(cfg)
         timeline["ray_started"] = time.time()
         if not planned.is_set():
@@ -289,7 +312,7 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
                 stop_ray(ray)
     if "error" in box:
         raise box["error"]
-    return box["plan"], ray, started, sched
+    return box["plan"], ray, started, sched, box.get("prep")
 
 
 # --- Ray ------------------------------------------------------------------------------------
@@ -310,12 +333,56 @@ def start_ray(cfg: FarmConfig):
     if address is None and os.environ.get("AOTI_FARM_RAY_DASHBOARD") != "1":
         # the embedded Ray lives for one run and its address is printed nowhere
         kw["include_dashboard"] = False
+    global _EMBEDDED_ENV
+    if address is None:
+        quiet_embedded_ray()
+        # The embedded Ray's workers inherit this environment: give it the actors'
+        # variables now, so the actors need no runtime_env and take the workers Ray
+        # prestarts (pool.actor_options).  Not LD_PRELOAD: Ray's own binaries get none.
+        from aoti_farm.workers.pool import worker_env
+
+        os.environ.update({k: v for k, v in worker_env().items() if k != "LD_PRELOAD"})
     try:
         ray.init(**kw)
     except ConnectionError as e:
         raise UserError(f"--address {address}: no Ray cluster there ({' '.join(str(e).split())[:160]}); "
                         f"start one with `ray start --head` or leave --address/RAY_ADDRESS unset") from None
+    _EMBEDDED_ENV = dict(os.environ) if address is None else None
     return ray, True
+
+
+#: The environment an embedded Ray started by :func:`start_ray` gave its workers (None:
+#: no embedded Ray, or a cluster whose workers' environment this process does not know).
+_EMBEDDED_ENV: dict | None = None
+
+
+#: Ray's notices, by logger, that a user of the embedded one-run Ray cannot act on: it
+#: turns token authentication on for a new local cluster and says so at WARNING level on
+#: every run.  Only these exact messages are dropped; every other warning still shows.
+EMBEDDED_RAY_NOTICES = {
+    "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled for this Ray cluster",),
+}
+
+
+class _DropNotices:
+    def __init__(self, prefixes: tuple):
+        self.prefixes = prefixes
+
+    def filter(self, record) -> bool:
+        try:
+            return not str(record.getMessage()).startswith(self.prefixes)
+        except Exception:  # noqa: BLE001 -- a record that cannot format: keep it
+            return True
+
+
+def quiet_embedded_ray() -> None:
+    """Drop :data:`EMBEDDED_RAY_NOTICES` (once per process)."""
+    import logging
+
+    for name, prefixes in EMBEDDED_RAY_NOTICES.items():
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotices) for f in lg.filters):
+            lg.addFilter(_DropNotices(prefixes))
 
 
 def stop_ray(ray) -> None:
@@ -332,6 +399,8 @@ def stop_ray(ray) -> None:
     except Exception:  # noqa: BLE001 -- a Ray without these internals: a plain shutdown
         pass
     ray.shutdown()
+    global _EMBEDDED_ENV
+    _EMBEDDED_ENV = None
 
 
 def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,
@@ -344,7 +413,7 @@ def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory
     env = {**worker_env(), "AOTI_FARM_MEMORY_BUDGET": str(cfg.memory_budget)} if cfg.memory_budget else None
 
     def make_actor(kind: str):
-        return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, env)).remote(
+        return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, env, inherited=_EMBEDDED_ENV)).remote(
             str(cache.root), kind, cfg.inductor_options, cfg.lease_ttl, cache.signing_key, compiler_factory,
             cfg.warmup)
 
@@ -384,18 +453,22 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         from aoti_farm.dynwarm import warm_classes
 
         sigs, class_rows = warm_classes(cfg, sigs, cache, stream)
+    timeline["loaded"] = time.time()
     progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
 
     def event(kind: str, data: dict) -> None:
         if kind == "worker_ready":
             i = data.get("info") or {}
             timeline["workers"].append({"pid": i.get("pid"), "created_at": i.get("created_at"),
-                                        "warmup_span": i.get("warmup_span"), "ready_seen": time.time()})
+                                        "warmup_span": i.get("warmup_span"), "ready_seen": time.time(),
+                                        "phases": i.get("warmup_phases"), "host_steps": i.get("host_steps")})
+        elif kind == "dispatch" and "first_dispatch" not in timeline:
+            timeline["first_dispatch"] = time.time()
         progress.event(kind, data)
         if on_event:
             on_event(kind, data)
 
-    ray = sched = None
+    ray = sched = prep = None
     started = False
     counters = None
     results: dict = {}
@@ -406,10 +479,11 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             # whatever this host's fingerprint is: start Ray and the actors now, and plan
             # meanwhile (on a fresh host planning probes the CPU's vector ISA, ~10 s of
             # g++; Ray's start is mostly waiting, and the actors' imports overlap both).
-            p, ray, started, sched = _plan_while_starting(cfg, sigs, cache, sure, timeline, event,
-                                                          compiler_factory)
+            p, ray, started, sched, prep = _plan_while_starting(cfg, sigs, cache, sure, timeline, event,
+                                                                compiler_factory)
         else:
             p = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
+            prep = start_host_prep(cfg, sum(t.kind == "cpu" for t in p.todo), timeline, compiler_factory)
         timeline["planned"] = time.time()
         results = {r.key: r for r in p.done}
         for r in p.done:
@@ -442,6 +516,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         if started:
             stop_ray(ray)
             timeline["ray_shutdown"] = time.time()
+        if prep is not None:
+            prep.join(timeout=120)   # one compile, normally long done; never leave it half-way
     rows = []
     for s in sigs:
         r = results[s.key].to_dict()
@@ -476,6 +552,7 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
     ``metrics_port``: expose the pool's counters there (see aoti_farm.workers.metrics)."""
     from aoti_farm import missq
     from aoti_farm.progress import Progress
+    from aoti_farm.workers import metrics as farm_metrics
     from aoti_farm.workers.pool import Task, pool_sizes, route
 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -516,6 +593,7 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
                             bad.see(f"{r.fp_id}/queue", key, e)
                     del sched.results[key]
                 if sched.done() and all(w.state == "ready" for w in sched.workers):
+                    farm_metrics.observe_scheduler(sched)   # Ray's metrics (step() does it too)
                     stop.wait(cfg.poll_interval)
                 else:
                     sched.step(cfg.poll_interval)
@@ -532,7 +610,6 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
     return 0
 
 
-    from aoti_farm.workers import metrics as farm_metrics
 def _serve_metrics(sched, port: int, progress):
     """`serve --metrics-port`: the pool's counters on a port; Ray's own metrics (compile
     seconds by device, queue depth, retries...) are at the Ray node's metrics port."""
@@ -573,7 +650,6 @@ def _enqueue_pending(cache, fp_id, kind, sched, bad, missq, Task, route) -> None
     for name in listing.junk:
         bad.see(f"{fp_id}/queue", name, FarmError("not a queue item name"))
     for key in sorted(listing.keys, key=lambda k: (listing.keys[k], k)):
-                    farm_metrics.observe_scheduler(sched)   # Ray's metrics (step() does it too)
         if key in sched.tasks:
             continue
         try:

@@ -18,11 +18,14 @@ starts in milliseconds).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import threading
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -105,113 +108,229 @@ def _isa_memo_path() -> str:
     return os.path.join(base, "aoti-farm", f"isa-{_cpu_id()}-{torch.version.git_version[:12]}.json")
 
 
-def _read_isa_memo(path: str) -> str | None:
+def _read_memo(path: str) -> dict | None:
     try:
         with open(path) as f:
-            return json.load(f)["isa"]
-    except (OSError, ValueError, KeyError, TypeError):
+            memo = json.load(f)
+        return memo if isinstance(memo, dict) and isinstance(memo.get("isa"), str) else None
+    except (OSError, ValueError, TypeError):
         return None
 
 
-@lru_cache(maxsize=1)
-def cpu_isa() -> str:
-    """Inductor's chosen CPU vector ISA, e.g. 'avx512 avx512_vnni' ('' for none).
+#: Per-host steps this process ran, and how long it waited for another process's
+#: (``isa_probe``: the full probe, once per host and torch build; ``isa_checks_run``:
+#: Inductor check builds really run here; ``isa_checks_replayed``: answered from the
+#: memo; ``isa_lock_wait_s``: waiting for another process's probe).  Shown per actor in
+#: the warm report's timeline.
+_host_steps = {"isa_probe": 0, "isa_checks_run": 0, "isa_checks_s": 0.0, "isa_checks_replayed": 0,
+               "isa_lock_wait_s": 0.0}
+_steps_lock = threading.Lock()
 
-    Probed once per host and torch build, remembered in a memo file; processes that need
-    it while another one probes (the farm's planner and its actors start together) wait
-    for that probe under a file lock instead of running their own."""
+
+def host_steps() -> dict:
+    with _steps_lock:
+        return dict(_host_steps)
+
+
+def _step(name: str, n: float = 1) -> None:
+    with _steps_lock:
+        _host_steps[name] = _host_steps.get(name, 0) + n
+
+
+@lru_cache(maxsize=1)
+def _compiler_id() -> str:
+    """The C++ compiler Inductor's ISA checks build with, as Inductor keys them."""
+    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
+
+    return hashlib.sha256(get_compiler_version_info(get_cpp_compiler()).encode()).hexdigest()[:16]
+
+
+def _check_key(isa, code: str) -> str:
+    # the ISA's class, its flags at call time (AVX512's bf16 check adds one), the flags
+    # the build uses (they follow earlier answers) and the code
+    return hashlib.sha256(f"{type(isa).__name__}|{isa._arch_flags}|{isa.build_arch_flags()}|{code}".encode()
+                          ).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def _checks(cpu_vec_isa, record: dict | None = None, replay: dict | None = None):
+    """Within this block, Inductor's ISA check builds (``VecISA.check_build``: a g++
+    build and a loader subprocess, under a per-check file lock) are recorded into
+    ``record``, or answered from ``replay`` (a recorded answer of this host, torch build
+    and compiler); a check without a recorded answer runs for real."""
+    orig = cpu_vec_isa.VecISA.check_build
+
+    def check_build(self, code):
+        key = _check_key(self, code)
+        if replay is not None and key in replay:
+            _step("isa_checks_replayed")
+            return bool(replay[key])
+        t0 = time.perf_counter()
+        ok = orig(self, code)
+        _step("isa_checks_run")
+        _step("isa_checks_s", time.perf_counter() - t0)
+        if record is not None:
+            with _steps_lock:
+                record[key] = bool(ok)
+        return ok
+
+    cpu_vec_isa.VecISA.check_build = check_build
+    try:
+        yield
+    finally:
+        cpu_vec_isa.VecISA.check_build = orig
+
+
+def host_isa_memo(need_checks: bool = False) -> dict:
+    """This host's ISA memo ``{"isa", "checks", "compiler"}``, probing once per host and
+    torch build (under a file lock: processes that need it while another one probes wait
+    for that probe instead of running their own).  ``need_checks``: a memo without the
+    recorded check answers for this compiler (written by an older aoti-farm, or before
+    the compiler changed) is probed again."""
     path = _isa_memo_path()
-    isa = _read_isa_memo(path)
-    if isa is not None:
-        return isa
+    memo = _read_memo(path)
+    if memo is not None and (not need_checks or _has_checks(memo)):
+        return memo
     lock = None
     try:
         from filelock import FileLock
 
         os.makedirs(os.path.dirname(path), exist_ok=True)
         lock = FileLock(path + ".lock", timeout=600)
+        t0 = time.perf_counter()
         lock.acquire()
+        _step("isa_lock_wait_s", time.perf_counter() - t0)
     except Exception:  # noqa: BLE001 -- read-only home, lock timeout: probe without it
         lock = None
     try:
-        isa = _read_isa_memo(path) if lock is not None else None
-        if isa is not None:
-            return isa   # probed by another process while this one waited
+        memo = _read_memo(path) if lock is not None else None
+        if memo is not None and (not need_checks or _has_checks(memo)):
+            return memo   # probed by another process while this one waited
         from torch._inductor import cpu_vec_isa
 
-        _probe_candidates_at_once(cpu_vec_isa)
-        isa = str(cpu_vec_isa.pick_vec_isa())
+        _step("isa_probe")
+        record: dict = {}
+        with _checks(cpu_vec_isa, record=record):
+            _prefetch_checks(cpu_vec_isa)
+        with _checks(cpu_vec_isa, record=record, replay=dict(record)):
+            isa = str(cpu_vec_isa.pick_vec_isa())
+        memo = {"isa": isa, "compiler": _compiler_id(), "checks": record}
         try:
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:
-                json.dump({"isa": isa}, f)
+                json.dump(memo, f)
             os.replace(tmp, path)
         except OSError:
             pass  # a read-only home only costs the probe again next time
-        return isa
+        return memo
     finally:
         if lock is not None:
             lock.release()
 
 
-def _probe_candidates_at_once(cpu_vec_isa) -> None:
-    """Inductor probes its candidate ISAs one after another (a g++ build and a loader
-    subprocess each: 8.4 s in all on the 2-core VM with a cold Inductor cache).  Run the
-    same probes, Inductor's own code, for every candidate at once, so :func:`pick_vec_isa`
-    then only reads their cached answers.  x86 only; any trouble leaves it to Inductor."""
+def _has_checks(memo: dict) -> bool:
     try:
+        return isinstance(memo.get("checks"), dict) and memo.get("compiler") == _compiler_id()
+    except Exception:  # noqa: BLE001 -- no compiler: nothing to replay
+        return False
+
+
+@lru_cache(maxsize=1)
+def cpu_isa() -> str:
+    """Inductor's chosen CPU vector ISA, e.g. 'avx512 avx512_vnni' ('' for none), from
+    the host memo (:func:`host_isa_memo`)."""
+    return host_isa_memo()["isa"]
+
+
+def _prefetch_checks(cpu_vec_isa) -> None:
+    """Run Inductor's ISA check builds all at once, so that :func:`pick_vec_isa` then
+    replays their answers instead of running them one after another.
+
+    Inductor checks its candidate ISAs in turn, and within one candidate its extensions
+    in turn (AMX: the base check, AVX512-BF16, VNNI, AMX, AMX-FP16), each a g++ build and
+    a loader subprocess (which imports torch on torch < 2.13: 3-5 s each on the 16-core
+    host).  Here every (candidate, extension) check the CPU's flags allow runs at once,
+    Inductor's own ``check_build`` on a copy of the candidate set up as Inductor's
+    sequence would have it at that step (the flags it adds, and the BF16 answer that later
+    builds' flags follow, predicted from the CPU's flags).  Answers are recorded by the
+    exact key of each check; a prediction that turns out wrong leaves its check without a
+    recorded answer, and Inductor runs it for real.  x86 only; any trouble leaves it to
+    Inductor."""
+    try:
+        import copy
         from concurrent.futures import ThreadPoolExecutor
 
         if platform.machine() not in ("x86_64", "AMD64") or cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
             return
         flags = cpu_vec_isa.x86_isa_checker()
-        cands = [isa for isa in cpu_vec_isa.supported_vec_isa_list
-                 if all(f in flags for f in str(isa).split())]
-        if len(cands) > 1:
-            with ThreadPoolExecutor(len(cands), thread_name_prefix="aoti-farm-isa") as ex:
-                list(ex.map(bool, cands))
+        cands = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(isa).split())]
+        tcpu = torch.cpu
+        bf16 = bool(getattr(tcpu, "_is_avx512_bf16_supported", lambda: False)())
+        jobs = []
+
+        def job(isa, code, suffix: str, bf16_state: bool) -> None:
+            cp = copy.copy(isa)
+            cp._arch_flags = type(isa)._arch_flags + suffix
+            if hasattr(cp, "_is_avx512_bf16_supported"):
+                cp._is_avx512_bf16_supported = bf16_state
+            if hasattr(cp, "_is_amx_fp16_supported"):
+                cp._is_amx_fp16_supported = False
+            jobs.append((cp, code))
+
+        for isa in cands:
+            cls = type(isa)
+            job(isa, cpu_vec_isa.VecISA._avx_code, "", False)
+            if isinstance(isa, cpu_vec_isa.VecAVX512) and bf16 and hasattr(cls, "_avx512_bf16_code"):
+                job(isa, cls._avx512_bf16_code, " -mavx512bf16", False)
+            if hasattr(cls, "_avx512_vnni_code") and getattr(tcpu, "_is_vnni_supported", lambda: False)():
+                job(isa, cls._avx512_vnni_code, "", bf16)
+            if hasattr(cls, "_amx_code"):
+                job(isa, cls._amx_code, "", bf16)
+                if hasattr(cls, "_amx_fp16_code") and getattr(tcpu, "_is_amx_fp16_supported", lambda: False)():
+                    job(isa, cls._amx_fp16_code, " -mamx-fp16", bf16)
+        if jobs:
+            with ThreadPoolExecutor(len(jobs), thread_name_prefix="aoti-farm-isa") as ex:
+                list(ex.map(lambda j: j[0].check_build(j[1]), jobs))
     except Exception:  # noqa: BLE001
         pass
 
 
 _SEEDED: list = []
+#: ``AOTI_FARM_ISA_REPLAY=0``: each process runs Inductor's ISA checks itself (A/B only).
+REPLAY_ENV = "AOTI_FARM_ISA_REPLAY"
 
 
 def seed_inductor_vec_isa() -> bool:
-    """Let this process's Inductor reuse the remembered ISA instead of probing again.
+    """Give this process's Inductor the host's ISA answers instead of probing again.
 
     Inductor's first CPU compile in a process picks the vector ISA by building and
-    loading a test program per candidate ISA (``cpu_vec_isa.valid_vec_isa_list``: about
-    10 s of g++ on the 2-core VM when its cache directory is cold, and a Python
-    subprocess per candidate even when warm).  :func:`cpu_isa` already knows the answer
-    for this host and torch build (remembered from a real probe).  When that answer is
-    exactly what Inductor picks if it trusts the CPU flags (``config.cpp.vec_isa_ok``),
-    trusting them gives the same ISA, so the same generated code, without the probe.
-    Otherwise (a candidate failed its real probe, or the user set ``vec_isa_ok``, or this
-    process already probed) nothing changes.  Returns True when it seeded."""
+    loading a test program per candidate ISA and extension (``VecISA.check_build``, each
+    under a file lock shared by every process of the host, with a loader subprocess that
+    imports torch on older torch builds).  Every compile actor repeating them waits its
+    turn at those locks: on a 16-core host (torch 2.11) actors became ready one after
+    another, seconds apart.  The probe ran once on this host already (:func:`host_isa_memo`),
+    recording each check's answer; here the same checks are answered from that record
+    while Inductor computes its ISA list the usual way, so it reaches exactly the answer
+    its own probes gave on this host, torch build and compiler.  A check the record lacks
+    runs for real.  Returns True when every check was answered from the record."""
     if _SEEDED:
         return _SEEDED[0]
     ok = False
+    if os.environ.get(REPLAY_ENV) == "0":   # A/B: every process runs Inductor's own checks
+        _SEEDED.append(ok)
+        return ok
     try:
         from torch._inductor import config, cpu_vec_isa
 
-        if config.cpp.vec_isa_ok is None and not config.is_fbcode() \
-                and cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0:
-            want = cpu_isa()   # the memo, or a real probe (which then fills Inductor's own cache)
-            if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0:
-                with config.patch({"cpp.vec_isa_ok": True}):
-                    trusted = cpu_vec_isa.valid_vec_isa_list.__wrapped__()
-                    if config.cpp.simdlen is None:
-                        pick = cpu_vec_isa.get_isa_from_cpu_capability(
-                            os.getenv("ATEN_CPU_CAPABILITY"), trusted, cpu_vec_isa.invalid_vec_isa) \
-                            if trusted else cpu_vec_isa.invalid_vec_isa
-                    else:
-                        pick = next((i for i in trusted if i.bit_width() == config.cpp.simdlen),
-                                    cpu_vec_isa.invalid_vec_isa)
-                    same = str(pick) == want
-                if same:
-                    config.cpp.vec_isa_ok = True
-                    ok = True
+        if not config.is_fbcode() and cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0:
+            memo = host_isa_memo(need_checks=True)
+            if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0:   # not this process's own probe
+                before = host_steps()["isa_checks_run"]
+                with _checks(cpu_vec_isa, replay=memo.get("checks") or {}):
+                    cpu_vec_isa.pick_vec_isa()
+                ok = host_steps()["isa_checks_run"] == before
+            else:
+                ok = True
     except Exception:  # noqa: BLE001 -- an Inductor without these internals: it probes as before
         ok = False
     _SEEDED.append(ok)

@@ -26,7 +26,10 @@ So the wrapper is compiled as two translation units:
   it, and linked only while the two agree (a damaged one is rebuilt).  The process that
   builds it holds a file lock and compiles its model half alongside (so a first compile
   on a host costs the common half's 3-5 s, not that plus the model's 2 s); a process that
-  finds the lock held builds its own wrapper whole instead of waiting.
+  finds the lock held compiles its model half and then waits for that object
+  (``common_waited``), building its wrapper whole only if the wait exceeds
+  :data:`COMMON_WAIT_S` (``common_busy``).  ``aoti-farm warm`` builds it ahead of the
+  actors' first compiles (:mod:`aoti_farm.hostprep`).
 * the **model** one, ``<device include> + the interface's #includes + extern template
   class AOTInductorModelBase<AOTInductorModel>; + the rest``, compiled per signature
   (about 2 s instead of 4.5 s), then ``ld -r`` joins both into the ``wrapper.o`` Inductor
@@ -63,10 +66,13 @@ _tls = threading.local()
 _lock = threading.Lock()
 _patched = 0
 _orig_build = None
-_counters = {"split": 0, "whole": 0, "common_built": 0, "common_reused": 0, "common_busy": 0,
+_counters = {"split": 0, "whole": 0, "common_built": 0, "common_reused": 0, "common_waited": 0, "common_busy": 0,
              "fallback_no_interface": 0, "fallback_common_failed": 0, "fallback_model_failed": 0,
              "fallback_join_failed": 0, "fallback_unsupported": 0, "common_damaged": 0}
 _failed_keys: set[str] = set()
+#: How long a compile waits for another process's build of the common object (its own
+#: model half compiles meanwhile) before it builds its wrapper whole.
+COMMON_WAIT_S = 300.0
 
 
 def enabled() -> bool:
@@ -225,15 +231,26 @@ def _common_object(common: str, argv: list[str], src_i: int, out_i: int, cwd: st
     from filelock import FileLock, Timeout
 
     lock = FileLock(obj + ".lock", timeout=0)
+    waited = False
     try:
         lock.acquire()
     except Timeout:
-        _count("common_busy")
-        return None, "common_busy"
+        # another process builds it right now (on a fresh host, every actor's first
+        # compile): compile this model half meanwhile and wait for that object, rather
+        # than compile the whole wrapper (the common half again, and then some)
+        if meanwhile is not None:
+            meanwhile()
+            meanwhile = None
+        try:
+            lock.acquire(timeout=COMMON_WAIT_S)
+        except Timeout:
+            _count("common_busy")
+            return None, "common_busy"
+        waited = True
     try:
         if _intact(obj):
-            _count("common_reused")
-            return obj, "reused"
+            _count("common_waited" if waited else "common_reused")
+            return obj, "waited" if waited else "reused"
         _remove_orphans(d)
         how = "built"
         if os.path.exists(obj):   # damaged or half-replaced by hand: never linked, rebuilt

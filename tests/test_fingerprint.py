@@ -1,5 +1,5 @@
 """The host fingerprint's CPU ISA: aoti-farm probes Inductor's candidate ISAs at once
-(fingerprint._probe_candidates_at_once); the answer must be what Inductor itself picks
+(fingerprint._prefetch_checks); the answer must be what Inductor itself picks
 when it probes them one after another, on a cold host memo and a cold Inductor cache."""
 
 from __future__ import annotations

@@ -61,6 +61,33 @@ def _import_compile_path() -> None:
             pass
 
 
+def _process_start_time() -> float | None:
+    """Wall-clock start of this process (Linux /proc), for the warm-up's ``boot`` phase."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _host_steps() -> dict:
+    """Per-host steps this process ran or waited for (ISA probe and checks, the split
+    build's common object): the evidence that they run once per host, not per actor."""
+    out: dict = {}
+    try:
+        from aoti_farm import fingerprint, splitbuild
+
+        out.update(fingerprint.host_steps())
+        sb = splitbuild.stats()
+        out.update({k: sb[k] for k in ("common_built", "common_reused", "common_waited", "common_busy") if k in sb})
+    except Exception:  # noqa: BLE001 -- a failed import is warm-up's error, not info()'s
+        pass
+    return out
+
+
 class CompileActor:
     def __init__(self, cache_root: str, device: str = "cpu", inductor_options: dict | None = None,
                  lease_ttl: float = 30.0, signing_key: bytes | None = None,
@@ -82,6 +109,7 @@ class CompileActor:
         self._owner = None
         self.warmup_seconds: float | None = None
         self.warmup_span: tuple[float, float] | None = None   # wall-clock (start, end)
+        self.warmup_phases: dict = {}
 
     # -- lazily built state (so a failing import is an error of warmup(), not of __init__)
     def _setup(self) -> None:
@@ -123,38 +151,64 @@ class CompileActor:
                 "actor_id": self._actor_id(), "owner": self._owner, "device": self.device,
                 "fp_id": self._fp.id, "fingerprint": self._fp.as_dict(),
                 "warmup_seconds": self.warmup_seconds, "created_at": self.created_at,
-                "warmup_span": self.warmup_span}
+                "warmup_span": self.warmup_span, "warmup_phases": self.warmup_phases,
+                "host_steps": _host_steps()}
 
     def warmup(self) -> dict:
-        """Pay the per-process start-up cost once; returns :meth:`info`."""
+        """Pay the per-process start-up cost once; returns :meth:`info`.
+
+        Phases, each a wall-clock ``[start, end]`` in ``info()["warmup_phases"]`` (the warm
+        report's timeline): ``boot`` (process start to this actor's construction: Ray's
+        worker start and its imports), ``import`` (torch, Inductor and its compile path),
+        ``setup`` (cache, compiler, fingerprint: the host's ISA memo, waiting only while
+        another process probes a fresh host), ``isa`` (Inductor's ISA answers replayed
+        from that memo, :func:`aoti_farm.fingerprint.seed_inductor_vec_isa`), ``export``
+        (one trivial ``torch.export``).  Imports come first so that they overlap a
+        probe another process may be running; nothing here takes a lock it does not need."""
         t0, w0 = time.perf_counter(), time.time()
-        self._setup()
-        if self.warmup_level in ("light", "compile") and self.compiler_factory is None:
+        phases: dict = {}
+        start = _process_start_time()
+        if start is not None:
+            phases["boot"] = [start, self.created_at]
+        light = self.warmup_level in ("light", "compile") and self.compiler_factory is None
+        if light:
+            s = time.time()
             import torch
             import torch._inductor  # noqa: F401 -- the import is the warm-up
             from torch._inductor import codecache  # noqa: F401
 
+            _import_compile_path()
+            phases["import"] = [s, time.time()]
+        s = time.time()
+        self._setup()
+        phases["setup"] = [s, time.time()]
+        if light:
             from aoti_farm import signature as S
 
             dev = "cuda" if self.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
             sig = S.from_call(torch.ops.aten.relu.default, (torch.empty(4, device=dev),), {})
+            if dev == "cpu":
+                from aoti_farm.fingerprint import seed_inductor_vec_isa
+
+                s = time.time()
+                seed_inductor_vec_isa()
+                phases["isa"] = [s, time.time()]
+            s = time.time()
             if self.warmup_level == "compile":
                 with tempfile.TemporaryDirectory(prefix="aoti-farm-warmup-") as d:
                     self._compiler.compile(sig, d)
+                phases["compile"] = [s, time.time()]
             else:
-                _import_compile_path()
-                if dev == "cpu":
-                    from aoti_farm.fingerprint import seed_inductor_vec_isa
-
-                    seed_inductor_vec_isa()
                 from aoti_farm.compiler import _OpModule, flat_tensors
 
                 args, kwargs = S.materialize(sig, seed=0)
                 with torch.no_grad():
                     torch.export.export(_OpModule(sig, args, kwargs), tuple(flat_tensors(sig, args, kwargs)),
                                         strict=False)
+                phases["export"] = [s, time.time()]
         self.warmup_seconds = time.perf_counter() - t0
         self.warmup_span = (w0, time.time())
+        self.warmup_phases = phases
         return self.info()
 
     def pid(self) -> int:

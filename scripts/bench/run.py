@@ -54,7 +54,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
 import common as C  # noqa: E402
 
-NAMES = ("warm", "rerun", "hit", "miss", "cold", "startup", "miss2hit")
+NAMES = ("warm", "rerun", "hit", "miss", "cold", "startup", "miss2hit", "scaling")
 
 # hit-path signatures: tiny to large (full mode); --quick uses the first kernel it has
 HIT_SPECS = [
@@ -700,7 +700,8 @@ def markdown(results: dict) -> str:
 
 
 BENCHES = {"warm": bench_warm, "rerun": bench_rerun, "hit": bench_hit, "miss": bench_miss,
-           "cold": bench_cold, "startup": bench_startup, "miss2hit": bench_miss2hit}
+           "cold": bench_cold, "startup": bench_startup, "miss2hit": bench_miss2hit,
+           "scaling": lambda ctx: __import__("scaling").bench_ctx(ctx)}   # scripts/bench/scaling.py
 
 
 def main(argv=None) -> int:
@@ -731,7 +732,7 @@ def main(argv=None) -> int:
     print(f"[bench] {results['machine']['cpu_model']} x{results['machine']['cpu_count']}, "
           f"{results['machine']['platform']}, torch {results['machine']['torch']}, {results['machine']['date']}",
           flush=True)
-    if not a.hook_module:
+    if not a.hook_module and set(only) != {"scaling"}:
         # aoti-farm's hook runs with its native hit path, built here once (not timed)
         from aoti_farm.runtime import native
         t0 = time.perf_counter()

@@ -1,0 +1,108 @@
+"""Per-host preparation: what every first CPU compile on a host would build, built once.
+
+On a fresh host (or a fresh Inductor cache) the first AOTInductor compile pays for steps
+that are the same for every signature and every process of the host:
+
+* the CPU vector-ISA probe (:func:`aoti_farm.fingerprint.host_isa_memo`: Inductor's check
+  builds, recorded so that other processes replay them);
+* Inductor's precompiled headers for the wrapper and the kernels (built under Inductor's
+  own file lock into its global header directory);
+* the split build's common object (:mod:`aoti_farm.splitbuild`, under its lock);
+* the libstdc++ loader probe (:mod:`aoti_farm.loadenv`).
+
+When 16 actors start together, each one's first compile would queue behind whichever
+process builds these.  :func:`prepare` builds them all with one real compile of a
+trivial signature (``relu`` of four floats, the farm's own compiler and Inductor
+options, never published), in the ``warm`` driver while Ray and the actors start (see
+:mod:`aoti_farm.farm`).  The actors never wait for :func:`prepare` itself: a compile that
+needs one of its products before it is ready waits on that product's own lock, exactly
+as it would without this module.  So this changes only *when* the work is done and *how
+often*, never what a compile uses.
+
+Once per host, toolchain and Inductor cache: a marker ``prep-<fingerprint id>.json`` in
+the split build's directory of the Inductor cache records it (a marker that lies only
+costs a first compile its usual work).  :func:`stats` counts the runs in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+import warnings
+
+_lock = threading.Lock()
+_counters = {"prepared": 0, "skipped_done": 0, "skipped_busy": 0, "failed": 0}
+
+
+def stats() -> dict:
+    with _lock:
+        return dict(_counters)
+
+
+def _count(name: str) -> None:
+    with _lock:
+        _counters[name] += 1
+
+
+def _marker(fp_id: str) -> str:
+    from aoti_farm import splitbuild
+
+    return os.path.join(splitbuild.common_dir(), f"prep-{fp_id}.json")
+
+
+def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict:
+    """Build this host's per-host compile products once (see the module doc).  Returns
+    ``{"status": "prepared"|"done"|"busy"|"failed", "seconds": ..., ...}``; never raises."""
+    t0 = time.perf_counter()
+    # torch's notices about its own internal APIs (pytree, export): nothing a user can act on
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    try:
+        from filelock import FileLock, Timeout
+
+        from aoti_farm import signature as S
+        from aoti_farm.compiler import AOTICompiler
+        from aoti_farm.fingerprint import fingerprint, host_isa_memo
+        from aoti_farm.workers.compile_actor import _import_compile_path
+
+        _import_compile_path()   # while a fresh host's ISA probe runs (mostly subprocesses)
+        host_isa_memo(need_checks=True)
+        comp = (compiler_factory or AOTICompiler)(inductor_options)
+        fp = fingerprint("cpu", comp.options())
+        marker = _marker(fp.id)
+        if os.path.exists(marker):
+            _count("skipped_done")
+            return {"status": "done", "seconds": time.perf_counter() - t0}
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        lock = FileLock(marker + ".lock", timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:   # another process prepares: nobody waits for it here
+            _count("skipped_busy")
+            return {"status": "busy", "seconds": time.perf_counter() - t0}
+        try:
+            if os.path.exists(marker):
+                _count("skipped_done")
+                return {"status": "done", "seconds": time.perf_counter() - t0}
+            import torch
+
+            sig = S.from_call(torch.ops.aten.relu.default, (torch.empty(4),), {})
+            with tempfile.TemporaryDirectory(prefix="aoti-farm-hostprep-") as d:
+                res = comp.compile(sig, d)
+            out = {"status": "prepared", "seconds": time.perf_counter() - t0, "build": res.build,
+                   "phases": res.phases}
+            tmp = f"{marker}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"fp_id": fp.id, "at": time.time(), "build": res.build}, f)
+            os.replace(tmp, marker)
+            _count("prepared")
+            return out
+        finally:
+            lock.release()
+    except Exception as e:  # noqa: BLE001 -- the actors' first compiles do the work instead
+        _count("failed")
+        return {"status": "failed", "seconds": time.perf_counter() - t0,
+                "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}

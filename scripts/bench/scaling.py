@@ -1,0 +1,316 @@
+#!/usr/bin/env python
+"""Farm scaling: `aoti-farm warm` of one job of >= ~80 CPU signatures at W=1 and W=all.
+
+    python scripts/bench/scaling.py --json out.json            # W=1 and W=os.cpu_count()
+    python scripts/bench/scaling.py --workers 16 --isa-replay-off-too --unique 16
+    python scripts/bench/run.py --only scaling                 # the same through the runner
+
+The job: a tiny BERT (transformers, built from a config, no download) recorded at seven
+sequence lengths when ``transformers`` is importable (85 signatures with transformers 5.24), else the
+benchmark MLP recorded at batch sizes 1..21 (about 84); or ``--trace FILE``.
+
+Each run is a fresh `aoti-farm warm` process with a fresh cache, a fresh Inductor cache
+(TORCHINDUCTOR_CACHE_DIR) and fresh host memos (XDG_CACHE_HOME: the ISA and loader
+memos), as in issue 17's runs: each pays the ISA probe, the split build's common object
+and the loader probe once.  Inductor's precompiled headers live outside its cache
+directory (``<tempdir>/torchinductor_<user>/precompiled_headers``); they are built once
+before the runs, so every run finds them (``--fresh-headers``: a fresh temp dir per run,
+so each run builds them too, as on a brand-new host).  Runs are sequential, W=all first.
+
+Reported per run, from the CLI process's wall time and its --report timeline:
+wall; time to Ray up; time until every actor is ready (from the process start and from
+Ray up); time to the first compile; each actor's warm-up phases; per-signature compile
+seconds (median, mean, p90, sum); and across runs the speed-up W1/Wall and the farm's
+own scaling W1 / (W x Wall).  Nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))   # common.py; aoti_farm is the installed one
+
+BERT_LENGTHS = (8, 16, 24, 32, 48, 64, 96)
+
+_RECORD_BERT = r"""
+import sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+import aoti_farm
+from transformers import BertConfig, BertModel
+torch.manual_seed(0)
+cfg = BertConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=128, max_position_embeddings=128)
+model = BertModel(cfg).eval()
+lengths = [int(x) for x in sys.argv[2].split(",")]
+inputs = [(torch.randint(0, 512, (1, n)), torch.ones(1, n, dtype=torch.long)) for n in lengths]
+with torch.no_grad(), aoti_farm.record(sys.argv[1]):
+    for ids, mask in inputs:
+        model(input_ids=ids, attention_mask=mask)
+"""
+
+
+def _pct(xs: list, p: float):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def make_trace(work: Path, source: str, unique: int | None) -> tuple[str, dict]:
+    """(trace path, what it is) -- see the module doc."""
+    from aoti_farm.trace import Trace, load_trace, save_trace
+
+    raw = work / "trace-raw.json"
+    info: dict = {}
+    if source in ("auto", "bert"):
+        try:
+            import transformers  # noqa: F401
+
+            have = True
+            info["transformers"] = transformers.__version__
+        except ImportError:
+            have = False
+        if have:
+            lengths = ",".join(map(str, BERT_LENGTHS))
+            subprocess.run([sys.executable, "-c", _RECORD_BERT, str(raw), lengths], check=True, timeout=600)
+            info.update(source=f"tiny BERT (2 layers, hidden 64), lengths {lengths}")
+        elif source == "bert":
+            raise SystemExit("scaling: --source bert needs transformers; pip install transformers (benchmarks only)")
+    if not info.get("source"):
+        import common as C
+
+        C.run_worker("record_trace", {"path": str(raw), "batches": list(range(1, 22))})
+        info.update(source="benchmark MLP, batch sizes 1..21")
+    tr = load_trace(str(raw))
+    entries = [e for e in tr if e.sig.device == "cpu"]
+    if unique:
+        entries = entries[:unique]
+    out = work / "trace.json"
+    save_trace(Trace(entries), str(out))
+    info["signatures"] = len(entries)
+    return str(out), info
+
+
+def prebuild_headers(work: Path) -> dict:
+    """Build Inductor's precompiled headers (its global header directory) with one
+    throwaway compile: throwaway Inductor cache, host memos and kernel."""
+    d = work / "headers"
+    for sub in ("xdg", "inductor"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "XDG_CACHE_HOME": str(d / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor")}
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-c", "import json; from aoti_farm.hostprep import prepare; "
+                        "print(json.dumps(prepare()['status']))"], env=env, capture_output=True, text=True,
+                       timeout=1800)
+    return {"seconds": round(time.time() - t0, 1), "rc": p.returncode, "out": p.stdout.strip()[-200:]}
+
+
+def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict | None = None,
+             timeout: float = 3600, fresh_headers: bool = False) -> dict:
+    """One fresh `aoti-farm warm` process (see the module doc)."""
+    d = work / label
+    d.mkdir(parents=True, exist_ok=False)
+    for sub in ("tmp", "ray", "xdg", "inductor"):
+        (d / sub).mkdir()
+    report = d / "report.json"
+    env = {**os.environ, "RAY_TMPDIR": str(d / "ray"), "XDG_CACHE_HOME": str(d / "xdg"),
+           "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    if fresh_headers:
+        env["TMPDIR"] = str(d / "tmp")
+    env.pop("AOTI_FARM_CACHE_DIR", None)
+    cmd = [sys.executable, "-m", "aoti_farm", "warm", "--model", trace, "--cache-dir", str(d / "cache"),
+           "--cpu-workers", str(workers), "--report", str(report)]
+    t0 = time.time()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.time() - t0
+    res = {"label": label, "workers": workers, "env": extra_env or {}, "rc": p.returncode, "wall_s": wall,
+           "stderr_tail": p.stderr[-3000:]}
+    try:
+        rep = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return res
+    res.update(analyse(rep, t0))
+    return res
+
+
+def analyse(rep: dict, launch: float) -> dict:
+    """Start-up and compile figures from a warm report (times from the process start)."""
+    tl = rep.get("timeline") or {}
+    t0 = tl.get("process_start") or launch
+    rel = (lambda t: None if t is None else round(t - t0, 2))
+    ws = tl.get("workers") or []
+    ready = sorted(w["ready_seen"] for w in ws if w.get("ready_seen"))
+    sigs = rep.get("signatures") or []
+    comp = [s for s in sigs if s.get("status") == "compiled"]
+    secs = [float(s["seconds"]) for s in comp]
+    starts = sorted(s["span"][0] for s in comp if s.get("span"))
+    ray_up = tl.get("ray_started")
+    actors = []
+    for w in sorted(ws, key=lambda w: w.get("ready_seen") or 0):
+        ph = w.get("phases") or {}
+        actors.append({"pid": w.get("pid"), "ready": rel(w.get("ready_seen")),
+                       "phases": {k: [rel(a), round(b - a, 2)] for k, (a, b) in ph.items()},
+                       "host_steps": w.get("host_steps")})
+    status: dict = {}
+    for s in sigs:
+        status[s.get("status")] = status.get(s.get("status"), 0) + 1
+    builds: dict = {}
+    for s in comp:
+        b = (s.get("build") or {})
+        k = f"{b.get('wrapper')}/{b.get('common', b.get('reason'))}"
+        builds[k] = builds.get(k, 0) + 1
+    return {
+        "status": status,
+        "ray_up_s": rel(ray_up),
+        "planned_s": rel(tl.get("planned")),
+        "host_prep": {k: ([rel(x) for x in v] if k == "span" else v) for k, v in (tl.get("host_prep") or {}).items()},
+        "actors": len(ws),
+        "first_actor_ready_s": rel(ready[0]) if ready else None,
+        "all_actors_ready_s": rel(ready[-1]) if ready else None,
+        "all_actors_ready_after_ray_s": round(ready[-1] - ray_up, 2) if ready and ray_up else None,
+        "first_compile_start_s": rel(starts[0]) if starts else None,
+        "compile_s": {"n": len(secs), "sum": round(sum(secs), 1), "median": _r(statistics.median(secs) if secs else None),
+                      "mean": _r(statistics.mean(secs) if secs else None), "p90": _r(_pct(secs, 90)),
+                      "max": _r(max(secs) if secs else None)},
+        "builds": builds,
+        "actor_timeline": actors,
+        "timeline_marks": {k: rel(v) for k, v in tl.items() if isinstance(v, (int, float))},
+    }
+
+
+def _r(x):
+    return None if x is None else round(x, 2)
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    cells = [header] + [["-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)) for v in r] for r in rows]
+    w = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    out = ["  ".join(c[i].ljust(w[i]) for i in range(len(header))) for c in cells]
+    out.insert(1, "  ".join("-" * x for x in w))
+    return "\n".join(out)
+
+
+def bench(workers: list[int], work: Path, source: str = "auto", trace: str | None = None, unique: int | None = None,
+          isa_replay_off_too: bool = False, log=print, fresh_headers: bool = False, save=None) -> dict:
+    import common as C
+
+    out: dict = {"machine": C.machine(), "fresh_headers": fresh_headers}
+    if trace:
+        out["job"] = {"source": f"--trace {trace}"}
+    else:
+        trace, out["job"] = make_trace(work, source, unique)
+    from aoti_farm.trace import load_trace
+
+    out["job"]["signatures"] = len(load_trace(trace))
+    log(f"[scaling] job: {out['job']}; runs: W={workers}" + (" + W=max with AOTI_FARM_ISA_REPLAY=0" if isa_replay_off_too else ""))
+    if not fresh_headers:
+        out["headers_prebuilt"] = prebuild_headers(work)
+        log(f"[scaling] precompiled headers built before the runs: {out['headers_prebuilt']}")
+    runs = []
+    out["runs"] = runs
+    plan = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
+    if isa_replay_off_too:
+        wmax = max(workers)
+        plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_ISA_REPLAY": "0"}))
+    for w, label, env in plan:
+        log(f"[scaling] warm W={w} ({label}) ...")
+        r = run_warm(trace, w, work, label, env, fresh_headers=fresh_headers)
+        runs.append(r)
+        if save:
+            save(out)
+        log(f"[scaling]   rc={r['rc']} wall {r['wall_s']:.1f}s, all actors ready {r.get('all_actors_ready_s')}s "
+            f"({r.get('all_actors_ready_after_ray_s')}s after Ray up), first compile {r.get('first_compile_start_s')}s, "
+            f"compile s median {(r.get('compile_s') or {}).get('median')}")
+        if r["rc"] not in (0, 1):
+            log(r["stderr_tail"])
+    by = {r["label"]: r for r in runs}
+    w1 = by.get("w1")
+    wmax = max(workers)
+    top = by.get(f"w{wmax}")
+    if w1 and top and wmax > 1 and w1.get("rc") == 0 and top.get("rc") == 0:
+        out["speedup"] = w1["wall_s"] / top["wall_s"]
+        out["farm_scaling"] = w1["wall_s"] / (wmax * top["wall_s"])
+    rows = []
+    for r in runs:
+        cs = r.get("compile_s") or {}
+        rows.append([r["label"], r["workers"], r.get("rc"), r["wall_s"], r.get("ray_up_s"), r.get("first_actor_ready_s"),
+                     r.get("all_actors_ready_s"), r.get("all_actors_ready_after_ray_s"), r.get("first_compile_start_s"),
+                     cs.get("median"), cs.get("mean"), cs.get("p90"), cs.get("sum"), json.dumps(r.get("builds"))])
+    log("\n" + table(rows, ["run", "W", "rc", "wall s", "Ray up", "1st actor ready", "all ready", "all ready after Ray",
+                            "1st compile", "compile s median", "mean", "p90", "sum", "wrapper builds"]))
+    if "speedup" in out:
+        log(f"\n[scaling] speed-up W=1 / W={wmax}: {out['speedup']:.2f}x; farm's own scaling "
+            f"W1 / ({wmax} x W{wmax}): {out['farm_scaling']:.3f}")
+    for r in runs:
+        log(f"\n[scaling] {r['label']}: actors' warm-up (s from process start: [start, duration]); host prep "
+            f"{r.get('host_prep')}")
+        for a in r.get("actor_timeline") or []:
+            hs = a.get("host_steps") or {}
+            log(f"  pid {a['pid']}: ready {a['ready']}  " + " ".join(f"{k}={v}" for k, v in a["phases"].items())
+                + f"  isa checks run/replayed {hs.get('isa_checks_run')}/{hs.get('isa_checks_replayed')}"
+                + f" ({hs.get('isa_checks_s', 0):.1f}s), isa lock wait {hs.get('isa_lock_wait_s', 0):.1f}s")
+    return out
+
+
+def bench_ctx(ctx) -> dict:
+    """`scripts/bench/run.py --only scaling`: W=1 and W=all, targets into the summary."""
+    n = os.cpu_count() or 1
+    work = ctx.work / "scaling"
+    work.mkdir(parents=True, exist_ok=True)
+    if ctx.quick:
+        return {"skipped": "compile-heavy; run without --quick"}
+    res = bench(sorted({1, n}), work, unique=ctx.unique or None)
+    if "farm_scaling" in res:
+        ctx.target("scaling", f"farm's own scaling W1/({n} x W{n})", ">= 0.55 (16 cores)", res["farm_scaling"],
+                   res["farm_scaling"] >= 0.55 if n >= 16 else None)
+        ctx.target("scaling", f"speed-up W=1 / W={n}", ">= 9x (16 cores)", res["speedup"],
+                   res["speedup"] >= 9 if n >= 16 else None)
+    top = next((r for r in res["runs"] if r["workers"] == n), None)
+    if top and top.get("all_actors_ready_after_ray_s") is not None:
+        ctx.target("scaling", f"all {top['actors']} actors ready after Ray's start", "<= 20 s",
+                   top["all_actors_ready_after_ray_s"], top["all_actors_ready_after_ray_s"] <= 20)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", default="", help="comma-separated W values (default: 1 and os.cpu_count())")
+    ap.add_argument("--source", choices=("auto", "bert", "mlp"), default="auto")
+    ap.add_argument("--trace", default=None, help="warm this trace instead of recording one")
+    ap.add_argument("--unique", type=int, default=0, help="only the first N signatures")
+    ap.add_argument("--isa-replay-off-too", action="store_true",
+                    help="also a W=max run with AOTI_FARM_ISA_REPLAY=0 (every actor runs Inductor's ISA checks)")
+    ap.add_argument("--fresh-headers", action="store_true",
+                    help="a fresh temp dir per run, so each run also builds Inductor's precompiled headers")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--workdir", default=None)
+    a = ap.parse_args(argv)
+    n = os.cpu_count() or 1
+    workers = [int(x) for x in a.workers.split(",") if x.strip()] if a.workers else sorted({1, n})
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="aoti-scaling-")).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    def save(res):
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+
+    res = bench(workers, work, a.source, a.trace, a.unique or None, a.isa_replay_off_too,
+                fresh_headers=a.fresh_headers, save=save)
+    save(res)
+    if a.json:
+        print(f"[scaling] wrote {a.json}")
+    return 0 if all(r.get("rc") == 0 for r in res["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
