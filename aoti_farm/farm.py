@@ -409,8 +409,15 @@ def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory
     from aoti_farm.workers.pool import Scheduler, actor_options, worker_env
 
     remote_cls = ray.remote(CompileActor)
-    # the actors check the memory budget before each compile (job.compile_and_publish)
-    env = {**worker_env(), "AOTI_FARM_MEMORY_BUDGET": str(cfg.memory_budget)} if cfg.memory_budget else None
+    # the actors check the memory budget before each compile (job.compile_and_publish);
+    # spelled as in this environment when it says the same, so an embedded Ray's actors,
+    # which inherit it, need no runtime_env for it
+    env = None
+    if cfg.memory_budget:
+        from aoti_farm import budget
+
+        same = budget.current()[1] == budget.ENV and budget.current()[0] == cfg.memory_budget
+        env = {**worker_env(), budget.ENV: os.environ[budget.ENV] if same else str(cfg.memory_budget)}
 
     def make_actor(kind: str):
         return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, env, inherited=_EMBEDDED_ENV)).remote(
@@ -529,6 +536,11 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
 
     attach_speed(rows, cache, cfg.inductor_options)   # each kernel's measured speed-up
     progress.finish(rows)
+    from aoti_farm.progress import startup_line
+
+    line = startup_line(timeline)
+    if line:
+        progress._log(line)
     if counters_out is not None and counters is not None:
         from dataclasses import asdict
 
