@@ -226,13 +226,21 @@ def test_backend_serves_warm_cache_and_waits_for_fleet_compile(warmed, tmp_path)
             compiles.append(sig.op)
             return orig(self, sig, workdir)
         AOTICompiler.compile = counting
+        from aoti_farm import job
+        statuses = []
+        orig_cap = job.compile_and_publish
+        def recording(*a, **k):
+            out = orig_cap(*a, **k)
+            statuses.append(out.status)
+            return out
+        job.compile_and_publish = recording
 
         backend = enable_upstream_backend({str(cache.root)!r}, devices=("cpu",))
         lease = leases.try_acquire(backend.cache, {warmed.fp.id!r}, {sig_mul().key!r}, "other-worker", 600)
         assert lease is not None
 
         def other_worker():
-            while backend.stats()["compile_requests"] < 1:
+            while "busy" not in statuses:   # upstream's request found the lease held
                 time.sleep(0.02)
             os.rename({str(aside)!r}, {str(mul_dir)!r})
             lease.release()
