@@ -161,6 +161,9 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
                         f"AOTI_FARM_SERVE or [hook] serve")
     if isinstance(cfg, FarmConfig) and cfg.dynamic not in ("auto", "off"):
         raise UserError(f"dynamic: {cfg.dynamic!r} is not one of auto, off; fix --dynamic, AOTI_FARM_DYNAMIC or [farm] dynamic")
+    if isinstance(cfg, FarmConfig) and cfg.lease_ttl > 3600:   # leases.MAX_TTL: a longer one reads as expired
+        raise UserError(f"lease_ttl: {cfg.lease_ttl:g} s is more than an hour, which leases treat as broken; "
+                        f"fix --lease-ttl, AOTI_FARM_LEASE_TTL or [farm] lease_ttl")
     if isinstance(cfg, FarmConfig) and cfg.warmup not in ("none", "light", "compile"):
         raise UserError(f"warmup: {cfg.warmup!r} is not one of none, light, compile")
     if isinstance(cfg, FarmConfig) and cfg.address == "":

@@ -7,8 +7,9 @@
    a tensor input that requires grad while grad mode is on).
 2. ``(op, encoding)`` -> a memoised :class:`_Call` holding the signature key.
 3. Key published under the device's fingerprint -> **hit**: the kernel is loaded on first
-   use (``Cache.open_entry`` verifies sha256, fingerprint, HMAC and permissions *before*
-   ``load_runner`` dlopens it) and run; no lock is held while it runs.  A ``BadEntry`` is
+   use (``Cache.open_entry`` walks to the entry without following links, checks owners and
+   modes, reads the manifest bounded, verifies fingerprint, HMAC and sha256 into a sealed
+   private copy, and ``load_runner`` dlopens that copy, never the shared file) and run; no lock is held while it runs.  A ``BadEntry`` is
    counted (``foreign`` or ``integrity_failures``), dropped from the index, queued again,
    and the call returns eager's result.
 4. Otherwise **miss**: eager's result is returned at once; a background thread writes the
@@ -611,9 +612,19 @@ class Hook:
             runner = self._runners.get(call.key)
             if runner is not None and isinstance(runner, int) == (nreg is not None):
                 return runner
+            if call.key in self._bad:
+                return None   # refused while this thread waited: not verified again
             fp = self.fps[call.device]
+            if not loadenv.load_safe():
+                # This host needs libstdc++ preloaded to load AOTI libraries and this
+                # process was started without it: loading would crash the caller.
+                with self._lock:
+                    self.c.load_unsafe += 1
+                return None
             try:
-                entry = self.cache.open_entry(fp, call.key)
+                # verified bytes in a sealed private copy: the library loaded is exactly
+                # what was hashed, whatever happens to the shared file meanwhile
+                entry = self.cache.open_entry(fp, call.key, private=True)
             except BadEntry as e:
                 self._refused(call, e)
                 return None
@@ -622,21 +633,17 @@ class Hook:
                 with self._lock:
                     self.c.load_errors += 1
                 return None
-            if not loadenv.load_safe():
-                # This host needs libstdc++ preloaded to load AOTI libraries and this
-                # process was started without it: loading would crash the caller.
-                with self._lock:
-                    self.c.load_unsafe += 1
-                return None
             device = "cuda:0" if call.device == "cuda" else "cpu"
             try:
-                runner = nreg.load(entry.kernel_path, device) if nreg is not None else load_runner(entry.kernel_path, device)
+                runner = nreg.load(entry.load_path, device) if nreg is not None else load_runner(entry.load_path, device)
             except Exception as e:  # noqa: BLE001
                 log.warning("cannot load kernel %s: %s", call.key[:12], e)
                 with self._lock:
                     self.c.load_errors += 1
                     self._bad[call.key] = (call.device, self._entry_stat(call.device, call.key))
                 return None
+            finally:
+                entry.close()
             self.cache.touch_used(entry)
             with self._lock:
                 old = self._runners.get(call.key)
@@ -895,7 +902,7 @@ class Hook:
         env.pop("AOTI_FARM_SIGNING_KEY_FILE", None)
         env.pop("AOTI_FARM_SIGNING_KEY", None)
         if self.cache.signing_key:
-            env["AOTI_FARM_SIGNING_KEY"] = self.cache.signing_key.decode("latin-1")
+            env["AOTI_FARM_SIGNING_KEY"] = os.fsdecode(self.cache.signing_key)   # read back with os.fsencode
         try:
             logf = open(self.worker_log, "ab")
             try:
@@ -988,6 +995,8 @@ class Hook:
             t.join(timeout=30)
         self._room.close()
         self._gate.close()
+        if self._metrics is not None:
+            self._metrics.close()
         self._runners.clear()
         if self._nreg is not None:
             self._native_final = self._nreg.stats()
@@ -1024,8 +1033,6 @@ class _Flush:
 
 class _Start:
     def __init__(self, device: str):
-        if self._metrics is not None:
-            self._metrics.close()
         self.device = device
 
 

@@ -27,6 +27,7 @@ Routing and resource requests are plain functions (:func:`route`, :func:`actor_o
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -36,8 +37,11 @@ from typing import Any, Callable
 
 from aoti_farm import leases
 from aoti_farm.cache import Cache
+from aoti_farm.errors import FarmError
 from aoti_farm.signature import Signature
 from aoti_farm.workers import metrics as farm_metrics
+
+log = logging.getLogger("aoti_farm.pool")
 
 CPU, GPU = "cpu", "gpu"
 #: How many times Ray itself restarts a dead actor before the scheduler replaces it.
@@ -326,11 +330,11 @@ class Scheduler:
             return
         info = leases.holder_info(self.cache, fp_id, task.key)
         if info and info.get("owner") == owner:
-            try:
-                leases.lease_path(self.cache, fp_id, task.key).unlink()
-                self.counters.leases_broken += 1
-            except FileNotFoundError:
-                pass
+            try:   # through the leases/ directory's descriptor: never a link
+                if leases.remove(self.cache, fp_id, f"{task.key}.lease"):
+                    self.counters.leases_broken += 1
+            except (OSError, FarmError) as e:
+                log.warning("cannot break the lease of %s: %s", task.key[:12], e)
 
     def _check_startup(self, now: float) -> None:
         """Workers that cannot start (no resources) for ``timeout`` s while their kind has
