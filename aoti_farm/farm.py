@@ -536,6 +536,11 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
 
     attach_speed(rows, cache, cfg.inductor_options)   # each kernel's measured speed-up
     progress.finish(rows)
+    from aoti_farm.progress import startup_line
+
+    line = startup_line(timeline)
+    if line:
+        progress._log(line)
     if counters_out is not None and counters is not None:
         from dataclasses import asdict
 

@@ -181,6 +181,30 @@ def write_report(path: str, results: list[dict], extra: dict | None = None) -> N
         raise UserError(f"report {path}: cannot write ({e.strerror}); pass a writable --report path") from None
 
 
+def startup_line(timeline: dict) -> str | None:
+    """One line on where a warm's start-up went (from its report timeline, seconds since
+    the process started), so that a regression in the actors' start is visible without
+    the report: Ray up, actors ready (first, last, and how long after Ray's start), the
+    first compile, and the slowest actor's longest warm-up phase."""
+    t0 = timeline.get("process_start")
+    t0 = timeline.get("warm_start") if t0 is None else t0
+    ws = [w for w in timeline.get("workers") or [] if w.get("ready_seen")]
+    ray_up = timeline.get("ray_started")
+    if t0 is None or not ws or ray_up is None:
+        return None
+    ready = sorted(w["ready_seen"] for w in ws)
+    last = max(ws, key=lambda w: w["ready_seen"])
+    phases = last.get("phases") or {}
+    slow = max(phases.items(), key=lambda kv: kv[1][1] - kv[1][0], default=None)
+    out = (f"start-up: Ray up at {ray_up - t0:.1f}s; {len(ws)} actor(s) ready {ready[0] - t0:.1f}-{ready[-1] - t0:.1f}s "
+           f"({ready[-1] - ray_up:.1f}s after Ray's start)")
+    if timeline.get("first_dispatch"):
+        out += f"; first compile at {timeline['first_dispatch'] - t0:.1f}s"
+    if slow:
+        out += f"; slowest actor's longest phase: {slow[0]} {slow[1][1] - slow[1][0]:.1f}s"
+    return out
+
+
 def _fmt_secs(s: float) -> str:
     s = int(round(s))
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"

@@ -287,7 +287,7 @@ class Hook:
                 except Exception as e:  # noqa: BLE001 -- read-only or full: misses are not queued
                     log.warning("cache %s: %s", self.cache.root, e)
         self._index = {d: _Index(self.cache, fp) for d, fp in self.fps.items()}
-        self._shapes = ShapeIndex(self.cache, self.fps, _Call)   # shape-general entries (runtime/shapeserve.py)
+        self._shapes = ShapeIndex(self.cache, self.fps, _Call, gated=self._gate.active)   # runtime/shapeserve.py
         for d in self._index:
             self._refresh(d)
         self._ops_arg, self._served = ops, served

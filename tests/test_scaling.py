@@ -72,3 +72,15 @@ def test_embedded_ray_token_notice_is_dropped_and_other_warnings_kept(caplog):
     msgs = [r.getMessage() for r in caplog.records if r.name == name]
     assert msgs == ["Token authentication is enabled but no authentication token was found"]
     assert sum(type(f).__name__ == "_DropNotices" for f in lg.filters) == 1
+
+
+def test_startup_line_names_the_slowest_phase():
+    from aoti_farm.progress import startup_line
+
+    tl = {"process_start": 100.0, "ray_started": 116.7, "first_dispatch": 132.3,
+          "workers": [{"ready_seen": 132.3, "phases": {"import": [118.3, 132.1]}},
+                      {"ready_seen": 135.5, "phases": {"boot": [113.9, 117.2], "import": [117.2, 135.2]}}]}
+    line = startup_line(tl)
+    assert "Ray up at 16.7s" in line and "2 actor(s) ready 32.3-35.5s (18.8s after Ray's start)" in line
+    assert "first compile at 32.3s" in line and "longest phase: import 18.0s" in line
+    assert startup_line({"process_start": 1.0, "workers": []}) is None
