@@ -8,11 +8,13 @@ verifies it against eager at sampled shapes (:func:`aoti_farm.shapes.sample_poin
 both ends of every range, an odd size, random interior points and every observed
 shape).  One disagreement refuses the kernel.
 
-The speed gate is timed at every sample (``manifest["speed_samples"]``).  A class of one
-symbol whose kernel loses to eager at some samples is narrowed to the widest run of
-consecutive winning samples (the published class's ranges, thus its key, are that
-sub-range); otherwise ``manifest["speed"]`` is the worst sample, so a kernel slower than
-eager anywhere in its range is gated everywhere.
+The speed gate is timed at every sample (``manifest["speed_samples"]``).  The entry is
+always the whole verified class; ``manifest["speed"]["serve_range"]`` is where the gate
+lets it serve: the whole range when it won at every sample, for a class of one symbol the
+widest run of consecutive winning samples, else None.  Under ``serve="faster"`` the hook
+matches a call to the class only inside ``serve_range`` (elsewhere the call is a miss
+that queues its exact signature, whose own kernel may win); under ``"always"`` the whole
+verified range is served.
 
 Where the export with symbolic dims fails (an op whose meta function guards on a size,
 a divisibility the range does not satisfy), Inductor cannot compile the graph, or the
@@ -207,15 +209,21 @@ class ClassCompiler:
         return out
 
     def gate(self, cls: SH.ShapeClass, samples: list[dict]) -> tuple[SH.ShapeClass, dict | None]:
-        """(the class to serve, its manifest ``speed``): the whole class when it wins at
-        every sample; for one symbol, the widest run of consecutive winning samples (at
-        least two); else the whole class with its worst sample (gated at serving)."""
+        """(the class, its manifest ``speed``).  The class published is always the whole
+        verified class; the speed gate's part is ``speed["serve_range"]``: where the kernel
+        won at every sample (the whole range), for one symbol the widest run of
+        consecutive winning samples (at least two), else None (it wins nowhere it can be
+        trusted to).  ``speed``'s ratio is the worst sample inside ``serve_range`` (the
+        worst overall when None), so the gate's usual checks apply to it."""
         timed = [s for s in samples if "speed" in s]
         if not timed:
             return cls, None
         worst = max(timed, key=lambda s: s["speed"]["ratio"])
-        if worst["speed"]["ratio"] <= self.gate_ratio or len(cls.ranges) != 1:
-            return cls, _speed(worst)
+        full = {n: [lo, hi] for n, lo, hi in cls.ranges}
+        if worst["speed"]["ratio"] <= self.gate_ratio:
+            return cls, {**_speed(worst), "serve_range": full, "worst_ratio": worst["speed"]["ratio"]}
+        if len(cls.ranges) != 1:
+            return cls, {**_speed(worst), "serve_range": None, "worst_ratio": worst["speed"]["ratio"]}
         name = cls.ranges[0][0]
         pts = sorted(timed, key=lambda s: s["at"][name])
         best, run = [], []
@@ -223,15 +231,11 @@ class ClassCompiler:
             run = run + [s] if s["speed"]["ratio"] <= self.gate_ratio else []
             if len(run) > len(best):
                 best = run
-        if len(best) < 2 or best[0]["at"][name] == best[-1]["at"][name]:
-            return cls, _speed(worst)
-        lo, hi = best[0]["at"][name], best[-1]["at"][name]
-        sub = SH.ShapeClass(cls.op, cls.group, cls.dims, ((name, lo, hi),), cls.example, cls.members)
-        if sub.bind(cls.example.args) is None:   # the manifest's example must be a member
-            env = {name: hi}
-            sub = SH.ShapeClass(cls.op, cls.group, cls.dims, ((name, lo, hi),), cls.point(env), cls.members)
+        if len(best) < 2:
+            return cls, {**_speed(worst), "serve_range": None, "worst_ratio": worst["speed"]["ratio"]}
         w = max(best, key=lambda s: s["speed"]["ratio"])
-        return sub, {**_speed(w), "sub_range": [lo, hi], "full_range": [cls.ranges[0][1], cls.ranges[0][2]]}
+        return cls, {**_speed(w), "serve_range": {name: [best[0]["at"][name], best[-1]["at"][name]]},
+                     "worst_ratio": worst["speed"]["ratio"]}
 
 
 def _speed(sample: dict) -> dict:
@@ -273,7 +277,8 @@ def compile_and_publish_class(cache: Cache, compiler: ClassCompiler, fp: Fingerp
     worker = f"{socket.gethostname()}:{os.getpid()}"
     if cache.has_entry(fp.id, key):
         write_hint(cache, fp, cls)
-        return Outcome(key, CACHED, worker=worker, evidence={"ranges": _ranges(cls)})
+        return Outcome(key, CACHED, worker=worker, evidence={"ranges": _ranges(cls), "serve_range": _serve_range(
+            cache, fp, key)})
     cache.ensure(fp)
     lease = leases.try_acquire(cache, fp.id, key, owner, lease_ttl)
     if lease is None:
@@ -295,12 +300,20 @@ def compile_and_publish_class(cache: Cache, compiler: ClassCompiler, fp: Fingerp
             **({"threads": res.threads} if res.threads else {}),
         })
         write_hint(cache, fp, served)
-        ev = {"ranges": _ranges(served), "planned_key": key}
+        ev = {"ranges": _ranges(served), "serve_range": (res.speed or {}).get("serve_range")}
         return Outcome(served.key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases,
                        build=res.build or {}, evidence=ev)
     finally:
         lease.release()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _serve_range(cache: Cache, fp: Fingerprint, key: str):
+    try:
+        sp = cache.read_manifest(cache.entry_dir(fp.id, key)).get("speed")
+        return sp.get("serve_range") if isinstance(sp, dict) else None
+    except Exception:  # noqa: BLE001 -- a report detail only
+        return None
 
 
 def _ranges(cls: SH.ShapeClass) -> dict:

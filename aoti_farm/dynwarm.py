@@ -59,7 +59,7 @@ def _one(root: str, signing_key, allow_insecure: bool, options: dict, cls: SH.Sh
     if out.status in ("compiled", "cached"):
         served = out.evidence.get("ranges") or row["ranges"]
         return {**row, "key": out.key, "status": out.status, "seconds": out.seconds, "ranges": served,
-                "planned_key": cls.key, "phases": out.phases}
+                "serve_range": out.evidence.get("serve_range"), "phases": out.phases}
     status = "fallback" if out.status == "failed" else out.status   # busy: someone else builds it
     return {**row, "status": status, "error": out.error, "evidence": out.evidence, "seconds": out.seconds}
 
@@ -85,7 +85,7 @@ def warm_classes(cfg, sigs: list, cache, stream: TextIO | None = None) -> tuple[
     covered: set = set()
     for c, r in zip(todo, rows):
         stream.write(f"{r['status']:8} {r['key'][:16]} {r['description']} "
-                     f"(served: {' '.join(f'{n}={lo}..{hi}' for n, (lo, hi) in r['ranges'].items())}) "
+                     f"(faster than eager: {_range_text(r.get('serve_range'))}) "
                      f"{r.get('seconds', 0):.1f}s"
                      + (f": {r['error']}" if r.get("error") else "") + "\n")
         if r["status"] in ("compiled", "cached"):
@@ -96,6 +96,12 @@ def warm_classes(cfg, sigs: list, cache, stream: TextIO | None = None) -> tuple[
     stream.write(f"dynamic: {n_ok} shape-general kernels cover {len(covered)} signatures; "
                  f"{len(rows) - n_ok} classes fall back to exact kernels\n")
     return [s for s in sigs if s.key not in covered], rows
+
+
+def _range_text(r) -> str:
+    if not isinstance(r, dict):
+        return "nowhere sampled" if r is None else "-"
+    return " ".join(f"{n}={lo}..{hi}" for n, (lo, hi) in r.items())
 
 
 __all__ = ["MODES", "check_mode", "warm_classes"]

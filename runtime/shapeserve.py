@@ -6,7 +6,10 @@ op, non-tensor arguments, dtypes, ranks, devices, layout classes), the class key
 for that group (``<root>/<fp>/classes/<group key>/<class key>``, see
 :mod:`aoti_farm.dyncompile`) that are published in the hook's index, and each class's
 range check (:meth:`aoti_farm.shapes.ShapeClass.bind`: fixed dims equal, tied dims
-agree, every symbol in its range).  A call outside every range is a miss, as before.
+agree, every symbol in its range).  Under the speed gate (``serve="faster"``) a class
+serves only inside its ``speed["serve_range"]`` (where it beat eager at every sampled
+shape, :meth:`aoti_farm.dyncompile.ClassCompiler.gate`).  A call outside every range is a
+miss, as before: it queues its exact signature.
 
 A class is read from its manifest and kept only when it hashes to the key it is
 published under, so the class matched is the one :meth:`aoti_farm.cache.Cache.open_entry`
@@ -30,13 +33,15 @@ MEMO_LIMIT = 65536
 
 
 class ShapeIndex:
-    def __init__(self, cache, fps: dict, make_call):
+    def __init__(self, cache, fps: dict, make_call, gated: bool = True):
         self.cache, self.fps, self._make_call = cache, fps, make_call
+        self.gated = gated        # serve="faster": a class serves only inside its speed["serve_range"]
         self._lock = threading.Lock()
         self._gen = 0
         self._memo: dict[str, tuple] = {}            # exact key -> (generation, class call or None)
         self._groups: dict[tuple, list] = {}         # (fp id, group key) -> [ShapeClass]
         self._parsed: dict[str, object] = {}         # class key -> ShapeClass | None (unreadable)
+        self._serve: dict[str, object] = {}          # class key -> serve_range ({symbol: [lo, hi]}) or None
         self.matched = 0          # exact signatures served by a class entry
         self.outside = 0          # signatures of a group with class entries, outside every range
         self.errors = 0           # unreadable hints or manifests (skipped)
@@ -90,7 +95,8 @@ class ShapeIndex:
             cands.sort(key=lambda c: sum(hi - lo for _, lo, hi in c.ranges))
             self._groups[(fp.id, gk)] = cands
         for cls in cands:
-            if cls.key not in bad and cls.bind(sig.args) is not None:
+            env = cls.bind(sig.args) if cls.key not in bad else None
+            if env is not None and (not self.gated or _inside(env, self._serve.get(cls.key))):
                 return cls
         if cands:
             self.outside += 1
@@ -107,10 +113,23 @@ class ShapeIndex:
         if cls.key != key:
             self.errors += 1
             return None
+        sp = m.get("speed")
+        self._serve[key] = sp.get("serve_range") if isinstance(sp, dict) else None
         return cls
 
     def stats(self) -> dict:
         return {"matched": self.matched, "outside": self.outside, "errors": self.errors}
+
+
+def _inside(env: dict, serve) -> bool:
+    """Whether symbol values ``env`` lie in the speed gate's ``serve_range`` (None: the
+    kernel won nowhere, or the entry has no speed: never)."""
+    if not isinstance(serve, dict):
+        return False
+    try:
+        return all(serve[n][0] <= v <= serve[n][1] for n, v in env.items())
+    except (KeyError, TypeError, IndexError):
+        return False
 
 
 __all__ = ["ShapeIndex"]

@@ -280,3 +280,27 @@ def test_a_kernel_wrong_at_one_sampled_shape_is_refused(warmed, tmp_path):
     assert out.evidence["problem"] == "values"
     assert not c2.has_entry(fp.id, cls.key)
     assert dyncompile.hinted_keys(c2, fp.id, cls.group_key) == []
+
+
+def test_under_the_speed_gate_a_class_serves_only_inside_its_serve_range(warmed, tmp_path):
+    from aoti_farm.runtime import install
+
+    cache, fp, _ = warmed
+    c2 = Cache(tmp_path / "c")
+    shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
+    k = _class_key(c2, fp)
+    p = c2.entry_dir(fp.id, k) / "manifest.msgpack"
+    m = msgpack.unpackb(p.read_bytes(), raw=False)
+    assert m["speed"]["serve_range"] is None or set(m["speed"]["serve_range"]) == {"s0"}
+    m["speed"]["serve_range"] = {"s0": [8, 20]}        # as if it lost to eager above 20
+    os.chmod(p, 0o644)
+    p.write_bytes(msgpack.packb(m, use_bin_type=True))
+    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", serve="faster") as h:
+        torch.ops.aten.gelu.default(torch.randn(30, 64))   # verified range, outside serve_range: a miss
+        torch.ops.aten.gelu.default(torch.randn(17, 64))   # inside: the class (hit, gated or pending the gate)
+        st = h.stats()
+    assert st["misses"] == 1 and st["shape_classes"]["matched"] == 1
+    assert st["hits"] + st["gated"] + st.get("gate_pending", 0) == 1, json.dumps(st, default=str)
+    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", serve="always") as h:
+        torch.ops.aten.gelu.default(torch.randn(30, 64))   # serve="always": the whole verified range
+        assert h.stats()["hits"] == 1
