@@ -46,6 +46,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -63,6 +64,10 @@ namespace {
 constexpr int64_t EAGER_MISS = -1;     // remembered: a miss (queued); counted as a miss
 constexpr int64_t EAGER_FAILED = -2;   // remembered: a signature with a failure record
 constexpr int64_t EAGER_ONCE = -3;     // not remembered: Python counted this call itself
+// remembered: a call aoti-farm can never serve (signature.Ineligible); reason id r is
+// coded as EAGER_INELIGIBLE_BASE - r (r < INELIGIBLE_REASONS), counted per reason
+constexpr int64_t EAGER_INELIGIBLE_BASE = -1000;
+constexpr int64_t INELIGIBLE_REASONS = 256;
 constexpr int64_t EAGER_GATED = -4;    // remembered: a cached kernel the speed gate declined (runtime/gate.py)
 // Most remembered calls per op; a full op forgets everything it remembered (dynamic
 // shapes must not grow memory without bound) and learns again through Python.
@@ -310,6 +315,7 @@ struct State {
   std::atomic<bool> enabled{true};
   // bumped by forget_eager(): an eager decision made before a bump is not remembered
   std::atomic<uint64_t> epoch{0};
+  std::array<std::atomic<uint64_t>, INELIGIBLE_REASONS> ineligible{};
   std::atomic<uint64_t> slow{0}, wrapped{0}, grad{0}, views{0}, unkeyable{0}, kernel_errors{0},
       callback_errors{0}, remembered{0}, forgotten{0}, gated{0};
   ~State() {
@@ -576,7 +582,8 @@ struct SlotKernel final : public c10::OperatorKernel {
         }
         return eager(op, ks, stack);
       }
-      if (d.code == EAGER_GATED) st->gated++;
+      if (d.code <= EAGER_INELIGIBLE_BASE) st->ineligible[EAGER_INELIGIBLE_BASE - d.code]++;
+      else if (d.code == EAGER_GATED) st->gated++;
       else (d.code == EAGER_FAILED ? slot->c.failed : slot->c.misses)++;
       return eager(op, ks, stack);
     }
@@ -597,6 +604,12 @@ struct SlotKernel final : public c10::OperatorKernel {
         slot->c.hits++;
         return;
       }
+      return eager(op, ks, stack);
+    }
+    if (code <= EAGER_INELIGIBLE_BASE && code > EAGER_INELIGIBLE_BASE - INELIGIBLE_REASONS) {
+      // decided by the call's metadata alone (the fast key holds all of it): no epoch check
+      std::unique_lock<std::shared_mutex> lk(st->mu);
+      remember(key, code, nullptr);
       return eager(op, ks, stack);
     }
     if (code == EAGER_MISS || code == EAGER_FAILED || code == EAGER_GATED) {
@@ -709,6 +722,10 @@ class FastPath {
     d["requires_grad"] = st_->grad.load();
     d["conj_neg_views"] = st_->views.load();
     d["gated"] = st_->gated.load();
+    py::dict inel;
+    for (int64_t i = 0; i < INELIGIBLE_REASONS; ++i)
+      if (uint64_t v = st_->ineligible[i].load()) inel[py::int_(i)] = v;
+    d["ineligible"] = inel;
     d["unkeyable"] = st_->unkeyable.load();
     d["kernel_errors"] = st_->kernel_errors.load();
     d["callback_errors"] = st_->callback_errors.load();
@@ -739,6 +756,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("EAGER_FAILED") = EAGER_FAILED;
   m.attr("EAGER_ONCE") = EAGER_ONCE;
   m.attr("EAGER_GATED") = EAGER_GATED;
+  m.attr("EAGER_INELIGIBLE_BASE") = EAGER_INELIGIBLE_BASE;
+  m.attr("INELIGIBLE_REASONS") = INELIGIBLE_REASONS;
   // this thread's calls of served ops go straight to eager (the speed gate's background trial)
   m.def("set_inside", [](bool on) {
     bool prev = t_inside;

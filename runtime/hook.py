@@ -293,6 +293,7 @@ class Hook:
         self._ops_arg, self._served = ops, served
         self._reg: Any = None
         self._not_serving: str | None = None
+        self._ineligible_ids: dict[str, int] = {}   # fallback reason -> the native path's id
         try:
             if native == "require":
                 self._require_native()
@@ -409,7 +410,7 @@ class Hook:
             enc = S.encode_call(info, args, kwargs)
         except Ineligible as e:
             self._fallback(info, str(e))
-            return ("fallback", None)
+            return ("fallback", None, str(e))   # the reason: the native path remembers it
         except Exception as e:  # noqa: BLE001 -- an odd argument is never the caller's problem
             self._fallback(info, f"unencodable: {type(e).__name__}")
             return ("fallback", None)
@@ -505,6 +506,14 @@ class Hook:
             return d[2]
         if d[0] == "gated" and d[2] and hasattr(mod, "EAGER_GATED"):
             return mod.EAGER_GATED   # remembered: later calls run eager without asking
+        if d[0] == "fallback" and len(d) > 2 and hasattr(mod, "EAGER_INELIGIBLE_BASE"):
+            # Ineligible follows from the call's metadata, which the native key holds in
+            # full: remembered, later calls run eager without asking (counted per reason)
+            rid = self._ineligible_ids.get(d[2])
+            if rid is None and len(self._ineligible_ids) < mod.INELIGIBLE_REASONS:
+                rid = self._ineligible_ids.setdefault(d[2], len(self._ineligible_ids))
+            if rid is not None:
+                return mod.EAGER_INELIGIBLE_BASE - rid
         return mod.EAGER_MISS if d[0] == "miss" else mod.EAGER_FAILED if d[0] == "failed" else mod.EAGER_ONCE
 
     def _gate_request(self, call: _Call, handle) -> None:
@@ -964,6 +973,11 @@ class Hook:
             if n[k]:
                 s["fallbacks"][reason] = s["fallbacks"].get(reason, 0) + n[k]
                 s["calls"] += n[k]
+        reasons = {i: r for r, i in self._ineligible_ids.items()}
+        for rid, k in n.get("ineligible", {}).items():   # remembered natively, counted there
+            reason = reasons.get(rid, "ineligible")
+            s["fallbacks"][reason] = s["fallbacks"].get(reason, 0) + k
+            s["calls"] += k
         for name, (h, m, f) in n["per_slot"].items():
             oc = s["per_op"].setdefault(name, {"hits": 0, "misses": 0, "fallbacks": 0})
             oc["hits"] += h

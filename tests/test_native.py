@@ -220,6 +220,25 @@ def test_pooled_runner_from_several_threads(big_add):
     assert 2 <= r.containers <= 4, r.containers
 
 
+def test_ineligible_calls_are_remembered_natively(tmp_path):
+    """A call aoti-farm can never serve (here a 0-dim CPU double tensor in a tensor slot,
+    which signature encoding refuses) is decided once by Python and then replayed from C++
+    (an ineligibility follows from the call's metadata, all of it in the native key); each
+    call is still counted under its reason, and the results are eager's."""
+    a = torch.randn(8, 16)
+    two = torch.tensor(2.0, dtype=torch.float64)
+    expected = torch.add(a, two)
+    with install(cache_dir=str(tmp_path / "empty"), ops=["aten::add.Tensor"], on_miss="ignore",
+                 native="require") as hook:
+        got = [torch.add(a, two) for _ in range(20)]
+        st = hook.stats()
+    assert all(same(g, expected) for g in got)
+    assert st["native"]["slow_calls"] == 1, st["native"]
+    fb = {k: v for k, v in st["fallbacks"].items() if "0-dim" in k}
+    assert list(fb.values()) == [20], st["fallbacks"]
+    assert st["misses"] == 0 and st["calls"] == 20, st
+
+
 def test_remembered_calls_are_bounded(tmp_path):
     """Dynamic shapes: an op that has remembered its limit of calls forgets them all and
     learns again (memory stays bounded); results stay eager's."""
