@@ -100,7 +100,7 @@ def warm_classes(cfg, sigs: list, cache, stream: TextIO | None = None) -> tuple[
 
 def _range_text(r) -> str:
     if not isinstance(r, dict):
-        return "nowhere sampled" if r is None else "-"
+        return "at no sampled shape" if r is None else "-"
     return " ".join(f"{n}={lo}..{hi}" for n, (lo, hi) in r.items())
 
 

@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""Shape-general kernels (issue 15): a transformer recorded at a few sequence lengths,
+warmed exact vs ``--dynamic auto``, replayed at lengths never recorded.
+
+    python scripts/bench/shapes.py [--workdir DIR] [--json out.json]
+
+1. Record ``BertModel`` (transformers, random weights from a small ``BertConfig``; a
+   benchmark-only dependency) at ``--lengths`` (batch 2) into a trace.
+2. ``aoti-farm warm --dynamic off`` and ``--dynamic auto`` of that trace into two fresh
+   caches (subprocesses; same ``--cpu-workers``): entries, compile seconds, wall.
+3. Replay (one subprocess per cache) at ``--unseen`` lengths inside the recorded range:
+   the hook (``serve="always"``, ``on_miss="ignore"``) counts hits; each output is compared
+   with eager's (computed first, in the same process).
+4. Per-call time at a recorded length (both caches have a kernel there): single ops and
+   the whole model, eager vs exact hit vs shape-general hit, interleaved rounds in one
+   process (hooks installed in turn); plus shape-general hits at an unseen length.
+
+Nothing asserts on time; the targets are printed with the measured values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import machine  # noqa: E402
+
+PY = sys.executable
+CLI = [PY, "-m", "aoti_farm"]
+
+
+def _model():
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
+                     vocab_size=1000, max_position_embeddings=256)
+    return BertModel(cfg).eval()
+
+
+def _ids(L: int, seed: int = 0):
+    import torch
+
+    return torch.randint(0, 1000, (2, L), generator=torch.Generator().manual_seed(seed + L))
+
+
+# --- child modes -------------------------------------------------------------------------------
+
+
+def child_record(path: str, lengths: list[int]) -> dict:
+    import torch
+
+    import aoti_farm
+
+    m = _model()
+    with aoti_farm.record(path), torch.no_grad():
+        for L in lengths:
+            m(_ids(L))
+    return {}
+
+
+def child_replay(cache: str, unseen: list[int], serve: str = "always", passes: int = 1) -> dict:
+    import torch
+
+    from aoti_farm.runtime import install
+
+    m = _model()
+    with torch.no_grad():
+        want = {L: m(_ids(L)).last_hidden_state for L in unseen}
+        with install(cache, on_miss="ignore", serve=serve) as h:
+            for _ in range(passes):
+                got = {L: m(_ids(L)).last_hidden_state for L in unseen}
+            st = h.stats()
+    diffs = {L: float((got[L] - want[L]).abs().max()) for L in unseen}
+    equal = {L: bool(torch.allclose(got[L], want[L], rtol=1e-4, atol=1e-4)) for L in unseen}
+    served = st["hits"] + st["misses"] + st["failed_signatures"] + st["gated"]
+    return {"hits": st["hits"], "misses": st["misses"], "failed": st["failed_signatures"], "gated": st["gated"],
+            "calls": st["calls"], "fallbacks": st["fallbacks"], "eligible_calls": served,
+            "hit_rate": st["hits"] / served if served else 0.0, "shape_classes": st.get("shape_classes"),
+            "gate_pending": st.get("gate_pending", 0), "serve": serve, "passes": passes,
+            "max_abs_diff": diffs, "equal_to_eager": equal}
+
+
+def _time(fn, n: int, reps: int = 5) -> float:
+    import gc
+
+    fn()
+    out = []
+    for _ in range(reps):
+        gc.disable()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - t) / n)
+        gc.enable()
+    return statistics.median(out)
+
+
+def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threads: int) -> dict:
+    import torch
+
+    from aoti_farm.runtime import install
+
+    if threads:
+        torch.set_num_threads(threads)
+
+    m = _model()
+    g = torch.Generator().manual_seed(1)
+    x_ff = torch.randn(2, L, 512, generator=g)
+    x_h = torch.randn(2, L, 128, generator=g)
+    w, b = torch.randn(128, generator=g), torch.randn(128, generator=g)
+    ids, ids_u = _ids(L), _ids(unseen_L)
+    items = {
+        f"gelu[2,{L},512]": (lambda: torch.ops.aten.gelu.default(x_ff), 2000),
+        f"add[2,{L},128]": (lambda: torch.ops.aten.add.Tensor(x_h, x_h), 4000),
+        f"layer_norm[2,{L},128]": (lambda: torch.ops.aten.native_layer_norm.default(x_h, [128], w, b, 1e-12), 2000),
+        f"bert L={L}": (lambda: m(ids), 20),
+    }
+    items_u = {f"bert L={unseen_L} (unseen)": (lambda: m(ids_u), 20)}
+    res: dict = {k: {"eager": [], "exact": [], "dynamic": []} for k in items}
+    res.update({k: {"eager": [], "dynamic": []} for k in items_u})
+    stats = {}
+    with torch.no_grad():
+        for r in range(rounds):
+            for mode in (("eager", "exact", "dynamic") if r % 2 == 0 else ("dynamic", "exact", "eager")):
+                todo = {**items, **(items_u if mode != "exact" else {})}
+                if mode == "eager":
+                    for k, (fn, n) in todo.items():
+                        res[k]["eager"].append(_time(fn, n))
+                    continue
+                with install(exact if mode == "exact" else dyn, on_miss="ignore", serve="always") as h:
+                    for fn, _ in todo.values():   # decide, load, remember natively
+                        fn(), fn()
+                    h0 = h.stats()["hits"]
+                    for k, (fn, n) in todo.items():
+                        res[k][mode].append(_time(fn, n))
+                    st = h.stats()
+                    stats[mode] = {"hits_while_timing": st["hits"] - h0, "misses": st["misses"],
+                                   "native": st["native"].get("active")}
+    out = {}
+    for k, v in res.items():
+        med = {mode: statistics.median(t) * 1e6 for mode, t in v.items()}
+        row = {f"{mode}_us": round(us, 2) for mode, us in med.items()}
+        for mode in ("exact", "dynamic"):
+            if mode in med:
+                row[f"{mode}_vs_eager"] = round(med[mode] / med["eager"], 3)
+        if "exact" in med:
+            row["dynamic_vs_exact"] = round(med["dynamic"] / med["exact"], 3)
+        out[k] = row
+    return {"items": out, "rounds": rounds, "hooks": stats, "threads": torch.get_num_threads()}
+
+
+def _child(mode: str, *args) -> dict:
+    r = subprocess.run([PY, __file__, "--child", mode, json.dumps(args)], capture_output=True, text=True)
+    line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("RESULT:")), None)
+    if r.returncode != 0 or line is None:
+        raise SystemExit(f"child {mode} failed ({r.returncode}): {r.stderr[-3000:]}")
+    return json.loads(line[len("RESULT:"):])
+
+
+def _warm(trace: str, cache: str, dynamic: str, workers: int, log) -> dict:
+    report = cache + ".report.json"
+    t0 = time.perf_counter()
+    r = subprocess.run(CLI + ["warm", "--model", trace, "--cache-dir", cache, "--dynamic", dynamic,
+                              "--cpu-workers", str(workers), "--report", report], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    log.write(f"\n$ aoti-farm warm --dynamic {dynamic} (exit {r.returncode}, {wall:.1f}s)\n{r.stderr[-6000:]}\n")
+    rows = json.loads(Path(report).read_text())["signatures"]
+    from aoti_farm.cache import Cache
+    from aoti_farm.fingerprint import fingerprint
+
+    c = Cache(cache)
+    fp = fingerprint("cpu")
+    keys = c.list_keys(fp.id)
+    classes = [r for r in rows if r.get("kind") == "shape_class"]
+    return {"exit": r.returncode, "wall_s": round(wall, 1), "entries": len(keys),
+            "compile_seconds": round(sum(r.get("seconds") or 0 for r in rows if r["status"] == "compiled"), 1),
+            "signatures_exact": sum(1 for r in rows if r.get("kind") != "shape_class"),
+            "statuses": {s: sum(1 for r in rows if r["status"] == s) for s in {r["status"] for r in rows}},
+            "classes": [{"description": r["description"], "status": r["status"], "ranges": r["ranges"],
+                         "members": len(r["members"]), "seconds": round(r.get("seconds") or 0, 1),
+                         "error": r.get("error"), "speedup": r.get("speedup"),
+                         "serve_range": r.get("serve_range")} for r in classes]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("args", nargs="?", help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--lengths", default="16,40,64,96")
+    ap.add_argument("--unseen", default="20,24,33,50,57,77,85,90")
+    ap.add_argument("--cpu-workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads while timing (0: torch's default); 1 keeps a shared 2-core host's "
+                         "scheduling noise out of eager's fork/join")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--log", default=None)
+    ns = ap.parse_args()
+    if ns.child:
+        a = json.loads(ns.args)
+        fn = {"record": child_record, "replay": child_replay, "timing": child_timing}[ns.child]
+        print("RESULT:" + json.dumps(fn(*a)))
+        return 0
+    lengths = [int(x) for x in ns.lengths.split(",")]
+    unseen = [int(x) for x in ns.unseen.split(",")]
+    assert all(min(lengths) < L < max(lengths) and L not in lengths for L in unseen), "unseen lengths must be new and in range"
+    wd = Path(ns.workdir or tempfile.mkdtemp(prefix="aoti-shapes-"))
+    wd.mkdir(parents=True, exist_ok=True)
+    log = open(ns.log, "w") if ns.log else sys.stderr
+    out: dict = {"machine": machine(), "lengths": lengths, "unseen": unseen, "batch": 2,
+                 "model": "BertModel(hidden 128, 2 layers, 2 heads, ffn 512, vocab 1000)"}
+    trace = str(wd / "trace.json")
+    _child("record", trace, lengths)
+    out["trace_signatures"] = len(json.loads(Path(trace).read_text())["entries"])
+    out["warm_exact"] = _warm(trace, str(wd / "exact"), "off", ns.cpu_workers, log)
+    out["warm_dynamic"] = _warm(trace, str(wd / "dyn"), "auto", ns.cpu_workers, log)
+    out["replay_exact"] = _child("replay", str(wd / "exact"), unseen)
+    out["replay_dynamic"] = _child("replay", str(wd / "dyn"), unseen)
+    out["replay_dynamic_gate"] = _child("replay", str(wd / "dyn"), unseen, "faster", 3)
+    mid = sorted(lengths)[len(lengths) // 2]
+    out["timing"] = _child("timing", str(wd / "exact"), str(wd / "dyn"), mid, unseen[len(unseen) // 2], ns.rounds,
+                           ns.threads)
+    e, d = out["warm_exact"], out["warm_dynamic"]
+    rd = out["replay_dynamic"]
+    t = out["timing"]["items"]
+    out["targets"] = {
+        "unseen_hit_rate >= 0.90": round(rd["hit_rate"], 3),
+        "unseen outputs equal to eager": all(rd["equal_to_eager"].values()),
+        "kernels exact/dynamic >= 3": round(e["entries"] / max(1, d["entries"]), 2),
+        "shape-general hit / exact hit <= 1.1 (per op)": {k: v["dynamic_vs_exact"] for k, v in t.items()
+                                                           if "dynamic_vs_exact" in v},
+    }
+    text = json.dumps(out, indent=1)
+    print(text)
+    if ns.json:
+        Path(ns.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
