@@ -2,8 +2,10 @@
 prints its tables and writes its JSON.  No timing is asserted (CI machines are noisy);
 the numbers only matter in full mode on a quiet machine.
 
-The kernel it needs comes from the session cache (``kernels`` fixture), so the run itself
-compiles nothing.
+The hit-path kernel comes from the session cache (``kernels`` fixture).  Quick mode still
+runs every code path on one signature each (real compiles): warm (upstream's loop and the
+farm at W=1), cold-start serving from an empty cache, miss -> hit with the compile worker
+ready, and the payoff suite (one op, hooked vs eager in one process).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from conftest import sig_mul
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "scripts" / "bench" / "run.py"
-BENCHES = ("warm", "rerun", "hit", "miss", "cold", "startup", "miss2hit")
+sys.path.insert(0, str(RUN.parent))
+from run import NAMES as BENCHES  # noqa: E402  -- every benchmark the runner has
 
 
 @pytest.mark.slow
@@ -32,7 +35,7 @@ def test_bench_quick_runs_end_to_end(kernels, tmp_path):
     env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1")
     p = subprocess.run([sys.executable, str(RUN), "--quick", "--json", str(res), "--workdir", str(tmp_path / "w"),
                         "--kernel-cache", str(kcache.root)],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.exists(), p.stdout[-3000:] + p.stderr[-3000:]
     data = json.loads(res.read_text())
     # the machine is named, the run is dated, and every benchmark reported something
@@ -49,6 +52,19 @@ def test_bench_quick_runs_end_to_end(kernels, tmp_path):
     assert all(hit["ab"]["us"][m] > 0 for m in ("eager", "upstream", "hook")), hit["ab"]
     assert hit["ab"]["matches_eager"] == {"upstream": True, "hook": True}
     assert data["summary"], "no targets were compared"
+    b = data["benchmarks"]
+    # the compile-heavy paths ran too, each on one signature
+    warm = b["warm"]
+    assert warm["unique"] == 1 and warm["farm"]["1"]["rc"] == 0, warm.get("farm")
+    assert [s["ok"] for s in warm["upstream"]["per_sig"]] == [True], warm["upstream"]
+    cold = b["cold"]
+    assert cold["hook"]["requests"] > 0 and cold["eager"]["requests"] > 0, cold
+    m2h = b["miss2hit"]["worker ready"]
+    assert m2h.get("miss_to_hit_s") is not None, m2h          # the miss became a hit
+    pay = b["payoff"]
+    assert pay["compile"]["statuses"] == {"compiled": 1}, pay["compile"]
+    op = pay["ops"]["add, transposed input"]
+    assert op["eager_us"] > 0 and op["hook_us"] > 0 and pay["hook"]["kernel_errors"] == 0, pay
 
 
 def test_bench_only_rejects_unknown_names():

@@ -6,7 +6,8 @@
                                                 # --kernel-cache holds a kernel (else one)
     python scripts/bench/run.py --only hit,miss --json out.json
 
-Benchmarks (names for --only): warm, rerun, hit, miss, cold, startup, miss2hit.  Each
+Benchmarks (names for --only): warm, rerun, hit, miss, cold, startup, miss2hit, payoff
+(scripts/bench/payoff.py: per-op suite and models, hooked vs eager, in one process).  Each
 prints its own table; the run ends with one summary table (target / measured / met?) and
 writes everything, with the machine and date, to --json (default bench-results.json).
 The baseline (eager, upstream) is re-measured in the same run, in separate processes.
@@ -54,7 +55,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
 
 import common as C  # noqa: E402
 
-NAMES = ("warm", "rerun", "hit", "miss", "cold", "startup", "miss2hit", "scaling")
+NAMES = ("warm", "rerun", "hit", "miss", "cold", "startup", "miss2hit", "payoff", "scaling")
 
 # hit-path signatures: tiny to large (full mode); --quick uses the first kernel it has
 HIT_SPECS = [
@@ -180,7 +181,7 @@ def run_cli_warm(ctx: Ctx, trace: str, cache: str, workers: int, label: str, tim
     vector ISA, the libstdc++ probe) start cold, as upstream's fresh Inductor cache does:
     each side pays its first-compile probes once per run."""
     report = str(ctx.work / f"report-{label}.json")
-    ray_tmp = ctx.dir(f"raytmp-{label}")
+    ray_tmp = ray_tmpdir(ctx, f"raytmp-{label}")
     ind = ctx.dir(f"inductor-{label}")
     argv = ["warm", "--model", trace, "--cache-dir", cache, "--cpu-workers", str(workers), "--report", report]
     extra = {"TORCHINDUCTOR_CACHE_DIR": ind, "RAY_TMPDIR": ray_tmp, "AOTI_FARM_CACHE_DIR": cache}
@@ -218,6 +219,16 @@ def run_cli_warm(ctx: Ctx, trace: str, cache: str, workers: int, label: str, tim
     return res
 
 
+def ray_tmpdir(ctx: Ctx, name: str) -> str:
+    """A fresh RAY_TMPDIR: in the work dir when short enough, else a new one in the system
+    temp dir (Ray's AF_UNIX socket paths under it must stay within 107 bytes; a deep work
+    dir, such as pytest's, broke `ray.init`)."""
+    d = ctx.dir(name)
+    if len(d) > 40:
+        d = tempfile.mkdtemp(prefix="aoti-rt-")
+    return d
+
+
 def report_compile_seconds(report) -> tuple[float | None, int]:
     """Sum of per-signature compile seconds in a warm report (whatever its layout)."""
     tot, n = 0.0, 0
@@ -252,14 +263,11 @@ def bench_warm(ctx: Ctx) -> dict:
     usable = [e for e in tr if upstream_supports(e.sig)]
     out["trace_entries"], out["upstream_supported"] = len(tr), len(usable)
     U = min(ctx.unique, len(usable)) if ctx.unique else len(usable)   # default: the whole trace
+    if ctx.quick:
+        U = min(U, 1)   # quick: the same code path on one signature (one compile per side)
     trace = str(ctx.work / "mlp_trace.json")
     save_trace(Trace(usable[:U]), trace)
     out["unique"] = U
-    if ctx.quick:
-        out["skipped"] = "compile-heavy; run without --quick"
-        table("1. warm throughput", ["note"], [[f"quick: trace recorded via {rec['via']} ({len(tr)} entries); compiles skipped"]])
-        return out
-
     # upstream: one warm process, one after another
     ind = ctx.dir("inductor-upstream-seq")
     sys0 = C.system_busy_s()
@@ -273,7 +281,7 @@ def bench_warm(ctx: Ctx) -> dict:
     out["upstream"] = up
     # farm at W=1 and W=all
     farm = {}
-    for w in sorted({1, ncpu}):
+    for w in ([1] if ctx.quick else sorted({1, ncpu})):
         cache = ctx.dir(f"farm-cache-w{w}")
         r = run_cli_warm(ctx, trace, cache, w, f"w{w}", cold_host_memos=True)
         r["report_compile_seconds"], r["report_compiled"] = report_compile_seconds(r.get("report"))
@@ -281,6 +289,8 @@ def bench_warm(ctx: Ctx) -> dict:
     out["farm"] = {str(k): v for k, v in farm.items()}
     # where a compile's time goes
     try:
+        if ctx.quick:
+            raise C.WorkerError("quick: not profiled")
         out["profile"] = C.run_worker("profile_compile", {"trace": trace, "warmup_index": 0,
                                                           "index": min(1, U - 1)},
                                       env={"TORCHINDUCTOR_CACHE_DIR": ctx.dir("inductor-prof")}, timeout=1800)
@@ -289,10 +299,10 @@ def bench_warm(ctx: Ctx) -> dict:
     # what the C++ side would give: the same profiled compile under Inductor knobs that
     # change only how the wrapper is built (each in a fresh process and inductor cache)
     variants = {}
-    for label, env in (("whole wrapper, no split build (AOTI_FARM_SPLIT_WRAPPER=0)",
-                        {"AOTI_FARM_SPLIT_WRAPPER": "0"}),
-                       ("wrapper -O0 (AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL=O0)",
-                        {"AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL": "O0"}),):
+    for label, env in () if ctx.quick else (("whole wrapper, no split build (AOTI_FARM_SPLIT_WRAPPER=0)",
+                                               {"AOTI_FARM_SPLIT_WRAPPER": "0"}),
+                                              ("wrapper -O0 (AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL=O0)",
+                                               {"AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL": "O0"}),):
         env = {**env, "TORCHINDUCTOR_CACHE_DIR": ctx.dir("inductor-prof-variant")}
         try:
             v = C.run_worker("profile_compile", {"trace": trace, "warmup_index": 0, "index": min(1, U - 1), "top": 0},
@@ -476,13 +486,13 @@ def bench_miss(ctx: Ctx) -> dict:
 # --- 5. cold-start serving ----------------------------------------------------------------
 
 def bench_cold(ctx: Ctx) -> dict:
-    if ctx.quick:
-        table("5. cold-start serving", ["note"], [["quick: skipped (compiles every MLP signature)"]])
-        return {"skipped": "quick"}
     from aoti_farm.trace import load_trace
 
-    shapes = [1, 8]
-    reqs = [shapes[i % len(shapes)] for i in range(200)]
+    # quick: the same code path (empty cache, misses queued, background compile, serving
+    # meanwhile), eager and the hook only, stopped after a few seconds whatever was compiled
+    shapes = [1] if ctx.quick else [1, 8]
+    reqs = [shapes[i % len(shapes)] for i in range(20 if ctx.quick else 200)]
+    max_s = 8 if ctx.quick else 900
     trace = str(ctx.work / "cold_trace.json")
     rec = C.run_worker("record_trace", {"path": trace, "batches": shapes})
     ops = sorted({e.sig.op for e in load_trace(trace)})
@@ -490,15 +500,17 @@ def bench_cold(ctx: Ctx) -> dict:
     think = 0.01
     # eager gets 5x the requests (~10 s) so its p99 is not one transient's
     out["eager"] = C.run_worker("cold", {"mode": "eager", "batches": reqs * 5, "think_s": think})
-    ind = ctx.dir("inductor-cold-upstream")
-    out["upstream"] = C.run_worker("cold", {"mode": "upstream", "batches": reqs, "think_s": think, "ops": ops},
-                                   env=upstream_env(ind), timeout=3600)
+    modes = ["eager", "hook"]
+    if not ctx.quick:
+        ind = ctx.dir("inductor-cold-upstream")
+        out["upstream"] = C.run_worker("cold", {"mode": "upstream", "batches": reqs, "think_s": think, "ops": ops},
+                                       env=upstream_env(ind), timeout=3600)
+        modes.insert(1, "upstream")
     cache = ctx.dir("cold-cache")
     out["hook"] = C.run_worker("cold", {"mode": "hook", "batches": reqs, "think_s": think, "ops": ops,
-                                        "cache_dir": cache, "max_s": 900},
+                                        "cache_dir": cache, "max_s": max_s},
                                env={"TORCHINDUCTOR_CACHE_DIR": ctx.dir("inductor-cold-hook")}, timeout=1800)
-    modes = ["eager", "upstream", "hook"]
-    cores = os.cpu_count() or 1
+    cores = 1 if ctx.quick else (os.cpu_count() or 1)
     if cores > 1:
         # the hook without making room for its compile (its default lowers the serving
         # threads' intra-op count to cores - 1 while it compiles)
@@ -598,7 +610,7 @@ def miss2hit_farm_serving(ctx: Ctx, spec: dict) -> dict:
     from aoti_farm.fingerprint import fingerprint
 
     cache_dir = ctx.dir("m2h-cache-serve")
-    env = C.bench_env({"TORCHINDUCTOR_CACHE_DIR": ctx.dir("inductor-m2h-serve"), "RAY_TMPDIR": ctx.dir("raytmp-m2h")})
+    env = C.bench_env({"TORCHINDUCTOR_CACHE_DIR": ctx.dir("inductor-m2h-serve"), "RAY_TMPDIR": ray_tmpdir(ctx, "raytmp-m2h")})
     proc = subprocess.Popen([C.PY, "-m", "aoti_farm", "serve", "--cache-dir", cache_dir, "--cpu-workers", "1",
                              "--poll-interval", "0.1"], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(ctx.work / "m2h-serve.log", "w"))
@@ -627,15 +639,13 @@ def miss2hit_farm_serving(ctx: Ctx, spec: dict) -> dict:
 
 
 def bench_miss2hit(ctx: Ctx) -> dict:
-    if ctx.quick:
-        table("7. miss to hit", ["note"], [["quick: skipped (one real compile)"]])
-        return {"skipped": "quick"}
+    # quick: the "worker ready" variant only (one real compile), nothing upstream
     spec = {"op": "aten::add.Tensor", "shapes": [[32, 48], [32, 48]]}
     out, rows = {}, []
     # "install -> miss at once": the miss comes while the compile worker the hook starts at
     # install is still importing torch.  "worker ready": the usual case in a serving process,
     # whose first miss comes after start-up (the hook's worker is started at install).
-    for variant, warm in (("miss at once", False), ("worker ready", True)):
+    for variant, warm in ((("worker ready", True),) if ctx.quick else (("miss at once", False), ("worker ready", True))):
         r = C.run_worker("miss_to_hit", {"spec": spec, "cache_dir": ctx.dir(f"m2h-cache-{warm}"), "warm_worker": warm},
                          env={"TORCHINDUCTOR_CACHE_DIR": ctx.dir(f"inductor-m2h-{warm}")}, timeout=900)
         ph = r.get("phases") or {}
@@ -646,6 +656,11 @@ def bench_miss2hit(ctx: Ctx) -> dict:
                      (pub - comp) if pub is not None and comp else None, (m2h - pub) if m2h and pub else None,
                      r.get("worker_ready_after_s")])
         out[variant] = r
+    if ctx.quick:
+        table("7. miss to hit (quick: add 32x48, worker ready; s)",
+              ["variant", "miss -> first hit", "compile+verify", "overhead", "published after",
+               "worker + queue + publish", "published -> hit", "worker ready after install"], rows)
+        return out
     # the fleet set-up: a long-lived `aoti-farm serve` drains the miss queue (on_miss="queue"),
     # so a miss at once after the serving process starts needs no compile worker start-up
     r = miss2hit_farm_serving(ctx, spec)
@@ -699,8 +714,26 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bench_payoff(ctx: Ctx) -> dict:
+    """scripts/bench/payoff.py in its own process (it installs and removes the hook many
+    times); quick: one op at a tiny size, no models (the code path, one compile)."""
+    out_json = ctx.work / "payoff.json"
+    cmd = [sys.executable, str(Path(__file__).with_name("payoff.py")), "--json", str(out_json),
+           "--workdir", ctx.dir("payoff")]
+    if ctx.quick:
+        cmd += ["--quick", "--no-models", "--ops", "add, transposed input"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=7200, env=C.bench_env())
+    print(p.stdout, flush=True)
+    if p.returncode != 0 or not out_json.exists():
+        raise RuntimeError(f"payoff.py exited {p.returncode}: {p.stderr[-1500:]}")
+    res = json.loads(out_json.read_text())
+    for t in res["targets"]:
+        ctx.target("payoff", t["target"], "see what", t["measured"], t["met"])
+    return res
+
+
 BENCHES = {"warm": bench_warm, "rerun": bench_rerun, "hit": bench_hit, "miss": bench_miss,
-           "cold": bench_cold, "startup": bench_startup, "miss2hit": bench_miss2hit,
+           "cold": bench_cold, "startup": bench_startup, "miss2hit": bench_miss2hit, "payoff": bench_payoff,
            "scaling": lambda ctx: __import__("scaling").bench_ctx(ctx)}   # scripts/bench/scaling.py
 
 
