@@ -304,3 +304,18 @@ def test_under_the_speed_gate_a_class_serves_only_inside_its_serve_range(warmed,
     with install(c2.root, ops=["aten::gelu"], on_miss="ignore", serve="always") as h:
         torch.ops.aten.gelu.default(torch.randn(30, 64))   # serve="always": the whole verified range
         assert h.stats()["hits"] == 1
+
+
+def test_cache_ls_shows_ranges_and_export_upstream_skips_class_entries(warmed, tmp_path, capsys):
+    from aoti_farm.cli import main
+    from aoti_farm.upstream import export_upstream
+
+    cache, fp, _ = warmed
+    assert main(["cache", "ls", "--cache-dir", str(cache.root), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    rows = rows if isinstance(rows, list) else rows.get("rows", rows.get("entries"))
+    assert [r["ranges"] for r in rows if "ranges" in r] == [{"s0": [8, 40]}]
+    rep = export_upstream(cache, tmp_path / "up")
+    assert rep["exported"] == []
+    assert [s["key"] for s in rep["skipped"]] == [_class_key(cache, fp)]
+    assert "shape-general" in rep["skipped"][0]["reason"]
