@@ -240,8 +240,9 @@ def ls(ns) -> int:
                          **({"ranges": ranges} if ranges else {})})
         if getattr(ns, "failed", False):
             for k in sorted(cache.failed_keys(f)):
-                rec = cache.failure(f, k) or {}
-                rows.append({"fingerprint": f, "key": k, "failed": True, "reason": rec.get("reason"),
+                rec = cache.failure(f, k) or {}   # a bad record reads as none: verify reports it
+                rows.append({"fingerprint": f, "key": k, "failed": True,
+                             "reason": rec.get("reason") or "unreadable failure record (see `aoti-farm cache verify`)",
                              "attempts": rec.get("attempts")})
     lines = []
     for r in rows:
@@ -270,6 +271,11 @@ def verify(ns) -> int:
     now = time.time()
     bad: list[dict] = []
     ok = 0
+    # directories others can write (or links) let them swap entries under any check: not
+    # repaired (the fix is the operator's: chmod o-w, chown, or another --cache-dir)
+    for problem in cache.unsafe_dirs():
+        bad.append({"what": "directory", "kind": "insecure", "path": problem.split(":")[0],
+                    "detail": f"{problem}; fix its owner/mode (chmod o-w) or use another --cache-dir"})
     for f in _fp_ids(cache):
         for k in sorted(cache.list_keys(f)):
             try:

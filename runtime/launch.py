@@ -186,7 +186,6 @@ def boot() -> None:
                 why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
                 print(f"aoti-farm: hook stats not written to {stats_dir}: {why}", file=sys.stderr)
 
-
         atexit.register(_stop)
 
 
