@@ -27,6 +27,7 @@ import torch
 from aoti_farm import signature as S
 from aoti_farm.cache import KERNEL, MANIFEST, BadEntry, Cache
 from aoti_farm.compiler import load_runner
+from aoti_farm.job import compile_and_publish
 from aoti_farm.runtime import install
 
 from _runtime_helpers import build_evil_so
@@ -80,11 +81,14 @@ def sig_add_alpha3(shape=(8, 16)):
 @pytest.fixture(scope="module")
 def race_files(kernels, tmp_path_factory):
     good, wrong = sig_add_alpha(), sig_add_alpha3()
-    for s in (good, wrong):
-        assert kernels.ensure(s).status in ("compiled", "cached")
+    assert kernels.ensure(good).status in ("compiled", "cached")
     d = tmp_path_factory.mktemp("race-files")
+    # the wrong kernel goes to a cache of its own: in the session cache it would be a hit
+    # for other tests' alpha=3 calls
+    own = Cache(d / "wrong-cache", signing_key=None)
+    assert compile_and_publish(own, kernels.compiler, kernels.fp, wrong, owner="pytest").status == "compiled"
     shutil.copyfile(kernels.cache.entry_dir(kernels.fp.id, good.key) / KERNEL, d / "good.so")
-    shutil.copyfile(kernels.cache.entry_dir(kernels.fp.id, wrong.key) / KERNEL, d / "wrong.so")
+    shutil.copyfile(own.entry_dir(kernels.fp.id, wrong.key) / KERNEL, d / "wrong.so")
     marker = d / "constructor-ran"
     build_evil_so(str(d / "evil.so"), str(marker))
     return d, marker

@@ -81,19 +81,28 @@ def _inputs():
     return a, b, torch.add(a, b, alpha=2)  # eager, before any hook
 
 
-def _mapped(path) -> bool:
-    real = os.path.realpath(path)
+def _maps() -> set[str]:
     with open("/proc/self/maps") as f:
-        return any(real in line for line in f)
+        return set(f)
+
+
+def _mapped(st: dict, entry_dir) -> bool:
+    """Whether ``serve_once`` (whose stats are ``st``) mapped a library of this entry: the
+    shared file itself, or the sealed private copy the hook loads (memfd
+    ``aoti-farm-<key[:16]>``), among the mappings that appeared while it was installed."""
+    marks = (os.path.realpath(entry_dir / KERNEL), f"memfd:aoti-farm-{entry_dir.name[:16]}")
+    return any(m in line for line in st["_new_maps"] for m in marks)
 
 
 def serve_once(root, **kw):
     """Install the hook, make the call twice, uninstall; returns (results, stats)."""
     a, b, expected = _inputs()
+    before = _maps()
     hook = install(cache_dir=str(root), on_miss=kw.pop("on_miss", "queue"), **kw)
     try:
         got = [torch.add(a, b, alpha=2) for _ in range(2)]
         stats = hook.stats()
+        stats["_new_maps"] = _maps() - before
     finally:
         hook.uninstall()
     for g in got:
@@ -109,7 +118,7 @@ FIG3: dict[str, str] = {}
 def test_control_good_entry_is_served(served):
     cache, fp, sig, d = served
     _, st = serve_once(cache.root)
-    assert stat(st, "hits") >= 1 and _mapped(d / KERNEL)
+    assert stat(st, "hits") >= 1 and _mapped(st, d)
     print(f"drill 3 control: hits={stat(st, 'hits')} mapped=1")
 
 
@@ -123,7 +132,7 @@ def test_corrupt_entry_refused_counted_requeued(served, kind):
     assert bad >= 1, st
     assert stat(st, "hits") == 0
     assert sig.key in missq.pending(cache, fp.id)
-    assert not _mapped(d / KERNEL)
+    assert not _mapped(st, d)
     print(f"drill 3 corruption/{kind}: integrity_failures={bad} hits=0 requeued=1 dlopened=0 result=eager")
 
 
@@ -162,7 +171,7 @@ def test_foreign_entry_never_served(served, field, value):
     m["fingerprint"] = dict(m["fingerprint"], **{field: value})
     _write_manifest(d, m)
     _, st = serve_once(cache.root)
-    assert stat(st, "foreign") >= 1 and stat(st, "hits") == 0 and not _mapped(d / KERNEL)
+    assert stat(st, "foreign") >= 1 and stat(st, "hits") == 0 and not _mapped(st, d)
     print(f"drill 6 foreign/{field}: foreign={stat(st, 'foreign')} hits=0 dlopened=0")
 
 
@@ -184,13 +193,13 @@ def test_signed_serving_refuses_unsigned_and_forged(served, monkeypatch):
     monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "fleet-secret")
     _, st = serve_once(cache.root)                      # the entry is unsigned
     unsigned = stat(st, "integrity_failures")
-    assert unsigned >= 1 and stat(st, "hits") == 0 and not _mapped(d / KERNEL)
+    assert unsigned >= 1 and stat(st, "hits") == 0 and not _mapped(st, d)
     m = _manifest(d)
     m["hmac"] = sign(m, b"attacker-key")
     _write_manifest(d, m)
     _, st = serve_once(cache.root)
     forged = stat(st, "integrity_failures")
-    assert forged >= 1 and stat(st, "hits") == 0 and not _mapped(d / KERNEL)
+    assert forged >= 1 and stat(st, "hits") == 0 and not _mapped(st, d)
     m["hmac"] = sign(m, b"fleet-secret")                 # control: properly signed is served
     _write_manifest(d, m)
     _, st = serve_once(cache.root)
@@ -203,7 +212,7 @@ def test_world_writable_entry_refused_unless_allowed(served):
     os.chmod(d, 0o777)
     _, st = serve_once(cache.root)
     refused = stat(st, "integrity_failures")
-    assert refused >= 1 and stat(st, "hits") == 0 and not _mapped(d / KERNEL)
+    assert refused >= 1 and stat(st, "hits") == 0 and not _mapped(st, d)
     _, st2 = serve_once(cache.root, allow_insecure=True)
     assert stat(st2, "hits") >= 1
     print(f"drill 9 insecure: refused={refused} hits_with_allow_insecure={stat(st2, 'hits')}")
