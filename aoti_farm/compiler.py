@@ -181,6 +181,17 @@ class _OpModule(torch.nn.Module):
         return self.op(*args, **kwargs)
 
 
+def before_compile(info: S.OpInfo, device: str, workdir: str, what: str) -> None:
+    """What every compile checks and prepares first (exact and shape-general alike)."""
+    if info.ineligible:
+        raise CompileRefused(f"ineligible: {info.ineligible}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"CUDA {what} on a worker without a GPU")
+    os.makedirs(workdir, exist_ok=True)
+    if device == "cpu":
+        seed_inductor_vec_isa()   # once per process: skip Inductor's ISA probe when we know its answer
+
+
 class AOTICompiler:
     """Compiles one op call with AOTInductor, in this process, and verifies it."""
 
@@ -196,15 +207,8 @@ class AOTICompiler:
         return dict(self._options)
 
     def compile(self, sig: S.Signature, workdir: str) -> CompileResult:
-        info = sig.info()
-        if info.ineligible:
-            raise CompileRefused(f"ineligible: {info.ineligible}")
         device = sig.device
-        if device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("CUDA signature on a worker without a GPU")
-        os.makedirs(workdir, exist_ok=True)
-        if device == "cpu":
-            seed_inductor_vec_isa()   # once per process: skip Inductor's ISA probe when we know its answer
+        before_compile(sig.info(), device, workdir, "signature")
         t0 = time.perf_counter()
         try:
             args, kwargs = S.materialize(sig, seed=0)

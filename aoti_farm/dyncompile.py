@@ -43,11 +43,11 @@ from aoti_farm import leases, loadenv, splitbuild
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.cache import Cache
-from aoti_farm.compiler import (FARM_OPTION_PREFIX, CompileInfraError, CompileResult, _first_line, _OpModule,
+from aoti_farm.compiler import (FARM_OPTION_PREFIX, before_compile, CompileInfraError, CompileResult, _first_line, _OpModule,
                                 compare, flat_tensors, infrastructure_error, length_tolerance, load_runner,
                                 parallel_like_eager, thread_mode)
 from aoti_farm.errors import CompileRefused
-from aoti_farm.fingerprint import Fingerprint, effective_options, seed_inductor_vec_isa
+from aoti_farm.fingerprint import Fingerprint, effective_options
 from aoti_farm.job import BUSY, CACHED, COMPILED, FAILED, Outcome
 
 #: Seconds of the speed measurement per sampled shape.
@@ -99,15 +99,8 @@ class ClassCompiler:
         """(the class to publish -- ``cls`` or its winning sub-range --, its kernel)."""
         if not cls.varies:
             raise DynamicUnsupported("no varying size: an exact kernel")
-        info = cls.example.info()
-        if info.ineligible:
-            raise CompileRefused(f"ineligible: {info.ineligible}")
         device = cls.device
-        if device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("CUDA class on a worker without a GPU")
-        os.makedirs(workdir, exist_ok=True)
-        if device == "cpu":
-            seed_inductor_vec_isa()
+        before_compile(cls.example.info(), device, workdir, "class")
         t0 = time.perf_counter()
         sig = cls.point(SH.export_point(cls))
         args, kwargs = S.materialize(sig, seed=0)

@@ -431,23 +431,11 @@ def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory
 # --- warm -----------------------------------------------------------------------------------
 
 
-def process_start_time() -> float | None:
-    """Wall-clock time this process started (Linux /proc), for the report's timeline."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
 def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, stream: TextIO | None = None,
          compiler_factory: Callable | None = None, on_event: Callable | None = None,
          counters_out: dict | None = None) -> int:
     """Compile every signature of ``models`` into the cache; exit code 0/1 (UserError: 2)."""
-    from aoti_farm.progress import Progress, write_report
+    from aoti_farm.progress import Progress, process_start_time, write_report
     from aoti_farm.signature import describe
 
     # wall-clock marks for the report (where a run's time goes: see "timeline")

@@ -267,13 +267,4 @@ def list_leases(cache: Cache, fp_id: str) -> list[str]:
 
 def remove(cache: Cache, fp_id: str, name: str) -> bool:
     """Remove the lease entry ``name`` (a bad one, a junk name), never following a link."""
-    if not name or "/" in name or name in (".", ".."):
-        raise FarmError(f"invalid lease name {name!r}")
-    try:
-        fd = records.open_subdir(cache, fp_id, "leases")
-    except FileNotFoundError:
-        return False
-    try:
-        return records.remove_name(fd, name)
-    finally:
-        os.close(fd)
+    return records.remove_in(cache, fp_id, "leases", name, "lease")

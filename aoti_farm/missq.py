@@ -27,7 +27,6 @@ import msgpack
 
 from aoti_farm import records
 from aoti_farm.cache import Cache, check_key
-from aoti_farm.errors import FarmError
 from aoti_farm.records import BadRecord, is_key
 from aoti_farm.signature import Signature, parse_signature
 
@@ -115,13 +114,4 @@ def done(cache: Cache, fp_id: str, key: str) -> bool:
 
 def remove(cache: Cache, fp_id: str, name: str) -> bool:
     """Remove the queue entry ``name`` (a junk name too), never following a link."""
-    if not name or "/" in name or name in (".", ".."):
-        raise FarmError(f"invalid queue item name {name!r}")
-    try:
-        fd = records.open_subdir(cache, fp_id, "queue")
-    except FileNotFoundError:
-        return False
-    try:
-        return records.remove_name(fd, name)
-    finally:
-        os.close(fd)
+    return records.remove_in(cache, fp_id, "queue", name, "queue item")

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -17,6 +18,18 @@ from typing import TextIO
 
 from aoti_farm.cache import atomic_write
 from aoti_farm.errors import UserError
+
+
+def process_start_time() -> float | None:
+    """Wall-clock time this process started (Linux /proc), for the report's timeline."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 @dataclass

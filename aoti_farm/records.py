@@ -169,6 +169,21 @@ def remove_name(dir_fd: int, name: str) -> bool:
     return True
 
 
+def remove_in(cache, fp_id: str, sub: str, name: str, what: str) -> bool:
+    """Remove the entry ``name`` (a junk name too) of the namespace's ``sub`` directory,
+    reached by descriptor; never follows a link.  True if removed."""
+    if not name or "/" in name or name in (".", ".."):
+        raise FarmError(f"invalid {what} name {name!r}")
+    try:
+        fd = open_subdir(cache, fp_id, sub)
+    except FileNotFoundError:
+        return False
+    try:
+        return remove_name(fd, name)
+    finally:
+        os.close(fd)
+
+
 def write_new(dir_fd: int, name: str, data: bytes) -> None:
     """Write ``data`` to a new file ``name`` (exclusive create, no link followed, 0644 --
     never writable by others, whatever the umask), fsync'ed."""

@@ -28,6 +28,7 @@ import time
 import warnings
 from typing import Callable
 
+from aoti_farm.progress import process_start_time
 from aoti_farm.workers import metrics as farm_metrics
 
 #: Warm-up levels: "none" (nothing), "light" (imports, fingerprint, one torch.export of a
@@ -59,18 +60,6 @@ def _import_compile_path() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 -- a module another torch version lacks: imported on demand
             pass
-
-
-def _process_start_time() -> float | None:
-    """Wall-clock start of this process (Linux /proc), for the warm-up's ``boot`` phase."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def _host_steps() -> dict:
@@ -167,7 +156,7 @@ class CompileActor:
         probe another process may be running; nothing here takes a lock it does not need."""
         t0, w0 = time.perf_counter(), time.time()
         phases: dict = {}
-        start = _process_start_time()
+        start = process_start_time()
         if start is not None:
             phases["boot"] = [start, self.created_at]
         light = self.warmup_level in ("light", "compile") and self.compiler_factory is None
