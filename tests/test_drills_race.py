@@ -274,3 +274,64 @@ def test_verify_finishes_on_special_files(kernels, tmp_path):
     rc, out = _verify_cli(cache.root)
     assert rc == 1, out
     assert sigs[0].key[:16] in out and sigs[1].key[:16] in out, out
+
+
+# --- churn: serving threads beside gc, verify --repair and republishing ----------------------
+
+
+def test_serving_threads_beside_gc_repair_and_republish(kernels, tmp_path):
+    """Eight serving threads call two served ops while another thread evicts everything
+    (`cache gc --max-size 1K`), republishes both entries, and runs `cache verify --repair`,
+    over and over: no call raises, every result equals eager's, no kernel errors."""
+    from aoti_farm.cli import main as cli
+
+    sigs = [sig_add_alpha(), sig_mul()]
+    for s in sigs:
+        assert kernels.ensure(s).status in ("compiled", "cached")
+    cache = kernels.copy_to(tmp_path / "c")
+    for key in cache.list_keys(kernels.fp.id) - {s.key for s in sigs}:
+        cache.remove(kernels.fp.id, key)
+    good = {}
+    for s in sigs:   # the verified kernels, kept aside to publish again
+        shutil.copyfile(cache.entry_dir(kernels.fp.id, s.key) / KERNEL, tmp_path / f"{s.key}.so")
+        good[s.key] = tmp_path / f"{s.key}.so"
+    g = torch.Generator().manual_seed(7)
+    a, b, c = torch.randn(8, 16, generator=g), torch.randn(16, generator=g), torch.randn(8, 16, generator=g)
+    exp_add, exp_mul = torch.ops.aten.add.Tensor(a, b, alpha=2), torch.ops.aten.mul.Tensor(a, c)
+    stop, errors, rounds = threading.Event(), [], {"serve": 0, "churn": 0}
+
+    def serve():
+        try:
+            while not stop.is_set():
+                torch.testing.assert_close(torch.add(a, b, alpha=2), exp_add, rtol=0, atol=1e-6)
+                torch.testing.assert_close(torch.mul(a, c), exp_mul, rtol=0, atol=1e-6)
+                rounds["serve"] += 1
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    def churn():
+        try:
+            while not stop.is_set():
+                cli(["cache", "gc", "--max-size", "1K", "--cache-dir", str(cache.root)])
+                for s in sigs:
+                    cache.publish(kernels.fp, s, {KERNEL: good[s.key]}, {"compile_seconds": 0.0})
+                cli(["cache", "verify", "--repair", "--cache-dir", str(cache.root)])
+                rounds["churn"] += 1
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    with install(cache_dir=cache.root, ops=["aten::add.Tensor", "aten::mul.Tensor"], on_miss="ignore",
+                 poll_interval=0.05) as hook:
+        threads = [threading.Thread(target=serve) for _ in range(8)] + [threading.Thread(target=churn)]
+        for t in threads:
+            t.start()
+        time.sleep(10)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        st = hook.stats()
+    assert not errors, errors[:3]
+    assert rounds["churn"] >= 3 and rounds["serve"] > 100, rounds
+    assert st["hits"] > 0 and st["kernel_errors"] == 0 and st["load_errors"] == 0, st
+    print(f"drill churn: serve_rounds={rounds['serve']} churn_rounds={rounds['churn']} hits={st['hits']} "
+          f"misses={st['misses']} kernels_loaded={st['kernels_loaded']} kernel_errors=0 wrong_results=0")
