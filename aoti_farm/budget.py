@@ -163,7 +163,7 @@ def _output_elements(sig) -> int | None:
             elif a[0] == "dev":
                 v = torch.device("meta")
             else:
-                v = S._decode_scalar(a)
+                v = S.decode_value(a)
             (kwargs.__setitem__(name, v) if kwo else args.append(v))
         with torch.no_grad():
             res = S.resolve_op(sig.op)(*args, **kwargs)
@@ -179,7 +179,7 @@ def input_elements(sig) -> int:
     """Storage elements of every tensor input (what the example inputs allocate)."""
     from aoti_farm import signature as S
 
-    return sum(S._storage_size(t[2], t[3]) for t in _tensors(sig))
+    return sum(S.storage_size(t[2], t[3]) for t in _tensors(sig))
 
 
 @lru_cache(maxsize=4096)

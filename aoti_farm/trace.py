@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from aoti_farm.errors import UserError
-from aoti_farm.signature import INT64_MAX, Signature, _short, describe, is_int64, parse_signature
+from aoti_farm.signature import INT64_MAX, Signature, describe, is_int64, parse_signature, short_repr
 
 FORMAT = "aoti-farm-trace"
 VERSION = 1
@@ -133,10 +133,10 @@ def parse_trace(doc, path: str = "<trace>", check: Callable[[Signature], str | N
             raise UserError(f"trace {path}: {where}: must be an object; {_fix(path)}")
         count = e.get("count", 1)
         if not is_int64(count) or count < 1:
-            raise UserError(f"trace {path}: {where}.count: {_short(count)} is not a positive int64; {_fix(path)}")
+            raise UserError(f"trace {path}: {where}.count: {short_repr(count)} is not a positive int64; {_fix(path)}")
         order = e.get("order", i)
         if not is_int64(order) or order < 0:
-            raise UserError(f"trace {path}: {where}.order: {_short(order)} is not a non-negative int64; {_fix(path)}")
+            raise UserError(f"trace {path}: {where}.order: {short_repr(order)} is not a non-negative int64; {_fix(path)}")
         unknown = set(e) - {"order", "count", "op", "args", "hints"}
         if unknown:
             raise UserError(f"trace {path}: {where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; {_fix(path)}")
@@ -169,7 +169,7 @@ def parse_trace(doc, path: str = "<trace>", check: Callable[[Signature], str | N
 def _check_extent(args, where: str, path: str) -> None:
     """Sizes are checked by parse_signature; also refuse absurd ranks and strides (an
     example input is allocated from sizes *and* strides)."""
-    from aoti_farm.signature import MAX_NUMEL, _storage_size
+    from aoti_farm.signature import MAX_NUMEL, storage_size
 
     for j, a in enumerate(args or []):
         tensors = [(f"{where}.args[{j}]", a)] if isinstance(a, dict) and a.get("kind") == "tensor" else []
@@ -181,7 +181,7 @@ def _check_extent(args, where: str, path: str) -> None:
             if len(sizes) > MAX_RANK:
                 raise UserError(f"trace {path}: {w}.sizes: {len(sizes)} dimensions, over the limit of {MAX_RANK}; "
                                 f"{_fix(path)}")
-            n = _storage_size(tuple(sizes), tuple(strides))
+            n = storage_size(tuple(sizes), tuple(strides))
             if n > MAX_NUMEL:
                 raise UserError(f"trace {path}: {w}.strides: {strides} span {n} elements, over the limit of "
                                 f"{MAX_NUMEL}; {_fix(path)}")

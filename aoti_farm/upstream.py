@@ -101,10 +101,10 @@ def _ivalue(kind: str, enc: tuple) -> tuple:
 
 def _is_default(info: S.OpInfo, i: int, enc: tuple) -> bool:
     d = info.defaults[i]
-    if d is S._NODEFAULT:
+    if d is S.NO_DEFAULT:
         return False
     try:
-        denc = S._encode(info.kinds[i], d)
+        denc = S.encode_value(info.kinds[i], d)
     except (Ineligible, KeyError, TypeError, ValueError):
         return False
     return _ivalue(info.kinds[i], enc) == _ivalue(info.kinds[i], denc)
@@ -157,7 +157,7 @@ def meta_info(sig: S.Signature, *, as_objects: bool = False) -> list[dict]:
             d = S.dtype_from_name(enc[1])
             m = {"dtype_value": d if as_objects else str(d)}
         elif tag == "layout":
-            lay = S._LAYOUTS[enc[1]]
+            lay = S.LAYOUTS[enc[1]]
             m = {"layout_value": lay if as_objects else str(lay)}
         elif tag == "dev":
             dtype_, _, idx = enc[1].partition(":")
@@ -218,7 +218,7 @@ def _meta_tensor(m: Any, device: str, where: str) -> tuple:
     dev = "cpu" if device == "cpu" else f"{device}:{idx if isinstance(idx, int) and idx >= 0 else 0}"
     d = {"dtype": _dtype_name(m["dtype"], f"{where}.dtype"), "sizes": m["sizes"], "strides": m["strides"],
          "device": dev}
-    return S._tensor_from_json(d, where)
+    return S.tensor_from_json(d, where)
 
 
 def _meta_candidate(kind: str, m: dict, device: str, where: str) -> tuple | None:
@@ -255,10 +255,10 @@ def _meta_candidate(kind: str, m: dict, device: str, where: str) -> tuple | None
         return ("dtype", _dtype_name(m["dtype_value"], f"{where}.dtype_value")) if base == "dtype" else None
     if "layout_value" in m:
         name = str(m["layout_value"]).split(".")[-1]
-        return ("layout", name) if base == "layout" and name in S._LAYOUTS else None
+        return ("layout", name) if base == "layout" and name in S.LAYOUTS else None
     if "memory_format_value" in m:
         name = str(m["memory_format_value"]).split(".")[-1]
-        return ("mf", name) if base == "mf" and name in S._MEMFMTS else None
+        return ("mf", name) if base == "mf" and name in S.MEMORY_FORMATS else None
     if "device_type_value" in m:
         if base != "device":
             return None
@@ -300,9 +300,9 @@ def signature_from_meta(op: str, meta: Any, device: str, where: str = "meta_info
             enc = _meta_candidate(kind, m, device, f"{where}[{k}]")
             if enc is not None:
                 walk(i + 1, j + 1, order + 1, acc + [enc])
-        if info.defaults[i] is not S._NODEFAULT:
+        if info.defaults[i] is not S.NO_DEFAULT:
             try:
-                denc = S._encode(kind, info.defaults[i])
+                denc = S.encode_value(kind, info.defaults[i])
             except Ineligible:
                 denc = None
             if denc is not None:

@@ -371,7 +371,7 @@ def upstream_item(sig, kernel_path: str) -> dict:
     allv = list(args) + list(kwargs.values())      # schema order
     vals = []
     for v, enc, default in zip(allv, sig.args, info.defaults):
-        if enc[0] not in ("T", "TL") and (enc[0] == "N" or (default is not S._NODEFAULT and v == default)):
+        if enc[0] not in ("T", "TL") and (enc[0] == "N" or (default is not S.NO_DEFAULT and v == default)):
             continue  # left at its default: upstream's holder does not pass it
         vals.append(v)
     meta = []

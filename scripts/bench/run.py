@@ -162,7 +162,7 @@ def upstream_supports(sig) -> bool:
             continue
         if a[0] == "TL" and all(t[0] == "T" for t in a[1]):
             continue
-        if a[0] == "N" or (d is not S._NODEFAULT and S._decode_scalar(a) == d):
+        if a[0] == "N" or (d is not S.NO_DEFAULT and S.decode_value(a) == d):
             continue  # left out at its default
         return False
     return True

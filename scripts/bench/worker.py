@@ -66,7 +66,7 @@ def upstream_call_args(sig, seed=0):
     for name, default in zip(info.arg_names, info.defaults):
         if name in kwargs:
             v = kwargs[name]
-            if v is None or (default is not S._NODEFAULT and v == default):
+            if v is None or (default is not S.NO_DEFAULT and v == default):
                 continue
             kw[name] = v
     return args, kw
