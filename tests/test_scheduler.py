@@ -1,4 +1,4 @@
-"""Scheduler unit tests: real Ray, a test-double compiler (aoti_farm.workers.doubles).
+"""Scheduler unit tests: real Ray, a test-double compiler (tests/doubles.py).
 
 Routing, resource requests, timeouts, retries, backpressure and lease waits, without
 Inductor.  One embedded Ray for the module, with a declared (fake) GPU so CUDA routing is
@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+import ray
 import torch
 
 from aoti_farm import leases
@@ -20,10 +21,13 @@ from aoti_farm.cache import Cache
 from aoti_farm.config import FarmConfig
 from aoti_farm.farm import plan
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.workers.doubles import ScriptedCompiler
 from aoti_farm.workers.pool import CPU, GPU, actor_options, pool_sizes, route
 
-ray = pytest.importorskip("ray")
+import doubles
+from doubles import ScriptedCompiler
+
+# tests/ is not on the actors' path: the double travels by value, not by module name
+ray.cloudpickle.register_pickle_by_value(doubles)
 
 
 def cpu_sig(n: int) -> S.Signature:
