@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from aoti_farm.config import FarmConfig, HookConfig, resolve
@@ -28,3 +30,102 @@ def test_lease_ttl_beyond_what_leases_accept_is_refused():
 def test_hook_choices_are_checked(field, value):
     with pytest.raises(UserError, match=field):
         resolve(HookConfig, cli={field: value}, env={})
+
+
+# --- each layer, each check ------------------------------------------------------------
+
+
+def test_each_layer_overrides_the_one_below(tmp_path):
+    toml = tmp_path / "f.toml"
+    toml.write_text("[farm]\nretries = 5\ntimeout = 10\nwarmup = \"none\"\n")
+    env = {"AOTI_FARM_TIMEOUT": "20", "AOTI_FARM_WARMUP": "compile"}
+    cfg = resolve(FarmConfig, cli={"warmup": "light"}, env=env, config_path=str(toml))
+    assert cfg.retries == 5                    # TOML over the default (2)
+    assert cfg.timeout == 20.0                 # environment over TOML
+    assert cfg.warmup == "light"               # command line over environment
+    assert resolve(FarmConfig, env={}) == FarmConfig()         # nothing set: the defaults
+
+
+def test_config_file_from_the_environment_and_its_table(tmp_path):
+    toml = tmp_path / "f.toml"
+    toml.write_text("[farm]\nretries = 4\n[hook]\non_miss = \"queue\"\npoll_interval = 0.5\n")
+    env = {"AOTI_FARM_CONFIG": str(toml)}
+    assert resolve(FarmConfig, env=env).retries == 4
+    hook = resolve(HookConfig, env=env)
+    assert (hook.on_miss, hook.poll_interval) == ("queue", 0.5)
+    # --config wins over $AOTI_FARM_CONFIG
+    other = tmp_path / "g.toml"
+    other.write_text("[farm]\nretries = 9\n")
+    assert resolve(FarmConfig, env=env, config_path=str(other)).retries == 9
+
+
+def test_unset_values_do_not_override(tmp_path):
+    toml = tmp_path / "f.toml"
+    toml.write_text("[farm]\nretries = 4\n")
+    cfg = resolve(FarmConfig, cli={"retries": None}, env={"AOTI_FARM_RETRIES": ""}, config_path=str(toml))
+    assert cfg.retries == 4
+
+
+def test_values_are_converted_from_the_environment():
+    env = {"AOTI_FARM_YIELD_CORE": "no", "AOTI_FARM_OPS": "aten::add.Tensor, aten::mul.Tensor,",
+           "AOTI_FARM_INDUCTOR_OPTIONS": '{"max_autotune": false}', "AOTI_FARM_POLL_INTERVAL": " 0.25 ",
+           "AOTI_FARM_ALLOW_INSECURE": "TRUE"}
+    hook = resolve(HookConfig, env=env)
+    assert hook.yield_core is False and hook.allow_insecure is True
+    assert hook.ops == ("aten::add.Tensor", "aten::mul.Tensor")
+    assert hook.inductor_options == {"max_autotune": False}
+    assert hook.poll_interval == 0.25
+    farm = resolve(FarmConfig, env={"AOTI_FARM_MEMORY_BUDGET": "6G", "AOTI_FARM_CPU_WORKERS": "3"})
+    assert farm.memory_budget == 6 << 30 and farm.cpu_workers == 3
+
+
+@pytest.mark.parametrize("cls,var,value,says", [
+    (HookConfig, "YIELD_CORE", "maybe", "not a boolean"),
+    (FarmConfig, "RETRIES", "-1", "negative"),
+    (FarmConfig, "RETRIES", "two", "invalid literal"),
+    (FarmConfig, "TIMEOUT", "0", "must be positive"),
+    (FarmConfig, "INDUCTOR_OPTIONS", "{not json", "Expecting"),
+    (FarmConfig, "MEMORY_BUDGET", "lots", "not a size"),
+])
+def test_a_bad_environment_value_names_its_variable(cls, var, value, says):
+    with pytest.raises(UserError, match=f"environment AOTI_FARM_{var}: {var.lower()}: .*{says}"):
+        resolve(cls, env={f"AOTI_FARM_{var}": value})
+
+
+@pytest.mark.parametrize("body,says", [
+    ("[farm]\nretries = \"two\"\n", r"\[farm\]: retries: "),
+    ("[farm]\nretries = true\n", "retries: True is not an integer"),
+    ("[farm]\ninductor_options = 3\n", "inductor_options: 3 is not a table"),
+    ("[farm]\nno_such_key = 1\n", "unknown key 'no_such_key'; valid keys: cache_dir"),
+    ("farm = 3\n", r"\[farm\] must be a table"),
+    ("[farm\n", "not valid TOML"),
+])
+def test_a_bad_config_file_names_the_file_and_the_field(tmp_path, body, says):
+    toml = tmp_path / "bad.toml"
+    toml.write_text(body)
+    with pytest.raises(UserError, match=f"config {toml}.*{says}"):
+        resolve(FarmConfig, env={}, config_path=str(toml))
+
+
+def test_a_missing_config_file_is_refused(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        resolve(FarmConfig, env={"AOTI_FARM_CONFIG": str(tmp_path / "nope.toml")})
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(UserError, match="option no_such: unknown"):
+        resolve(FarmConfig, cli={"no_such": 1}, env={})
+    with pytest.raises(UserError, match="option --gpus-per-worker: gpus_per_worker: .*positive"):
+        resolve(FarmConfig, cli={"gpus_per_worker": -0.5}, env={})
+
+
+@pytest.mark.parametrize("field,value", [("warmup", "heavy"), ("dynamic", "sometimes"), ("address", "")])
+def test_farm_choices_are_checked(field, value):
+    with pytest.raises(UserError, match=field):
+        resolve(FarmConfig, cli={field: value}, env={})
+
+
+def test_resolved_config_is_frozen():
+    cfg = resolve(HookConfig, env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.on_miss = "ignore"
