@@ -57,6 +57,8 @@ KERNEL = "kernel.so"
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 _FP_RE = re.compile(r"^[0-9a-f]{24}$")
 _FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+_SHARD_NAME = re.compile(r"^[0-9a-f]{2}$")
+_SHARDED = {"entries": "entries", "failed": "failed"}   # Cache.shard_stamps / shard_keys kinds
 
 
 def default_cache_dir() -> str:
@@ -544,6 +546,37 @@ class Cache:
             except (NotADirectoryError, FileNotFoundError):
                 continue
         return out
+
+    # -- listing by shard (for pollers: the serving hook's index) ------------------------------
+    def shard_stamps(self, fp_id: str, kind: str, shards=None) -> dict[str, tuple[int, int]]:
+        """Change stamps ``(mtime_ns, nlink)`` of the shard directories (``key[:2]``) of
+        ``kind``: "entries" (published kernels) or "failed" (failure records); ``shards``:
+        only these names (absent ones are left out).  A shard whose stamp did not change
+        lists the same keys, so a poller lists again (:meth:`shard_keys`) only the others."""
+        base = self.ns(fp_id) / _SHARDED[kind]
+        if shards is None:
+            try:
+                with os.scandir(base) as it:
+                    shards = [e.name for e in it if _SHARD_NAME.match(e.name)]
+            except (FileNotFoundError, NotADirectoryError):
+                return {}
+        out: dict[str, tuple[int, int]] = {}
+        for name in shards:
+            try:
+                st = os.stat(base / name)
+            except OSError:
+                continue
+            out[name] = (st.st_mtime_ns, st.st_nlink)
+        return out
+
+    def shard_keys(self, fp_id: str, kind: str, shard: str) -> set[str]:
+        """The keys in one shard of ``kind`` (see :meth:`shard_stamps`): published entries,
+        or failure records (read none).  OSError when the shard cannot be listed."""
+        names = os.listdir(self.ns(fp_id) / _SHARDED[kind] / shard)
+        if kind == "entries":
+            return {n for n in names if _KEY_RE.match(n) and n[:2] == shard}
+        sfx = ".msgpack"
+        return {n[: -len(sfx)] for n in names if n.endswith(sfx) and _KEY_RE.match(n[: -len(sfx)])}
 
     def iter_entry_dirs(self, fp_id: str | None = None) -> Iterator[tuple[str, str, Path]]:
         for f in ([fp_id] if fp_id else self.fingerprint_ids()):

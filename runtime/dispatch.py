@@ -41,7 +41,7 @@ from aoti_farm import signature as S
 #: handler(info, device, orig, keyset, args, kwargs) -> result
 Handler = Callable[[S.OpInfo, str, Any, Any, tuple, dict], Any]
 
-KEYS = _KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 
 
 # --- which ops ------------------------------------------------------------------------------
@@ -76,7 +76,7 @@ def _compute_eligible(key: str) -> list[str]:
 
 def eligible_op_names(device: str = "cpu") -> list[str]:
     """Names of every servable aten op with a kernel for ``device`` (memoised on disk)."""
-    key = _KEYS[device]
+    key = KEYS[device]
     path = _memo_path()
     try:
         with open(path) as f:
@@ -202,10 +202,6 @@ def call_original(info: S.OpInfo, orig: Any, keyset: Any, args: tuple, kwargs: d
     return orig.call_boxed(keyset, *fixed[0], **fixed[1])
 
 
-def has_number_in_tensor_slot(info: S.OpInfo, args: tuple, kwargs: dict) -> bool:
-    return _fix_numbers(info, args, kwargs) is not None
-
-
 # --- the registration -------------------------------------------------------------------------
 
 
@@ -228,9 +224,9 @@ class Registration:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
                 for device in devices:
-                    if device not in _KEYS:
+                    if device not in KEYS:
                         raise ValueError(f"device {device!r} is not 'cpu' or 'cuda'")
-                    key = _KEYS[device]
+                    key = KEYS[device]
                     for op in resolve_ops(ops, device):
                         name = op._schema.name + (f".{op._schema.overload_name}" if op._schema.overload_name else "")
                         if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):

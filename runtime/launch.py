@@ -15,6 +15,10 @@ included) that sees the variables below:
 
 The exit status is the program's (128+N when killed by signal N); a command that cannot
 be started is a UserError (exit 2).
+
+This module is a command layer (of ``aoti-farm run`` and of the child's side, :func:`boot`),
+so it reads the environment: the variables above, and the hook's settings through
+``config.resolve(HookConfig)``, which it passes to ``install`` explicitly.
 """
 
 from __future__ import annotations
@@ -167,13 +171,16 @@ def boot() -> None:
 
         atexit.register(_write)
     if os.environ.get("AOTI_FARM_HOOK") == "1":
+        from aoti_farm.cache import load_signing_key
         from aoti_farm.config import HookConfig, resolve
         from aoti_farm.runtime.hook import install
 
         cfg = resolve(HookConfig)
+        key = load_signing_key(path=cfg.signing_key_file) if cfg.signing_key_file else None
         hook = install(cache_dir=cfg.cache_dir, ops=cfg.ops, devices=cfg.devices, on_miss=cfg.on_miss,
                        poll_interval=cfg.poll_interval, allow_insecure=cfg.allow_insecure,
-                       inductor_options=cfg.inductor_options, yield_core=cfg.yield_core, serve=cfg.serve)
+                       inductor_options=cfg.inductor_options, yield_core=cfg.yield_core, serve=cfg.serve,
+                       signing_key=key)
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
         def _stop() -> None:

@@ -232,15 +232,17 @@ def _write_sd(sd_dir: str, port: int, labels: dict) -> str | None:
         return None
 
 
-def start_for_hook(hook, port: int) -> Exporter | None:
-    """The hook's own endpoint (``install(metrics_port=...)``); never raises: a port that
+def start_for_hook(hook, endpoint) -> Exporter | None:
+    """The hook's own endpoint (``install(metrics_port=...)``; ``endpoint`` a
+    :class:`aoti_farm.runtime.settings.MetricsEndpoint`); never raises: a port that
     cannot be had is logged and the hook serves without metrics."""
     try:
         from prometheus_client import CollectorRegistry
 
         reg = CollectorRegistry(auto_describe=False)
         register(hook, reg)
-        ex = serve_http(reg, port, labels={"role": "serving"})
+        ex = serve_http(reg, endpoint.port, addr=endpoint.addr, span=endpoint.span, sd_dir=endpoint.sd_dir or "",
+                        labels={"role": "serving"})
         log.info("aoti-farm metrics on port %d", ex.port)
         return ex
     except Exception as e:  # noqa: BLE001 -- metrics never stop serving
@@ -252,18 +254,12 @@ def start_for_hook(hook, port: int) -> Exporter | None:
 
 
 def port_setting(metrics_port) -> int | None:
-    """``install(metrics_port=)`` or ``AOTI_FARM_METRICS_PORT``; None: no endpoint."""
+    """``aoti-farm serve``'s metrics port: ``--metrics-port`` or ``AOTI_FARM_METRICS_PORT``;
+    None: no endpoint.  (The hook's is resolved in ``runtime/settings.py``.)"""
     v = metrics_port if metrics_port is not None else os.environ.get("AOTI_FARM_METRICS_PORT")
     if v is None or v == "":
         return None
     return parse_port(v, "metrics_port" if metrics_port is not None else "AOTI_FARM_METRICS_PORT")
-
-
-def explain_enabled(explain_misses) -> bool:
-    """``install(explain_misses=)`` or ``AOTI_FARM_EXPLAIN_MISSES=1``; off by default."""
-    if explain_misses is not None:
-        return bool(explain_misses)
-    return os.environ.get("AOTI_FARM_EXPLAIN_MISSES", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def with_miss_reasons(s: dict, exporter: Exporter | None) -> dict:
@@ -280,22 +276,28 @@ EXPLAIN_INDEX_AGE = 5.0
 explain_log = logging.getLogger("aoti_farm.explain")
 
 
-def explain_first_miss(hook, call) -> None:
-    """Explain one signature's first miss in this process (the miss writer thread, never
-    the caller's): log it and count it by category in ``stats()["miss_explained"]``."""
-    try:
-        from aoti_farm.explain import Explainer
+class MissExplainer:
+    """Explains one signature's first miss in this process (called in the miss writer
+    thread, never the caller's): logs it and counts it by category in ``counters``
+    (``stats()["miss_explained"]``)."""
 
-        if hook._explainer is None:
-            hook._explainer = Explainer(hook.cache, hook.fps)
-        else:
-            hook._explainer.refresh(EXPLAIN_INDEX_AGE)
-        ex = hook._explainer.explain(call.sig)
-        what = ex.category if ex.outcome == "missing" and ex.category else ex.outcome
-        explain_log.warning("first miss of %s: %s%s", ex.description, ex.reason,
-                            "".join(f"; {d}" for d in ex.details[:8]))
-    except Exception as e:  # noqa: BLE001 -- explaining never breaks serving
-        log.debug("explain failed: %s", e)
-        what = "unexplained"
-    with hook._lock:
-        hook.c.miss_explained[what] = hook.c.miss_explained.get(what, 0) + 1
+    def __init__(self, cache, fps: dict, counters):
+        self.cache, self.fps, self.counters = cache, fps, counters
+        self._explainer = None
+
+    def __call__(self, call) -> None:
+        try:
+            from aoti_farm.explain import Explainer
+
+            if self._explainer is None:
+                self._explainer = Explainer(self.cache, self.fps)
+            else:
+                self._explainer.refresh(EXPLAIN_INDEX_AGE)
+            ex = self._explainer.explain(call.sig)
+            what = ex.category if ex.outcome == "missing" and ex.category else ex.outcome
+            explain_log.warning("first miss of %s: %s%s", ex.description, ex.reason,
+                                "".join(f"; {d}" for d in ex.details[:8]))
+        except Exception as e:  # noqa: BLE001 -- explaining never breaks serving
+            log.debug("explain failed: %s", e)
+            what = "unexplained"
+        self.counters.inc("miss_explained", what)

@@ -17,8 +17,9 @@ in the program makes this a no-op.
 
 Results are eager's at the lowered thread count.  Elementwise ops are bit-identical;
 reductions and matmuls may round differently in the last bits, as they do between hosts
-with different core counts.  ``install(..., yield_core=False)`` (or ``AOTI_FARM_YIELD_CORE=0``)
-turns it off.
+with different core counts.  ``install(..., yield_core=False)`` turns it off (``ThreadRoom``
+takes the resolved value: ``AOTI_FARM_YIELD_CORE=0`` is read by ``runtime/settings.py``, and
+only where the caller left ``yield_core`` unset).
 
 The native hit path keeps its own record of lowered threads (``fastpath.cpp``); the Python
 kernels use this module's, and hand it over when the hook switches to native.  A thread
@@ -55,16 +56,12 @@ def lowest_priority() -> None:
         pass
 
 
-def disabled_by_env() -> bool:
-    return os.environ.get("AOTI_FARM_YIELD_CORE", "1").strip().lower() in ("0", "false", "no", "off")
-
-
 class ThreadRoom:
     """The thread limit of one hook.  ``set_compiles(n)`` from the hook's watcher thread;
     ``follow()`` from each Python kernel call; ``attach_native(mod)`` at the switch."""
 
     def __init__(self, enabled: bool = True):
-        self.enabled = enabled and not disabled_by_env()
+        self.enabled = enabled
         self.cores = usable_cores()
         self.limit = 0          # 0: no limit
         self.gen = 1

@@ -140,7 +140,7 @@ def test_hook_gates_kernel_slower_on_compile_host(kernels, tmp_path, native):
     with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="queue", native=native,
                  serve="faster") as hook:
         got = [torch.add(a, b, alpha=2)]          # eager while the gate's thread decides
-        assert hook._gate.wait(60)
+        assert hook.gate.wait(60)
         got += [torch.add(a, b, alpha=2) for _ in range(6)]
         hook.flush()
         st = hook.stats()
@@ -167,14 +167,14 @@ def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_pa
         cache = _gate_cache(kernels, tmp_path / side, ratio=0.5)
         with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", native=native,
                      serve="faster") as hook:
-            hook._gate.measure = _penalised(side)
+            hook.gate.measure = _penalised(side)
             got = [torch.add(a, b, alpha=2)]      # starts the trial in the gate's thread
-            assert hook._gate.wait(120)
+            assert hook.gate.wait(120)
             got += [torch.add(a, b, alpha=2) for _ in range(5)]
             results[side] = hook.stats()
         assert all(torch.equal(x, expected) for x in got)
     served, gated = results["eager"], results["kernel"]
-    assert served["hits"] == 5 and served["gated"] == 0 and served["gated_signatures"] == 0, (served, hook._gate.why)
+    assert served["hits"] == 5 and served["gated"] == 0 and served["gated_signatures"] == 0, (served, hook.gate.why)
     assert gated["hits"] == 0 and gated["gated"] == 5 and gated["gated_signatures"] == 1, gated
     for st in (served, gated):
         assert 0 < st["gate_trials"] <= 2 + 2 * 7 * 2000 and st["misses"] == 0 and st["gate_errors"] == 0, st

@@ -190,7 +190,7 @@ def test_threads_run_a_kernel_at_once_each_with_its_own_container(big_add, tmp_p
                  serve="always") as hook:
         _overlapping_calls(call)
         st = hook.stats()
-        n = hook._nreg.stats() if mode == "require" else None
+        n = hook._routes.nreg.stats() if mode == "require" else None
     assert not bad
     assert st["hits"] == 600 and st["kernel_errors"] == 0, st
     if n is not None:

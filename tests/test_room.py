@@ -101,12 +101,17 @@ def test_disabled_by_argument_env_or_one_core(threads, monkeypatch):
         room.set_compiles(1)
         room.follow()
         assert room.limit == 0 and torch.get_num_threads() == 4
+    # the environment is read once, where settings are resolved (runtime/settings.py), and
+    # only for what the caller left unset: it never overrides an explicit value
+    from aoti_farm.runtime.settings import resolve
+
     monkeypatch.setenv("AOTI_FARM_YIELD_CORE", "0")
+    assert resolve().yield_core is False and resolve(yield_core=True).yield_core is True
     room = ThreadRoom(True)
     room.cores = 4
     room.set_compiles(1)
     room.follow()
-    assert not room.enabled and torch.get_num_threads() == 4
+    assert room.enabled and torch.get_num_threads() == 3
 
 
 @pytest.mark.skipif(native.disabled(), reason="AOTI_FARM_NATIVE=0")

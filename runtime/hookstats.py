@@ -1,0 +1,75 @@
+"""``Hook.stats()``: every collaborator's counters in one dict, with the native path's folded in.
+
+The Python side counts in :class:`aoti_farm.counters.Counters` (the hook's per-call
+counters, the kernel table's, the miss writer's, the workers'); the native hit path counts
+in C++ (``fastpath.cpp``), summed over every native registration of the hook
+(``runtime/routes.py``).  Keys, for ``stats()``'s readers (tests, ``runtime/metrics.py``,
+``aoti-farm run``'s stats files):
+
+* ``calls``, ``hits``, ``misses``, ``failed_signatures``, ``fallbacks`` (by reason),
+  ``per_op`` (op -> hits/misses/fallbacks), ``served_after_miss``, ``gated``,
+  ``gate_pending``: the per-call outcomes;
+* ``kernels_loaded``, ``kernels_dropped``, ``load_errors``, ``load_unsafe``,
+  ``kernel_errors``, ``integrity_failures`` (+ ``_by_kind``), ``foreign``;
+* ``queued``, ``queue_dedup``, ``queue_dropped``, ``queue_errors``, ``queued_waiting``,
+  ``miss_to_hit_seconds``, ``eager_while_pending_seconds``;
+* ``workers_started``, ``worker_errors``, ``rescans``, ``poll_errors``;
+* ``serve``, ``gate_trials``, ``gated_signatures``, ``gate_errors``; ``yield_core``;
+  ``serving``; ``routed_ops``; ``shape_classes``; ``native``; ``miss_reasons``; ``metrics``.
+"""
+
+from __future__ import annotations
+
+from aoti_farm.runtime import metrics as metrics_mod
+
+#: The native counters of calls the Python side never saw, by fallback reason.
+_NATIVE_FALLBACKS = (("wrapped Python number", "wrapped_numbers"), ("requires_grad", "requires_grad"),
+                     ("conjugate or negative view", "conj_neg_views"))
+
+
+def merged_stats(hook) -> dict:
+    s = hook.counters.snapshot()
+    for part in (hook._kernels.counters.snapshot(), hook._writer.stats(), hook._workers.counters.snapshot()):
+        s.update(part)
+    for oc in s["per_op"].values():
+        for k in ("hits", "misses", "fallbacks"):
+            oc.setdefault(k, 0)
+    s["yield_core"] = hook._room.stats()
+    g = hook.gate.stats()
+    s["serve"] = g["policy"]
+    s["gate_trials"], s["gated_signatures"], s["gate_errors"] = g["gate_trials"], g["gated_signatures"], g["gate_errors"]
+    s["serving"] = hook._not_serving is None   # False: nothing intercepted (see Hook)
+    s["routed_ops"] = len(hook.ops)
+    s["shape_classes"] = hook._shapes.stats()
+    routes = hook._routes
+    n = routes.native_stats()
+    if n is None:
+        s["native"] = {"active": False, "reason": routes.error or ("off" if routes.mode == "off" else "building")}
+        return metrics_mod.with_miss_reasons(s, hook._metrics)
+    _fold_native(s, n, {i: r for r, i in hook._ineligible_ids.items()})
+    reason = {} if routes.nreg is not None else {"reason": routes.error or "no op routed"}
+    s["native"] = {"active": routes.nreg is not None, **reason,
+                   **{k: n.get(k, 0) for k in ("slow_calls", "remembered", "forgotten_full", "unkeyable",
+                                               "callback_errors", "kernels")}}
+    return metrics_mod.with_miss_reasons(s, hook._metrics)
+
+
+def _fold_native(s: dict, n: dict, reasons: dict) -> None:
+    s["hits"] += n["hits"]
+    s["misses"] += n["misses"]
+    s["failed_signatures"] += n["failed_signatures"]
+    s["calls"] += n["hits"] + n["misses"] + n["failed_signatures"] + n.get("gated", 0)
+    s["gated"] += n.get("gated", 0)
+    for reason, k in _NATIVE_FALLBACKS:
+        if n.get(k):
+            s["fallbacks"][reason] = s["fallbacks"].get(reason, 0) + n[k]
+            s["calls"] += n[k]
+    for rid, k in n.get("ineligible", {}).items():   # remembered natively, counted there
+        reason = reasons.get(rid, "ineligible")
+        s["fallbacks"][reason] = s["fallbacks"].get(reason, 0) + k
+        s["calls"] += k
+    for name, (h, m, f) in n.get("per_slot", {}).items():
+        oc = s["per_op"].setdefault(name, {"hits": 0, "misses": 0, "fallbacks": 0})
+        oc["hits"] += h
+        oc["misses"] += m
+        oc["fallbacks"] += f

@@ -1,0 +1,199 @@
+"""The serving hook's loaded kernels: verify, load, drop, and remember the refused ones.
+
+A kernel is loaded on its first hit (or, for a signature this process missed earlier, by
+the miss writer's thread: :meth:`KernelTable.load_soon`): ``Cache.open_entry(...,
+private=True)`` walks to the entry without following links, checks owners and modes,
+reads the manifest bounded, verifies fingerprint, HMAC and sha256 into a sealed private
+copy, and the runner is loaded from that copy, never from the shared file (a native
+kernel id when the native hit path serves, else a Python runner).  One load per key at a
+time; concurrent callers wait for it.
+
+A refused entry (``BadEntry``) is counted (``foreign`` or ``integrity_failures`` by kind),
+dropped from the index and reported again (a good kernel may replace it); a runner that
+fails to load or raises while running is dropped.  Either is remembered in ``bad`` with
+its entry directory's stamp until the entry is replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+from aoti_farm import loadenv
+from aoti_farm.cache import BadEntry, Cache
+from aoti_farm.compiler import load_runner
+from aoti_farm.counters import Counters
+
+log = logging.getLogger("aoti_farm.hook")
+
+
+def runner_device(device: str) -> str:
+    return "cuda:0" if device == "cuda" else "cpu"
+
+
+class KernelTable:
+    """``runners``: key -> loaded runner (or native kernel id); ``bad``: key -> (device,
+    entry stamp) of refused or failing entries.  ``native`` is the native registration
+    while it serves (set by the hook), else None."""
+
+    def __init__(self, cache: Cache, fps: dict, indexes: dict, report: Callable, submit: Callable):
+        self.cache, self.fps, self.indexes = cache, fps, indexes
+        self._report = report          # (call) -> None: a refused entry's signature is queued again
+        self._submit = submit          # (fn) -> bool: run fn in the background thread
+        self.native = None
+        self.runners: dict[str, Any] = {}
+        self.bad: dict[str, tuple] = {}
+        self._load_locks: dict[str, threading.Lock] = {}
+        self._loading: set[str] = set()
+        self._lock = threading.Lock()
+        self.counters = Counters("kernels_loaded", "kernels_dropped", "load_errors", "load_unsafe",
+                                 "kernel_errors", "integrity_failures", "foreign",
+                                 integrity_failures_by_kind={})
+
+    def current(self, key: str):
+        """The loaded handle of ``key`` for the path that serves now, or None."""
+        h = self.runners.get(key)
+        if h is None or isinstance(h, int) != (self.native is not None):
+            return None
+        return h
+
+    def load(self, call):
+        """Verify and load the kernel of ``call`` (once; concurrent callers wait)."""
+        with self._lock:
+            lk = self._load_locks.setdefault(call.key, threading.Lock())
+        with lk:
+            nreg = self.native
+            runner = self.runners.get(call.key)
+            if runner is not None and isinstance(runner, int) == (nreg is not None):
+                return runner
+            if call.key in self.bad:
+                return None   # refused while this thread waited: not verified again
+            if not loadenv.load_safe():
+                # This host needs libstdc++ preloaded to load AOTI libraries and this
+                # process was started without it: loading would crash the caller.
+                self.counters.inc("load_unsafe")
+                return None
+            try:
+                # verified bytes in a sealed private copy: the library loaded is exactly
+                # what was hashed, whatever happens to the shared file meanwhile
+                entry = self.cache.open_entry(self.fps[call.device], call.key, private=True)
+            except BadEntry as e:
+                self.refused(call, e)
+                return None
+            except Exception as e:  # noqa: BLE001 -- a vanished or odd cache is a miss
+                log.warning("cannot open entry %s: %s", call.key[:12], e)
+                self.counters.inc("load_errors")
+                return None
+            device = runner_device(call.device)
+            try:
+                runner = nreg.load(entry.load_path, device) if nreg is not None else load_runner(entry.load_path, device)
+            except Exception as e:  # noqa: BLE001
+                log.warning("cannot load kernel %s: %s", call.key[:12], e)
+                self.counters.inc("load_errors")
+                with self._lock:
+                    self.bad[call.key] = (call.device, self.entry_stamp(call.device, call.key))
+                return None
+            finally:
+                entry.close()
+            self.cache.touch_used(entry)
+            with self._lock:
+                old = self.runners.get(call.key)
+                self.runners[call.key] = runner
+            self.counters.inc("kernels_loaded")
+            if old is not None:
+                self.release(old)
+            return runner
+
+    def load_soon(self, call) -> None:
+        """Load ``call``'s kernel in the background thread (once at a time per key); the
+        native path decides its calls again afterwards."""
+        with self._lock:
+            if call.key in self._loading:
+                return
+            self._loading.add(call.key)
+        if not self._submit(lambda: self._background_load(call)):
+            with self._lock:
+                self._loading.discard(call.key)
+
+    def _background_load(self, call) -> None:
+        try:
+            self.load(call)
+        finally:
+            with self._lock:
+                self._loading.discard(call.key)
+            if self.native is not None:
+                self.native.forget_eager()   # the remembered miss is decided again: a hit
+
+    def refused(self, call, e: BadEntry) -> None:
+        log.warning("refusing cache entry %s: %s", call.key[:12], e)
+        st = self.entry_stamp(call.device, call.key)
+        if e.kind == "foreign":
+            self.counters.inc("foreign")
+        elif st is not None:  # the entry is there but bad (not merely removed meanwhile)
+            self.counters.inc("integrity_failures")
+            self.counters.inc("integrity_failures_by_kind", e.kind)
+        with self._lock:
+            self.bad[call.key] = (call.device, st)
+        self.indexes[call.device].keys.discard(call.key)
+        # queued again: a good kernel replaces it (after `cache verify --repair`)
+        self._report(call, again=True)
+
+    def failed(self, key: str, e: BaseException) -> None:
+        """A loaded kernel raised: dropped, eager until its entry is replaced."""
+        log.warning("kernel %s raised %s; dropped, serving eager until its entry changes",
+                    key[:12], (str(e).splitlines() or [type(e).__name__])[0][:200])
+        device = next((d for d, idx in self.indexes.items() if key in idx.keys), None)
+        self.counters.inc("kernel_errors")
+        with self._lock:
+            handle = self.runners.pop(key, None)
+            self.bad[key] = (device, self.entry_stamp(device, key) if device else None)
+        self.release(handle)
+
+    def native_failed(self, kernel_id: int, message: str) -> None:
+        """The native path's report of a kernel that raised (the call got eager's result)."""
+        with self._lock:
+            key = next((k for k, h in self.runners.items() if h == kernel_id and isinstance(h, int)), None)
+        if key is not None:
+            self.failed(key, RuntimeError(message))
+        elif self.native is not None:
+            self.native.unload(kernel_id)
+
+    def release(self, handle) -> None:
+        if isinstance(handle, int) and self.native is not None:
+            try:
+                self.native.unload(handle)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def removed(self, keys) -> None:
+        """Entries that went away: their kernels are dropped."""
+        dropped = []
+        with self._lock:
+            for k in keys:
+                h = self.runners.pop(k, None)
+                if h is not None:
+                    dropped.append(h)
+        for h in dropped:
+            self.counters.inc("kernels_dropped")
+            self.release(h)
+
+    def retry_replaced(self, device: str) -> None:
+        """A refused entry that was replaced (a new directory) is tried again."""
+        for k, (dev, st) in list(self.bad.items()):
+            if dev == device and self.entry_stamp(dev, k) != st:
+                with self._lock:
+                    self.bad.pop(k, None)
+
+    def clear(self) -> None:
+        """Forget every loaded runner (the registration serving them went away)."""
+        with self._lock:
+            self.runners.clear()
+
+    def entry_stamp(self, device: str, key: str):
+        try:
+            st = os.stat(self.cache.entry_dir(self.fps[device].id, key))
+            return (st.st_ino, st.st_mtime_ns)
+        except OSError:
+            return None

@@ -1,0 +1,154 @@
+"""The serving hook's compile workers: start, watch and stop them.
+
+With ``on_miss="compile"`` the hook keeps one compile worker *process* per device
+(``python -m aoti_farm.runtime.compile_worker``, spawned, at the lowest priority: see
+:func:`aoti_farm.runtime.room.lowest_priority`) that drains the miss queue and exits when
+idle.  A start that fails is retried at most every :data:`RETRY_SECONDS`.  The workers
+(and the native path's background build, :meth:`WorkerSupervisor.watch_build`) write JSON
+events to one log that this module follows: their busy/idle events set the serving
+threads' limit (:mod:`.room`), and an outcome tells the poller to look at the index now.
+
+:func:`worker_env` is the one place that builds a worker's environment: this process's,
+minus the launcher's variables, with one compile thread, the libstdc++ preload where this
+host needs it, and the signing key (the only setting a worker takes from its environment,
+so that it never appears on a command line).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from aoti_farm import loadenv
+from aoti_farm.cache import Cache
+from aoti_farm.counters import Counters
+from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events
+from aoti_farm.runtime.room import ThreadRoom, lowest_priority
+
+log = logging.getLogger("aoti_farm.hook")
+
+#: Seconds before a worker that could not be started is tried again.
+RETRY_SECONDS = 10.0
+#: Events after which a compile (or the worker) ended: the index may have changed.
+ENDED_EVENTS = frozenset({"outcome", "error", "bad-item", "idle-exit"})
+#: The launcher's variables (``runtime/launch.py``): a worker is not a hooked program.
+_LAUNCHER_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD", "AOTI_FARM_RECORD_DIR")
+
+
+def worker_env(signing_key: bytes | None) -> dict[str, str]:
+    """The environment of a compile worker started by this process."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    env = loadenv.child_env(env)
+    env.pop("AOTI_FARM_SIGNING_KEY_FILE", None)
+    env.pop("AOTI_FARM_SIGNING_KEY", None)
+    if signing_key:
+        env["AOTI_FARM_SIGNING_KEY"] = os.fsdecode(signing_key)   # read back with os.fsencode
+    return env
+
+
+class WorkerSupervisor:
+    """The compile workers of one hook, per device, and the log they write."""
+
+    def __init__(self, cache: Cache, fps: dict, inductor_options: dict, log_path: str, idle: float,
+                 room: ThreadRoom, wake: threading.Event):
+        self.cache, self.fps, self.inductor_options = cache, fps, inductor_options
+        self.log_path, self.idle, self.room, self.wake = log_path, idle, room, wake
+        self.last: subprocess.Popen | None = None          # the worker last started
+        self._workers: dict[str, subprocess.Popen] = {}    # per device
+        self._build: subprocess.Popen | None = None        # the native path's background build
+        self._lock = threading.Lock()
+        self._retry_at = 0.0
+        self._state: dict[int, str] = {}                   # worker pid -> its last event
+        self._log_pos, self._log_partial = max(self._log_size(), 0), b""
+        self.counters = Counters("workers_started", "worker_errors")
+
+    def ensure(self, device: str) -> None:
+        """A worker for ``device`` runs (started unless one does)."""
+        with self._lock:
+            w = self._workers.get(device)
+            if w is not None and w.poll() is None:
+                return
+            if time.monotonic() < self._retry_at:
+                return  # the last start failed: not more often than every RETRY_SECONDS
+            self._start(device)
+
+    def _start(self, device: str) -> None:
+        fp = self.fps[device]
+        cmd = [sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", str(self.cache.root),
+               "--device", device, "--fp-id", fp.id, "--idle", str(self.idle),
+               "--inductor-options", json.dumps(self.inductor_options)]
+        if self.cache.allow_insecure:
+            cmd.append("--allow-insecure")
+        try:
+            logf = open(self.log_path, "ab")
+            try:
+                self.last = self._workers[device] = subprocess.Popen(
+                    cmd, env=worker_env(self.cache.signing_key), stdin=subprocess.DEVNULL, stdout=logf,
+                    stderr=logf, preexec_fn=lowest_priority)
+            finally:
+                logf.close()
+            self.room.set_compiles(self.compiles_now())   # warming up from now
+            self.wake.set()
+        except Exception as e:  # noqa: BLE001
+            log.warning("cannot start the compile worker: %s", e)
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            self.counters.inc("worker_errors")
+            return
+        self.counters.inc("workers_started")
+
+    def watch_build(self, proc: subprocess.Popen | None) -> None:
+        """Follow the native path's background build like a compile (it takes a core)."""
+        self._build = proc
+
+    def build_running(self) -> bool:
+        b = self._build
+        return b is not None and b.poll() is None
+
+    def running(self) -> bool:
+        """Whether a worker or the native build runs now."""
+        return self.build_running() or any(w.poll() is None for w in list(self._workers.values()))
+
+    def follow(self) -> bool:
+        """Read the log's new events; set the thread limit from what runs now.  True when a
+        compile ended (the index may have changed)."""
+        events, self._log_pos, self._log_partial = read_events(self.log_path, self._log_pos, self._log_partial)
+        ended = False
+        for ev in events:
+            pid, what = ev.get("pid"), ev.get("event")
+            if isinstance(pid, int) and isinstance(what, str):
+                self._state[pid] = what
+            ended = ended or what in ENDED_EVENTS
+        self.room.set_compiles(self.compiles_now())
+        return ended
+
+    def unread(self) -> bool:
+        """Whether the log has lines not followed yet (a worker that just exited)."""
+        return self._log_size() not in (-1, self._log_pos)
+
+    def compiles_now(self) -> int:
+        n = sum(1 for w in list(self._workers.values())
+                if w.poll() is None and self._state.get(w.pid, "start") in BUSY_EVENTS)
+        return n + self.build_running()
+
+    def _log_size(self) -> int:
+        try:
+            return os.stat(self.log_path).st_size
+        except OSError:
+            return -1
+
+    def stop(self) -> None:
+        """Terminate the running workers (the native build goes on: the next process uses it)."""
+        for w in list(self._workers.values()):
+            if w.poll() is None:
+                w.terminate()
+                try:
+                    w.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    w.kill()
