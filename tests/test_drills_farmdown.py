@@ -22,7 +22,6 @@ from aoti_farm.fingerprint import fingerprint
 from conftest import sig_add_alpha
 from test_drills_util import EXE, REPO, env, kill_tree, wait_for
 
-pytest.importorskip("aoti_farm.runtime.hook", reason="runtime/hook.py not written yet")
 pytestmark = pytest.mark.slow
 
 SERVING = r"""

@@ -68,23 +68,13 @@ def test_read_only_cache_cli(damaged_copy, tmp_path, capsys):
         for argv in writers:
             rc, out, err = _cli(capsys, *argv, "--cache-dir", ro)
             _one_line_exit_2(rc, err, str(ro), "read-only")
-        warm_rc = None
-        if _has_farm():
-            p = subprocess.run([EXE, "warm", "--model", str(trace), "--cache-dir", str(ro), "--cpu-workers", "1"],
-                               capture_output=True, text=True, env=env(), timeout=300)
-            warm_rc = p.returncode
-            _one_line_exit_2(p.returncode, p.stderr, str(ro))
+        p = subprocess.run([EXE, "warm", "--model", str(trace), "--cache-dir", str(ro), "--cpu-workers", "1"],
+                           capture_output=True, text=True, env=env(), timeout=300)
+        warm_rc = p.returncode
+        _one_line_exit_2(p.returncode, p.stderr, str(ro))
         assert snapshot(ro) == before
     print(f"drill 8 read-only cache: writers_exit2={len(writers)} warm_exit={warm_rc} readers_ok=2 "
           f"cache_changed=0")
-
-
-def _has_farm() -> bool:
-    try:
-        import aoti_farm.farm  # noqa: F401
-        return True
-    except ModuleNotFoundError:
-        return False
 
 
 def test_full_disk_cli(kernels, tmp_path, capsys):

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from aoti_farm.workers.pool import CPU, actor_options, worker_env
+from aoti_farm.workers.scheduler import CPU, actor_options, worker_env
 
 
 def test_isa_probe_runs_once_when_actors_start_together(tmp_path):
@@ -20,7 +20,8 @@ def test_isa_probe_runs_once_when_actors_start_together(tmp_path):
     check build of its own after the probe (the others replay the recorded answers).
     Before the fix each actor ran Inductor's checks itself, under the checks' shared file
     locks, so actors became ready one after another."""
-    ray = pytest.importorskip("ray")
+    import ray
+
     from aoti_farm.workers.compile_actor import CompileActor
 
     env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TORCHINDUCTOR_COMPILE_THREADS": "1",
@@ -60,7 +61,7 @@ def test_actors_without_a_runtime_env_when_the_embedded_ray_inherits_it():
 
 
 def test_embedded_ray_token_notice_is_dropped_and_other_warnings_kept(caplog):
-    from aoti_farm.farm import EMBEDDED_RAY_NOTICES, quiet_embedded_ray
+    from aoti_farm.workers.raysetup import EMBEDDED_RAY_NOTICES, quiet_embedded_ray
 
     name = next(iter(EMBEDDED_RAY_NOTICES))
     lg = logging.getLogger(name)
