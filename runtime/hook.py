@@ -22,14 +22,15 @@ the same code for both paths):
 Hot reload: the poller (``runtime/poller.py``) refreshes the index every
 ``poll_interval`` seconds, at once when this hook's worker reports an outcome.
 
-**What is routed.**  With ``on_miss="ignore"`` a call of an op can only be served or run
-eager, so only ops with at least one servable entry are registered: published, not
-refused or failing here, and (under ``serve="faster"``) faster than eager on the compile
-host and not declined by this host's trial.  Every other op costs exactly eager: the
-dispatcher never enters the hook.  The set is recomputed after each poll and re-registered
-when it changes.  With ``"compile"`` or ``"queue"`` every requested op is routed, since a
-miss of a signature not compiled yet must be seen to be queued.  A process that cannot load
-kernels at all (the libstdc++ trap, ``aoti_farm/loadenv.py``) registers nothing.
+**What is routed.**  ``route="servable"`` (with ``on_miss="ignore"``, where a call can only
+be served or run eager) registers only ops with at least one servable entry: published,
+not refused or failing here, and (under ``serve="faster"``) faster than eager on the
+compile host and not declined by this host's trial.  Every other op costs exactly eager:
+the dispatcher never enters the hook.  The set is recomputed after each poll and
+re-registered when it changes.  ``route="all"`` (the default) routes every requested op,
+which the miss path needs (a miss of a signature not compiled yet must be seen to be
+queued) and which counts misses.  A process that cannot load kernels at all (the
+libstdc++ trap, ``aoti_farm/loadenv.py``) registers nothing.
 
 Nothing the cache, the queue or a kernel does raises into the caller: every such error is
 counted and the call returns eager's result.  Counters: :meth:`Hook.stats`.
@@ -79,7 +80,12 @@ class Hook:
 
     def __init__(self, cache_dir, ops, devices, on_miss: str, poll_interval: float,
                  settings: settings_mod.HookSettings, allow_insecure: bool = False, inductor_options=None,
-                 worker_log: str | None = None, worker_idle: float = WORKER_IDLE_SECONDS, native: str = "auto"):
+                 worker_log: str | None = None, worker_idle: float = WORKER_IDLE_SECONDS, native: str = "auto",
+                 route: str | None = None):
+        route = route or "all"
+        if route not in ("all", "servable") or (route == "servable" and on_miss != "ignore"):
+            raise UserError(f"route: {route!r} is not 'all', or 'servable' with on_miss='ignore' "
+                            "(a miss must be seen to be queued)")
         if native not in ("auto", "off", "require"):
             raise UserError(f"native: {native!r} is not one of auto, off, require")
         if on_miss not in ("compile", "queue", "ignore"):
@@ -112,7 +118,7 @@ class Hook:
                     self.cache.ensure(fp)
                 except Exception as e:  # noqa: BLE001 -- read-only or full: misses are not queued
                     log.warning("cache %s: %s", self.cache.root, e)
-        self._route_by_entries = False and on_miss == "ignore"
+        self._route_by_entries = route == "servable"
         self._wanted: set[str] | None = None
         self._index = {d: Index(self.cache, fp, with_meta=self._route_by_entries) for d, fp in self.fps.items()}
         wake = threading.Event()
