@@ -11,11 +11,8 @@ if mounting is not permitted.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
-import sys
 
 import pytest
 

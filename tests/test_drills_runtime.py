@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from aoti_farm import missq
-from aoti_farm.cache import KERNEL, MANIFEST, Cache, sign
+from aoti_farm.cache import KERNEL, Cache, sign
 from aoti_farm.cli import main
 
 from conftest import sig_add_alpha

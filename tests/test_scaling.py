@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-
 from aoti_farm.workers.scheduler import CPU, actor_options, worker_env
 
 
