@@ -48,35 +48,16 @@ import msgpack
 from aoti_farm.errors import FarmError, UserError
 from aoti_farm import safeio
 from aoti_farm.fingerprint import Fingerprint
+from aoti_farm.fsutil import atomic_write, default_cache_dir, fsync_dir  # noqa: F401 -- used by importers too
+from aoti_farm.layout import (  # noqa: F401 -- the cache's names, used by importers too
+    CACHE_FORMAT, FP_RE, KERNEL, KEY_RE, MANIFEST, check_fp, check_key, msgpack_default)
 from aoti_farm.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
-CACHE_FORMAT = 1
-MANIFEST = "manifest.msgpack"
-KERNEL = "kernel.so"
-_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
-_FP_RE = re.compile(r"^[0-9a-f]{24}$")
+_KEY_RE, _FP_RE = KEY_RE, FP_RE
 _FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 _SHARD_NAME = re.compile(r"^[0-9a-f]{2}$")
 _SHARDED = {"entries": "entries", "failed": "failed"}   # Cache.shard_stamps / shard_keys kinds
-
-
-def default_cache_dir() -> str:
-    return os.environ.get("AOTI_FARM_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "aoti-farm")
-
-
-def check_key(key: str) -> str:
-    """Keys come from traces, manifests and queue files: never let one name a path."""
-    if not isinstance(key, str) or not _KEY_RE.match(key):
-        raise FarmError(f"invalid signature key {key!r}")
-    return key
-
-
-def check_fp(fp_id: str) -> str:
-    if not isinstance(fp_id, str) or not _FP_RE.match(fp_id):
-        raise FarmError(f"invalid fingerprint id {fp_id!r}")
-    return fp_id
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -85,36 +66,6 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike, data: bytes, *, tmp_dir: str | os.PathLike | None = None) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory + rename."""
-    path = Path(path)
-    tmp = Path(tmp_dir or path.parent) / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
 
 
 # --- manifests and signing ----------------------------------------------------------------
@@ -686,9 +637,4 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _default(o: Any) -> Any:
-    if isinstance(o, tuple):
-        return list(o)
-    if isinstance(o, Path):
-        return str(o)
-    return str(o)
+_default = msgpack_default

@@ -34,6 +34,7 @@ from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
 from aoti_farm.tolerance import TOLERANCES, compare, length_tolerance  # noqa: F401 -- re-exported
 from aoti_farm.fingerprint import effective_options, seed_inductor_vec_isa
+from aoti_farm.runner import flat_tensors  # noqa: F401 -- re-exported (the runner's inputs)
 
 #: How many fresh random input sets a kernel must match eager on.
 VERIFY_TRIALS = 2
@@ -138,17 +139,6 @@ def load_runner(kernel_path: str, device: str):
     if device.startswith("cuda"):
         return PooledRunner(kernel_path, device)
     return torch._C._aoti.AOTIModelContainerRunnerCpu(kernel_path, CPU_MODELS)
-
-
-def flat_tensors(sig: S.Signature, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The runner's inputs: every tensor argument in schema order (lists flattened)."""
-    info = sig.info()
-    vals = list(args) + [kwargs[n] for n, kwo in zip(info.arg_names, info.kwarg_only) if kwo and n in kwargs]
-    out = []
-    for i, j in S.tensor_positions(sig):
-        v = vals[i]
-        out.append(v if j is None else v[j])
-    return out
 
 
 class _OpModule(torch.nn.Module):
@@ -308,7 +298,7 @@ class AOTICompiler:
         out = {"trials": self.verify_trials, "ok": True}
         if self.measure_speed:
             # the speed gate's compile-time half: same inputs, interleaved rounds (runtime/gate.py)
-            from aoti_farm.runtime.gate import time_against_eager
+            from aoti_farm.speed import time_against_eager
 
             tensors = flat_tensors(sig, args, kwargs)
             m = time_against_eager(lambda: runner.run(tensors), lambda: op(*args, **kwargs),
@@ -359,6 +349,31 @@ def infrastructure_error(e: BaseException) -> str | None:
 def _first_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return s[0][:300] if s else type(e).__name__
+
+
+#: Modules an AOTInductor compile imports lazily the first time (measured with torch 2.13:
+#: ~370 modules, ~1.5 s of CPU on the 2-core VM).  The "light" warm-up imports them while
+#: the actor waits for work instead of during its first compile.
+COMPILE_PATH_MODULES = (
+    "torch._inductor.compile_fx", "torch._inductor.graph", "torch._inductor.scheduler",
+    "torch._inductor.lowering", "torch._inductor.select_algorithm", "torch._inductor.kernel.mm",
+    "torch._inductor.fx_passes.pre_grad", "torch._inductor.fx_passes.joint_graph",
+    "torch._inductor.fx_passes.post_grad", "torch._inductor.codegen.cpp",
+    "torch._inductor.codegen.cpp_wrapper_cpu", "torch._inductor.cpp_builder",
+    "torch._inductor.async_compile", "torch.utils.cpp_extension", "aoti_farm.job",
+)
+
+
+def import_compile_path() -> None:
+    """Import :data:`COMPILE_PATH_MODULES` now (the actors' warm-up, the warm driver's host
+    preparation), so the first compile does not pay for them."""
+    import importlib
+
+    for name in COMPILE_PATH_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 -- a module another torch version lacks: imported on demand
+            pass
 
 
 def _verify_child_main() -> int:

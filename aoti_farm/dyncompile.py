@@ -84,7 +84,7 @@ class ClassCompiler:
 
     def __init__(self, inductor_options: dict | None = None, measure_speed: bool = True, n_random: int = 3,
                  gate_ratio: float | None = None):
-        from aoti_farm.runtime.gate import GATE_RATIO
+        from aoti_farm.speed import GATE_RATIO
 
         self._options = effective_options(inductor_options)
         self.measure_speed = measure_speed
@@ -192,7 +192,7 @@ class ClassCompiler:
                 raise DynamicUnsupported(f"kernel disagrees with eager at {env}", bad)
             one = {"at": env}
             if self.measure_speed:
-                from aoti_farm.runtime.gate import time_against_eager
+                from aoti_farm.speed import time_against_eager
 
                 m = time_against_eager(lambda: runner.run(tensors), lambda: op(*args, **kwargs),
                                        "cuda" if cls.device == "cuda" else "cpu", budget_s=SAMPLE_SPEED_BUDGET_S)

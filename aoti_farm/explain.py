@@ -44,7 +44,7 @@ _WRAPPED = ("float64", "int64", "bool", "complex128")
 def gate_ratio() -> float:
     """The speed gate's threshold (runtime/gate.py's GATE_RATIO)."""
     try:
-        from aoti_farm.runtime.gate import GATE_RATIO
+        from aoti_farm.speed import GATE_RATIO
 
         return float(GATE_RATIO)
     except ImportError:   # a build without the gate
@@ -56,7 +56,7 @@ def serve_policy(explicit: str | None = None) -> str:
     if explicit:
         return explicit
     try:
-        from aoti_farm.runtime.gate import policy_from_env
+        from aoti_farm.speed import policy_from_env
 
         return policy_from_env()
     except ImportError:
@@ -65,7 +65,7 @@ def serve_policy(explicit: str | None = None) -> str:
 
 def _ratio(speed) -> float | None:
     try:
-        from aoti_farm.runtime.gate import compile_ratio
+        from aoti_farm.speed import compile_ratio
 
         return compile_ratio(speed)
     except ImportError:

@@ -3,7 +3,8 @@
 A signature that fails to compile or to verify deterministically gets a record (reason,
 evidence, attempts) so that no worker compiles it again; ``aoti-farm cache rm --failed``
 clears them.  :class:`aoti_farm.cache.Cache` keeps its ``record_failure`` / ``failure`` /
-``failed_keys`` / ``remove_failures`` methods; they delegate here.
+``failed_keys`` / ``remove_failures`` methods; they delegate here (``cache`` below is that
+Cache; this module does not import it, so the two never import each other).
 
 Like every shared record (see :mod:`aoti_farm.records`), a record is written and read
 through directory descriptors that never follow a link, read bounded (a regular file of
@@ -26,7 +27,8 @@ import uuid
 import msgpack
 
 from aoti_farm import records
-from aoti_farm.cache import CACHE_FORMAT, Cache, _default, check_key
+from aoti_farm.layout import CACHE_FORMAT, check_key
+from aoti_farm.layout import msgpack_default as _default
 from aoti_farm.errors import FarmError
 from aoti_farm.fingerprint import Fingerprint
 from aoti_farm.records import BadRecord
@@ -40,7 +42,7 @@ _SCHEMA = {"format": lambda x: x == CACHE_FORMAT and not isinstance(x, bool), "k
            "time": records.is_number, "host": records.short_str(256)}
 
 
-def write(cache: Cache, fp: Fingerprint, sig: Signature, reason: str, *, evidence: dict | None = None,
+def write(cache, fp: Fingerprint, sig: Signature, reason: str, *, evidence: dict | None = None,
           attempts: int = 1) -> None:
     """Record (or replace) the failure of ``sig``; FarmError when it cannot be written."""
     key = check_key(sig.key)
@@ -73,7 +75,7 @@ def write(cache: Cache, fp: Fingerprint, sig: Signature, reason: str, *, evidenc
         raise FarmError(f"cache {cache.root}: cannot write failure record: {getattr(e, 'strerror', None) or e}") from None
 
 
-def read(cache: Cache, fp_id: str, key: str) -> dict:
+def read(cache, fp_id: str, key: str) -> dict:
     """The failure record of ``key``: FileNotFoundError when there is none,
     :class:`BadRecord` when it is unsafe or breaks the schema."""
     check_key(key)
@@ -100,7 +102,7 @@ class Scan:
         self.problem: BadRecord | None = None
 
 
-def scan(cache: Cache, fp_id: str) -> Scan:
+def scan(cache, fp_id: str) -> Scan:
     out = Scan()
     try:
         base = records.open_subdir(cache, fp_id, "failed")
@@ -139,7 +141,7 @@ def scan(cache: Cache, fp_id: str) -> Scan:
     return out
 
 
-def remove(cache: Cache, fp_id: str, rel: str) -> bool:
+def remove(cache, fp_id: str, rel: str) -> bool:
     """Remove ``failed/<rel>`` (``<shard>`` or ``<shard>/<name>``), whatever it is, never
     following a link."""
     parts = rel.split("/")
@@ -155,6 +157,6 @@ def remove(cache: Cache, fp_id: str, rel: str) -> bool:
         os.close(fd)
 
 
-def remove_key(cache: Cache, fp_id: str, key: str) -> bool:
+def remove_key(cache, fp_id: str, key: str) -> bool:
     check_key(key)
     return remove(cache, fp_id, f"{key[:2]}/{key}{SUFFIX}")

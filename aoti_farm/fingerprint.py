@@ -35,6 +35,8 @@ from functools import lru_cache
 import msgpack
 import torch
 
+from aoti_farm.fsutil import memo_dir
+
 FINGERPRINT_VERSION = 1
 
 #: Inductor options aoti-farm compiles with unless the user overrides them (none today).
@@ -107,8 +109,7 @@ def _cpu_id() -> str:
 
 
 def _isa_memo_path() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "aoti-farm", f"isa-{_cpu_id()}-{torch.version.git_version[:12]}.json")
+    return os.path.join(memo_dir(), f"isa-{_cpu_id()}-{torch.version.git_version[:12]}.json")
 
 
 def _read_memo(path: str) -> dict | None:

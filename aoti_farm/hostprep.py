@@ -14,7 +14,7 @@ When 16 actors start together, each one's first compile would queue behind which
 process builds these.  :func:`prepare` builds them all with one real compile of a
 trivial signature (``relu`` of four floats, the farm's own compiler and Inductor
 options, never published), in the ``warm`` driver while Ray and the actors start (see
-:mod:`aoti_farm.farm`).  The actors never wait for :func:`prepare` itself: a compile that
+:mod:`aoti_farm.workers.warm`).  The actors never wait for :func:`prepare` itself: a compile that
 needs one of its products before it is ready waits on that product's own lock, exactly
 as it would without this module.  So this changes only *when* the work is done and *how
 often*, never what a compile uses.
@@ -66,9 +66,9 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict
         from aoti_farm import signature as S
         from aoti_farm.compiler import AOTICompiler
         from aoti_farm.fingerprint import fingerprint, host_isa_memo
-        from aoti_farm.workers.compile_actor import _import_compile_path
+        from aoti_farm.compiler import import_compile_path
 
-        _import_compile_path()   # while a fresh host's ISA probe runs (mostly subprocesses)
+        import_compile_path()   # while a fresh host's ISA probe runs (mostly subprocesses)
         host_isa_memo(need_checks=True)
         comp = (compiler_factory or AOTICompiler)(inductor_options)
         fp = fingerprint("cpu", comp.options())

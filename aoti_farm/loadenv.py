@@ -31,6 +31,8 @@ from functools import lru_cache
 
 import torch
 
+from aoti_farm.fsutil import memo_dir
+
 CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
     "/usr/lib/aarch64-linux-gnu/libstdc++.so.6",
@@ -56,9 +58,8 @@ def system_libstdcxx() -> str | None:
 
 
 def _memo_path() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     tag = f"{socket.gethostname()}-{torch.version.git_version[:12]}"
-    return os.path.join(base, "aoti-farm", f"loadenv-{tag}.json")
+    return os.path.join(memo_dir(), f"loadenv-{tag}.json")
 
 
 def remembered() -> dict | None:

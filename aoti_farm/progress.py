@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from aoti_farm.cache import atomic_write
+from aoti_farm.fsutil import atomic_write
 from aoti_farm.errors import UserError
 
 
@@ -146,7 +146,7 @@ def attach_speed(rows: list[dict], cache, inductor_options: dict | None) -> None
     runtime/gate.py): ``speed`` (the dict) and ``speedup`` (eager / kernel).  Bounded,
     verified-free reads of the manifests; an unreadable one leaves the row without."""
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.runtime.gate import compile_ratio
+    from aoti_farm.speed import compile_ratio
 
     fps: dict = {}
     for r in rows:
@@ -167,7 +167,7 @@ def attach_speed(rows: list[dict], cache, inductor_options: dict | None) -> None
 
 
 def _speed_lines(results: list[dict]) -> list[str]:
-    from aoti_farm.runtime.gate import GATE_RATIO, speed_summary, speedup_text
+    from aoti_farm.speed import GATE_RATIO, speed_summary, speedup_text
 
     done = [r for r in results if r.get("status") in ("compiled", "cached")]
     if not done:

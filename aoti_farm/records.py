@@ -91,7 +91,7 @@ def open_subdir(cache, fp_id: str, *parts: str, create: bool = False) -> int:
     without following a link and must be owned by this user (or root) and not writable by
     others (unless the cache allows insecure files).  ``create``: make missing ones (0755).
     The caller closes the fd.  Raises FileNotFoundError or :class:`BadRecord`."""
-    from aoti_farm.cache import check_fp
+    from aoti_farm.layout import check_fp
 
     uids = _uids(cache)
     where = str(cache.root)

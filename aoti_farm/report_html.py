@@ -29,11 +29,6 @@ LABEL_W = 170
 MAX_BYTES = 256 << 20
 
 
-def add_report_args(p) -> None:
-    p.add_argument("report", metavar="REPORT.json", help="a warm report (`aoti-farm warm --report`)")
-    p.add_argument("--html", required=True, metavar="OUT.html", help="where to write the page")
-
-
 def load_report(path: str) -> dict:
     try:
         if os.path.getsize(path) > MAX_BYTES:
@@ -229,27 +224,3 @@ rect.sig {{ stroke: #fff; stroke-width: 0.5; }}
 </table>
 </body></html>
 """
-
-
-def report_command(ns) -> int:
-    doc = load_report(ns.report)
-    out = ns.html
-    d = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(d):
-        raise UserError(f"--html {out}: directory {d} does not exist; create it or pass another path")
-    if os.path.isdir(out):
-        raise UserError(f"--html {out}: is a directory; pass a file path")
-    page = render(doc, os.path.basename(ns.report))
-    tmp = os.path.join(d, f".{os.path.basename(out)}.{os.getpid()}.tmp")
-    try:   # whole or nothing (no torch import: this command stays fast)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, out)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise UserError(f"--html {out}: cannot write ({e.strerror}); pass a writable path") from None
-    print(f"wrote {out}: {len(doc['signatures'])} signatures")
-    return 0

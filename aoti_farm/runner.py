@@ -24,6 +24,8 @@ import os
 
 import torch
 
+from aoti_farm import signature as S
+
 #: Model instances per CPU kernel that ``compiler.load_runner`` loads with torch's runner
 #: (threads that may run it at once; on CPU a model is free again once its call returns).
 CPU_MODELS = max(1, min(os.cpu_count() or 1, 16))
@@ -123,3 +125,15 @@ class PooledRunner:
                 self._delete(h)
             except Exception:  # noqa: BLE001 -- interpreter shutdown
                 pass
+
+
+def flat_tensors(sig: S.Signature, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The runner's inputs: every tensor argument in schema order (lists flattened).  Every
+    non-tensor argument is baked into the kernel (and is part of the key)."""
+    info = sig.info()
+    vals = list(args) + [kwargs[n] for n, kwo in zip(info.arg_names, info.kwarg_only) if kwo and n in kwargs]
+    out = []
+    for i, j in S.tensor_positions(sig):
+        v = vals[i]
+        out.append(v if j is None else v[j])
+    return out

@@ -53,7 +53,7 @@ def length_tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected: Any)
     float32 tolerance at 340 of 4M elements, near the zero crossings of the running sum).
     A wrong kernel (shifted, short, on the wrong dim) is off by whole terms, about
     ``mean|term|``, and is still refused."""
-    from aoti_farm.compiler import flat_tensors
+    from aoti_farm.runner import flat_tensors
 
     op = sig.op.split(".")[0]
     if op not in SUM_SCANS and op not in PRODUCT_SCANS and op not in SUMS and op not in MATMULS:

@@ -120,7 +120,7 @@ def test_key_prints_fields_key_and_fingerprint(tmp_path, capsys):
 
 
 def test_keyboard_interrupt_exits_130(tmp_path, capsys, monkeypatch):
-    from aoti_farm import cache_cmds
+    from aoti_farm.cli import cache_cmds
 
     def interrupted(ns):
         raise KeyboardInterrupt

@@ -317,7 +317,7 @@ def test_warm_reports_refusal_without_starting_ray(world, capsys):
 
 
 def test_plan_splits_refused_from_work(tmp_path):
-    from aoti_farm.farm import plan, surely_work
+    from aoti_farm.workers.warm import plan, surely_work
 
     c = Cache(tmp_path / "c", signing_key=None)
     small, big = _relu(64), _relu(2**29)

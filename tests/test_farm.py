@@ -148,7 +148,7 @@ def _copy(warmed, tmp_path, drop=()):
 
 
 def test_killed_actor_mid_compile_is_retried(warmed, tmp_path, monkeypatch):
-    from aoti_farm.farm import warm
+    from aoti_farm.workers.warm import warm
 
     monkeypatch.setenv("AOTI_FARM_RAY_DASHBOARD", "0")
     cache = _copy(warmed, tmp_path)
@@ -179,7 +179,7 @@ def test_cluster_node_removed_mid_run(warmed, tmp_path):
     import ray
     from ray.cluster_utils import Cluster
 
-    from aoti_farm.farm import warm
+    from aoti_farm.workers.warm import warm
 
     cache = _copy(warmed, tmp_path, drop=(S1, S2))
     trace = write_trace(tmp_path / "t.json", [S1, S2])

@@ -19,9 +19,9 @@ from aoti_farm import leases
 from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.config import FarmConfig
-from aoti_farm.farm import plan
+from aoti_farm.workers.warm import plan
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.workers.pool import CPU, GPU, actor_options, pool_sizes, route
+from aoti_farm.workers.scheduler import CPU, GPU, actor_options, pool_sizes, route
 
 import doubles
 from doubles import ScriptedCompiler
@@ -112,7 +112,7 @@ class Run:
         self.counters = {}
 
     def warm(self, on_event=None):
-        from aoti_farm.farm import warm
+        from aoti_farm.workers.warm import warm
 
         def ev(kind, data):
             self.events.append((kind, data))

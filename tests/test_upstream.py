@@ -25,6 +25,7 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm import upstream as U
+from aoti_farm.cli import upstream_cmds
 from aoti_farm.cache import Cache
 from aoti_farm.errors import Ineligible, UserError
 from conftest import sig_add_alpha, sig_mul
@@ -292,7 +293,7 @@ def test_import_reverifies_and_rejects_tampered_kernels(warmed, tmp_path, capsys
         add_items + [{"meta_info": add_items[0]["meta_info"], "kernel_path": "../../../../escape.so"}]))
 
     ns = argparse.Namespace(cache_dir=str(tmp_path / "dst"), src=str(exp_dir), json=True)
-    rc = U.import_command(ns)
+    rc = upstream_cmds.import_command(ns)
     rep = json.loads(capsys.readouterr().out)
     assert rc == 1
     assert {r["key"] for r in rep["adopted"]} >= {sig_add_alpha().key, sig_div_floor().key}
@@ -308,7 +309,7 @@ def test_import_reverifies_and_rejects_tampered_kernels(warmed, tmp_path, capsys
 
 def test_commands_name_bad_directories(tmp_path):
     with pytest.raises(UserError, match="aoti_eager"):
-        U.import_command(argparse.Namespace(cache_dir=str(tmp_path / "c"), src=str(tmp_path), json=False))
+        upstream_cmds.import_command(argparse.Namespace(cache_dir=str(tmp_path / "c"), src=str(tmp_path), json=False))
     f = tmp_path / "file"
     f.write_text("x")
     with pytest.raises(UserError, match="--to"):

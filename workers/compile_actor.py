@@ -1,6 +1,6 @@
 """The Ray compile actor: a long-lived process that keeps torch and Inductor warm.
 
-Contract (what the scheduler in :mod:`aoti_farm.workers.pool` relies on):
+Contract (what the scheduler in :mod:`aoti_farm.workers.scheduler` relies on):
 
 * ``CompileActor(cache_root, device, inductor_options, lease_ttl, signing_key,
   compiler_factory)`` builds nothing expensive; ``warmup()`` imports torch and Inductor,
@@ -16,7 +16,7 @@ Contract (what the scheduler in :mod:`aoti_farm.workers.pool` relies on):
   and again here) so Inductor compiles in-process.
 
 This module does not import Ray at import time; the driver wraps the class with
-``ray.remote`` and the resource requests of :func:`aoti_farm.workers.pool.actor_options`.
+``ray.remote`` and the resource requests of :func:`aoti_farm.workers.scheduler.actor_options`.
 """
 
 from __future__ import annotations
@@ -35,31 +35,8 @@ from aoti_farm.workers import metrics as farm_metrics
 #: trivial op: ~1.5 s), "compile" (also a full AOTInductor compile of a trivial op into a
 #: scratch directory: ~9 s on one core, of which ~3.5 s is first-compile overhead that the
 #: next compile then skips).  "light" is the default: it overlaps with the driver's
-#: start-up and costs no full compile; see the measurement in :mod:`aoti_farm.farm`.
+#: start-up and costs no full compile; see the measurement in :mod:`aoti_farm.workers.warm`.
 WARMUP_LEVELS = ("none", "light", "compile")
-
-
-#: Modules an AOTInductor compile imports lazily the first time (measured with torch 2.13:
-#: ~370 modules, ~1.5 s of CPU on the 2-core VM).  The "light" warm-up imports them while
-#: the actor waits for work instead of during its first compile.
-_COMPILE_PATH_MODULES = (
-    "torch._inductor.compile_fx", "torch._inductor.graph", "torch._inductor.scheduler",
-    "torch._inductor.lowering", "torch._inductor.select_algorithm", "torch._inductor.kernel.mm",
-    "torch._inductor.fx_passes.pre_grad", "torch._inductor.fx_passes.joint_graph",
-    "torch._inductor.fx_passes.post_grad", "torch._inductor.codegen.cpp",
-    "torch._inductor.codegen.cpp_wrapper_cpu", "torch._inductor.cpp_builder",
-    "torch._inductor.async_compile", "torch.utils.cpp_extension", "aoti_farm.job",
-)
-
-
-def _import_compile_path() -> None:
-    import importlib
-
-    for name in _COMPILE_PATH_MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 -- a module another torch version lacks: imported on demand
-            pass
 
 
 def _host_steps() -> dict:
@@ -166,7 +143,9 @@ class CompileActor:
             import torch._inductor  # noqa: F401 -- the import is the warm-up
             from torch._inductor import codecache  # noqa: F401
 
-            _import_compile_path()
+            from aoti_farm.compiler import import_compile_path
+
+            import_compile_path()
             phases["import"] = [s, time.time()]
         s = time.time()
         self._setup()

@@ -182,7 +182,7 @@ def serve_pool_metrics(get_sched, port: int, get_pending=None):
     """Start the serve process's endpoint; returns the Exporter (``.port``, ``.close()``)."""
     from prometheus_client import CollectorRegistry
 
-    from aoti_farm.runtime.metrics import serve_http
+    from aoti_farm.exposition import serve_http
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(PoolCollector(get_sched, get_pending))

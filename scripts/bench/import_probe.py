@@ -4,7 +4,7 @@ import re, subprocess, sys, time
 CODE = {
     "torch": "import torch",
     "ray": "import ray",
-    "actor_path": "import torch, torch._inductor; from aoti_farm.workers.compile_actor import _import_compile_path; _import_compile_path()",
+    "actor_path": "import torch, torch._inductor; from aoti_farm.compiler import import_compile_path; import_compile_path()",
 }
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
 for name, code in CODE.items():

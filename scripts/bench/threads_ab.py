@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from aoti_farm import signature as S  # noqa: E402
 from aoti_farm.compiler import AOTICompiler, flat_tensors, load_runner  # noqa: E402
-from aoti_farm.runtime.gate import time_against_eager  # noqa: E402
+from aoti_farm.speed import time_against_eager  # noqa: E402
 
 OPS = {
     "gelu_tanh 1024x1024": lambda: S.from_call(torch.ops.aten.gelu.default, (torch.empty(1024, 1024),),

@@ -12,7 +12,7 @@ import sys
 
 from aoti_farm.errors import UserError
 
-RUNNER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench", "run.py")
+RUNNER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "bench", "run.py")
 
 
 def main(argv: list[str]) -> int:

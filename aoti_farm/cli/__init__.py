@@ -36,9 +36,9 @@ class Parser(argparse.ArgumentParser):
 
 #: command -> (module, add-args function, command function)
 EXTERNAL = {
-    "warm": ("aoti_farm.farm", "add_warm_args", "warm_command",
+    "warm": ("aoti_farm.cli.farm_cmds", "add_warm_args", "warm_command",
              "compile every signature of a trace into the cache, in parallel on Ray"),
-    "serve": ("aoti_farm.farm", "add_serve_args", "serve_command",
+    "serve": ("aoti_farm.cli.farm_cmds", "add_serve_args", "serve_command",
               "keep compiling what serving processes missed (drains the miss queue)"),
     "run": ("aoti_farm.runtime.launch", "add_run_args", "run_command",
             "run a Python program with the serving hook installed"),
@@ -46,7 +46,7 @@ EXTERNAL = {
                "run a Python program and record the op signatures it calls into a trace"),
     "explain": ("aoti_farm.explain", "add_explain_args", "explain_command",
                 "say what a serving process here would do with each signature of a trace, and why"),
-    "report": ("aoti_farm.report_html", "add_report_args", "report_command",
+    "report": ("aoti_farm.cli.report_cmd", "add_report_args", "report_command",
                "render a warm report (--report JSON) as a self-contained HTML timeline"),
 }
 
@@ -202,7 +202,7 @@ def cmd_key(ns) -> int:
 
 
 def cmd_compile_one(ns) -> int:
-    from aoti_farm.cache_cmds import open_cache
+    from aoti_farm.cachedir import open_cache
     from aoti_farm.signature import describe
 
     e = _entry(ns)
@@ -252,7 +252,7 @@ def cmd_compile_one(ns) -> int:
 
 def _cache_cmd(name: str):
     def run(ns) -> int:
-        from aoti_farm import cache_cmds
+        from aoti_farm.cli import cache_cmds
 
         cfg = _farm_config(ns)
         ns.cache_dir = cfg.cache_dir
@@ -264,13 +264,13 @@ def _cache_cmd(name: str):
 def _upstream(fn: str):
     def run(ns) -> int:
         ns.cache_dir = _farm_config(ns).cache_dir
-        return getattr(_module("aoti_farm.upstream", f"cache {fn.split('_')[0]}-upstream"), fn)(ns)
+        return getattr(_module("aoti_farm.cli.upstream_cmds", f"cache {fn.split('_')[0]}-upstream"), fn)(ns)
 
     return run
 
 
 def cmd_bench(argv: list[str]) -> int:
-    mod = _module("aoti_farm.bench", "bench")
+    mod = _module("aoti_farm.cli.bench", "bench")
     rc = mod.main(argv)
     return int(rc or 0)
 

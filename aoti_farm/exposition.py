@@ -1,0 +1,99 @@
+"""Exposing a ``prometheus_client`` registry over HTTP: the one helper that the serving
+hook's metrics (``aoti_farm.runtime.metrics``) and ``aoti-farm serve``'s pool metrics
+(``aoti_farm.workers.metrics``) share.
+
+Several processes per host: each serves its own registry on the first free port of
+``port .. port+span-1`` (``AOTI_FARM_METRICS_PORTS``, default 64; 0 takes any free port),
+and with ``AOTI_FARM_METRICS_SD_DIR`` writes a Prometheus ``file_sd_configs`` target file
+``<dir>/aoti-farm-<pid>.json`` naming its port (removed on close or at exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import threading
+
+from aoti_farm.errors import UserError
+
+log = logging.getLogger("aoti_farm.metrics")
+
+DEFAULT_PORT_RANGE = 64
+
+
+class Exporter:
+    """An HTTP server of one registry on one port (plus the service-discovery file)."""
+
+    def __init__(self, server, thread, port: int, sd_file: str | None):
+        self.server, self.thread, self.port, self.sd_file = server, thread, port, sd_file
+        self._closed = False
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.sd_file:
+            try:
+                os.unlink(self.sd_file)
+            except OSError:
+                pass
+        try:
+            self.server.shutdown()
+            self.server.server_close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def parse_port(value, where: str) -> int:
+    try:
+        p = int(value)
+    except (TypeError, ValueError):
+        p = -1
+    if not 0 <= p <= 65535:
+        raise UserError(f"{where}: {value!r} is not a port number (0-65535; 0 takes any free port)")
+    return p
+
+
+def serve_http(registry, port: int, *, addr: str | None = None, span: int | None = None,
+               sd_dir: str | None = None, labels: dict | None = None) -> Exporter:
+    """Serve ``registry`` on the first free port of ``port .. port+span-1`` (``port`` 0:
+    any free port).  ``sd_dir``: also write a Prometheus file_sd target file there.
+    Raises OSError when every port is taken."""
+    from prometheus_client import start_http_server
+
+    addr = addr if addr is not None else os.environ.get("AOTI_FARM_METRICS_ADDR", "0.0.0.0")
+    span = span or int(os.environ.get("AOTI_FARM_METRICS_PORTS", DEFAULT_PORT_RANGE) or DEFAULT_PORT_RANGE)
+    last: OSError | None = None
+    for p in ([0] if port == 0 else range(port, min(65536, port + max(1, span)))):
+        try:
+            server, thread = start_http_server(p, addr=addr, registry=registry)
+        except OSError as e:
+            last = e
+            continue
+        real = server.server_address[1]
+        sd_file = None
+        sd_dir = sd_dir if sd_dir is not None else os.environ.get("AOTI_FARM_METRICS_SD_DIR")
+        if sd_dir:
+            sd_file = _write_sd(sd_dir, real, labels or {})
+        return Exporter(server, thread, real, sd_file)
+    raise OSError(f"no free port in {port}..{port + span - 1}: {last}")
+
+
+def _write_sd(sd_dir: str, port: int, labels: dict) -> str | None:
+    try:
+        os.makedirs(sd_dir, exist_ok=True)
+        path = os.path.join(sd_dir, f"aoti-farm-{os.getpid()}.json")
+        tmp = f"{path}.{threading.get_ident()}.tmp"
+        doc = [{"targets": [f"{socket.gethostname()}:{port}"],
+                "labels": {"job": "aoti-farm", "pid": str(os.getpid()), **{k: str(v) for k, v in labels.items()}}}]
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+        return path
+    except OSError as e:
+        log.warning("metrics service-discovery file in %s: %s", sd_dir, e)
+        return None

@@ -1,0 +1,124 @@
+"""Starting and stopping Ray for `warm` and `serve`, and the compile actors' pool.
+
+An embedded Ray starts without its dashboard (nobody could reach it: it lives for one
+run); ``AOTI_FARM_RAY_DASHBOARD=1`` starts it (when Ray's dashboard dependencies are
+installed).  ``--address``/``$RAY_ADDRESS`` joins a cluster instead.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from aoti_farm.config import FarmConfig
+from aoti_farm.errors import UserError
+
+
+def start_ray(cfg: FarmConfig):
+    """(ray, started_here).  Reuses an already initialised Ray (tests, notebooks)."""
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        return ray, False
+    address = cfg.address or os.environ.get("RAY_ADDRESS") or None
+    # "local", not None: ray.init(address=None) would join any cluster `ray start` left in
+    # /tmp/ray/ray_current_cluster on this host instead of starting the embedded one.
+    kw: dict = {"address": address or "local", "logging_level": logging.WARNING}
+    if address is None and os.environ.get("AOTI_FARM_RAY_DASHBOARD") != "1":
+        # the embedded Ray lives for one run and its address is printed nowhere
+        kw["include_dashboard"] = False
+    global _EMBEDDED_ENV
+    if address is None:
+        quiet_embedded_ray()
+        # The embedded Ray's workers inherit this environment: give it the actors'
+        # variables now, so the actors need no runtime_env and take the workers Ray
+        # prestarts (pool.actor_options).  Not LD_PRELOAD: Ray's own binaries get none.
+        from aoti_farm.workers.scheduler import worker_env
+
+        os.environ.update({k: v for k, v in worker_env().items() if k != "LD_PRELOAD"})
+    try:
+        ray.init(**kw)
+    except ConnectionError as e:
+        raise UserError(f"--address {address}: no Ray cluster there ({' '.join(str(e).split())[:160]}); "
+                        f"start one with `ray start --head` or leave --address/RAY_ADDRESS unset") from None
+    _EMBEDDED_ENV = dict(os.environ) if address is None else None
+    return ray, True
+
+
+#: The environment an embedded Ray started by :func:`start_ray` gave its workers (None:
+#: no embedded Ray, or a cluster whose workers' environment this process does not know).
+_EMBEDDED_ENV: dict | None = None
+
+
+#: Ray's notices, by logger, that a user of the embedded one-run Ray cannot act on: it
+#: turns token authentication on for a new local cluster and says so at WARNING level on
+#: every run.  Only these exact messages are dropped; every other warning still shows.
+EMBEDDED_RAY_NOTICES = {
+    "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled for this Ray cluster",),
+}
+
+
+class _DropNotices:
+    def __init__(self, prefixes: tuple):
+        self.prefixes = prefixes
+
+    def filter(self, record) -> bool:
+        try:
+            return not str(record.getMessage()).startswith(self.prefixes)
+        except Exception:  # noqa: BLE001 -- a record that cannot format: keep it
+            return True
+
+
+def quiet_embedded_ray() -> None:
+    """Drop :data:`EMBEDDED_RAY_NOTICES` (once per process)."""
+    import logging
+
+    for name, prefixes in EMBEDDED_RAY_NOTICES.items():
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotices) for f in lg.filters):
+            lg.addFilter(_DropNotices(prefixes))
+
+
+def stop_ray(ray) -> None:
+    """``ray.shutdown()`` of a Ray this process started.  Ray stops the node's processes
+    one by one, each with a grace period, and its autoscaler monitor only exits on its next
+    1 s tick; on the embedded one-node Ray the monitor has nothing to save, so it is killed
+    first (1.4 s -> 0.35 s here).  A driver of a cluster (--address) only disconnects."""
+    try:
+        node = ray._private.worker._global_node
+        if node is not None and node.head:
+            for info in node.all_processes.get("monitor", []):
+                if info.process is not None and info.process.poll() is None:
+                    info.process.kill()
+    except Exception:  # noqa: BLE001 -- a Ray without these internals: a plain shutdown
+        pass
+    ray.shutdown()
+    global _EMBEDDED_ENV
+    _EMBEDDED_ENV = None
+
+
+def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,
+                   on_event: Callable | None = None):
+    from aoti_farm.workers.compile_actor import CompileActor
+    from aoti_farm.workers.scheduler import Scheduler, actor_options, worker_env
+
+    remote_cls = ray.remote(CompileActor)
+    # the actors check the memory budget before each compile (job.compile_and_publish);
+    # spelled as in this environment when it says the same, so an embedded Ray's actors,
+    # which inherit it, need no runtime_env for it
+    env = None
+    if cfg.memory_budget:
+        from aoti_farm import budget
+
+        same = budget.current()[1] == budget.ENV and budget.current()[0] == cfg.memory_budget
+        env = {**worker_env(), budget.ENV: os.environ[budget.ENV] if same else str(cfg.memory_budget)}
+
+    def make_actor(kind: str):
+        return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, env, inherited=_EMBEDDED_ENV)).remote(
+            str(cache.root), kind, cfg.inductor_options, cfg.lease_ttl, cache.signing_key, compiler_factory,
+            cfg.warmup)
+
+    return Scheduler(ray, cache, make_actor, sizes, timeout=cfg.timeout, retries=cfg.retries,
+                     lease_ttl=cfg.lease_ttl, max_in_flight=cfg.max_in_flight, on_event=on_event)

@@ -1,0 +1,351 @@
+"""`aoti-farm warm`: plan the work, then compile it on a Ray pool (`serve` is
+:mod:`aoti_farm.workers.serve`).
+
+warm
+  1. :func:`load_signatures` reads every ``--model`` trace and dedupes by key.
+  2. :func:`plan` fingerprints per device and drops what the cache already has
+     (``Cache.list_keys``: one directory scan per namespace, not a stat per key) or has
+     recorded as failing.  A CUDA signature is planned as "to do" unless this host has a
+     GPU: its fingerprint is computed by the GPU actor that compiles it.
+  3. Nothing left: done, without importing Ray.  Otherwise :func:`start_ray` (embedded
+     ``ray.init()``, or ``--address``/``$RAY_ADDRESS``), one actor pool sized from
+     ``ray.cluster_resources()`` (:func:`aoti_farm.workers.scheduler.pool_sizes`) and the
+     :class:`~aoti_farm.workers.scheduler.Scheduler` (bounded in-flight, timeouts, retries,
+     leases).  Exit 0 when every signature is in the cache, 1 when some failed, 2 on bad
+     input (a :class:`UserError`, raised before anything is written).
+
+serve
+  Polls the miss queue (:mod:`aoti_farm.missq`) of every fingerprint namespace its
+  workers compile for and drains it with the same pool, until SIGTERM/SIGINT; then it
+  abandons in-flight work (kills the actors, breaks their leases), shuts Ray down and
+  exits 0.
+
+Ray is imported only here and in ``aoti_farm.workers``, and only when there is work.
+An embedded Ray starts without its dashboard (nobody could reach it: it lives for one
+run); ``AOTI_FARM_RAY_DASHBOARD=1`` starts it (when Ray's dashboard dependencies are
+installed).  ``warm`` starts an embedded Ray *while* planning when some signature is in no
+namespace of the cache (so Ray is surely needed), and builds the host's per-host compile
+products meanwhile (see :func:`start_host_prep`).
+
+Warm-up measurement (2-core host, torch 2.13 CPU, one process, /tmp/wu.py-style): the
+first AOTInductor compile in a process takes ~9-10 s, later ones ~5.5 s.  With warm-up
+"none" the actor starts in 4.2 s and its first compile takes 10.0 s; with "light"
+(imports, fingerprint, a torch.export of a trivial op) it starts in 5.4 s and its first
+compile takes 8.9 s: the same 14.3 s in all, but the 1.1 s moves into start-up, where it
+overlaps with the other actors starting, so "light" is the default.  "compile" would pay
+a whole ~9 s trivial compile to save ~3.5 s, so it only suits long-lived `serve` pools.
+"""
+
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+from aoti_farm.config import FarmConfig
+from aoti_farm.workers.raysetup import make_scheduler, start_ray, stop_ray
+
+
+def signing_key(cfg: FarmConfig) -> bytes | None:
+    from aoti_farm.cache import load_signing_key
+
+    # fails closed: an empty or unreadable key is a UserError, never "no signing"
+    return load_signing_key(path=cfg.signing_key_file, source="signing_key_file")
+
+
+def open_farm_cache(cfg: FarmConfig):
+    from aoti_farm.cachedir import open_cache
+
+    key = signing_key(cfg)
+    cache = open_cache(cfg.cache_dir, create=True, write=True, signing_key=key)
+    cache.signing_key = key
+    return cache
+
+
+# --- planning -------------------------------------------------------------------------------
+
+
+def load_signatures(paths: list[str]) -> list:
+    """Every signature of every trace, deduped by key, in first-seen order."""
+    from aoti_farm.trace import load_trace
+
+    seen: dict[str, object] = {}
+    for p in paths:
+        for e in load_trace(p).entries:
+            seen.setdefault(e.sig.key, e.sig)
+    return list(seen.values())
+
+
+@dataclass
+class Plan:
+    todo: list = field(default_factory=list)        # [pool.Task]
+    done: list = field(default_factory=list)        # [pool.Result] already cached or recorded failing
+    fingerprints: dict = field(default_factory=dict)  # device -> Fingerprint (computed locally)
+
+    @property
+    def total(self) -> int:
+        return len(self.todo) + len(self.done)
+
+
+def plan(sigs: list, cache, inductor_options: dict | None = None, memory_budget: int | None = None) -> Plan:
+    """Split ``sigs`` into work and what the cache already answers (see module doc).
+    Work whose example inputs alone exceed ``memory_budget`` (None: the host default) is
+    refused here, ``failed`` with the reason (:mod:`aoti_farm.budget`; no failure record);
+    the compile path checks the whole estimate before compiling."""
+    from aoti_farm import budget
+    from aoti_farm.fingerprint import fingerprint
+    from aoti_farm.workers.scheduler import Result, Task, route
+
+    out = Plan()
+    cuda_here = None
+    keys: dict[str, tuple[set, set]] = {}
+    for sig in sigs:
+        kind = route(sig)
+        dev = "cpu" if kind == "cpu" else "cuda:0"
+        over = budget.refusal(sig, memory_budget, outputs=False)   # inputs alone: no meta run here
+        if over is not None:
+            out.done.append(Result(sig.key, sig.op, "failed", error=over[0], evidence=over[1]))
+            continue
+        if dev not in out.fingerprints:
+            if dev != "cpu":
+                if cuda_here is None:
+                    import torch
+
+                    cuda_here = torch.cuda.is_available()
+                if not cuda_here:
+                    out.todo.append(Task(sig, kind, None))
+                    continue
+            fp = out.fingerprints[dev] = fingerprint(dev, inductor_options)
+            keys[dev] = (cache.list_keys(fp.id), cache.failed_keys(fp.id))
+        fp = out.fingerprints[dev]
+        have, failed = keys[dev]
+        if sig.key in have:
+            out.done.append(Result(sig.key, sig.op, "cached", fp_id=fp.id))
+        elif sig.key in failed and (rec := cache.failure(fp.id, sig.key)) is not None:   # a bad record: None
+            out.done.append(Result(sig.key, sig.op, "failed", attempts=int(rec.get("attempts") or 0),
+                                   error=f"recorded failure: {rec.get('reason')} (clear it with "
+                                         f"`aoti-farm cache` to retry)", evidence=rec.get("evidence") or {},
+                                   fp_id=fp.id))
+        else:
+            out.todo.append(Task(sig, kind, fp.id))
+    return out
+
+
+def surely_work(sigs: list, cache, memory_budget: int | None = None) -> dict[str, int]:
+    """Per pool kind, how many signatures have neither an entry nor a failure record
+    under *any* fingerprint namespace of ``cache`` (one directory scan per namespace, no
+    fingerprint needed) and fit the memory budget (inputs alone, as :func:`plan`):
+    ``warm`` must compile at least these, whatever this host's fingerprint is."""
+    from aoti_farm import budget
+    from aoti_farm.workers.scheduler import route
+
+    known: set = set()
+    for fp_id in cache.fingerprint_ids():
+        known |= cache.list_keys(fp_id)
+        known |= cache.failed_keys(fp_id)
+    out = {"cpu": 0, "gpu": 0}
+    for s in sigs:
+        if s.key not in known and budget.refusal(s, memory_budget, outputs=False) is None:
+            out[route(s)] += 1
+    return out
+
+
+#: Below this many cores the driver leaves the per-host products to the actors' first
+#: compiles: start-up is CPU-bound there, and a compile in the driver (its own imports,
+#: a trivial kernel) would take the CPU from the actors' imports (2-core VM: the first
+#: actor's compile builds them while the second waits on their locks, at no extra cost).
+PREP_MIN_CORES = 4
+
+
+def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
+                    compiler_factory: Callable | None) -> threading.Thread | None:
+    """Build this host's per-host compile products (:mod:`aoti_farm.hostprep`: ISA
+    probe, precompiled headers, the split build's common object, the loader probe) in a
+    thread of the driver, while Ray and the actors start, so that no actor's first
+    compile builds them and the others queue behind it.  Only for an embedded Ray (the
+    actors run on this host) with at least two CPU signatures to compile, and the real
+    compiler; nothing waits for it (compiles wait on each product's own lock)."""
+    if (n_cpu < 2 or compiler_factory is not None or (cfg.address or os.environ.get("RAY_ADDRESS"))
+            or (os.cpu_count() or 1) < PREP_MIN_CORES):
+        return None
+
+    def run() -> None:
+        from aoti_farm import hostprep
+
+        t0 = time.time()
+        out = hostprep.prepare(cfg.inductor_options)
+        timeline["host_prep"] = {"span": [t0, time.time()], **{k: out.get(k) for k in ("status", "build", "error")
+                                                                if out.get(k) is not None}}
+
+    th = threading.Thread(target=run, name="aoti-farm-hostprep", daemon=True)
+    th.start()
+    return th
+
+
+def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict, event: Callable,
+                         compiler_factory: Callable | None):
+    """(plan, ray, started, scheduler, host-prep thread): :func:`plan` runs in a thread
+    while this one starts Ray and an actor pool sized for the ``sure`` signatures (their
+    warm-up starts at once); the host preparation starts as soon as the plan is known."""
+    box: dict = {}
+    planned = threading.Event()
+    # the signatures in no namespace are compiled whatever the plan says: prepare the host
+    # for them at once (its imports overlap a fresh host's ISA probe in the planner)
+    box["prep"] = start_host_prep(cfg, sure["cpu"], timeline, compiler_factory)
+
+    def run() -> None:
+        try:
+            box["plan"] = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
+            if box["prep"] is None:
+                box["prep"] = start_host_prep(cfg, sum(t.kind == "cpu" for t in box["plan"].todo), timeline,
+                                              compiler_factory)
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
+            box["error"] = e
+        finally:
+            planned.set()
+
+    th = threading.Thread(target=run, name="aoti-farm-plan", daemon=True)
+    th.start()
+    ray = sched = None
+    started = False
+    try:
+        import ray as _ray  # noqa: F401 -- timed apart from ray.init
+
+        timeline["ray_imported"] = time.time()
+        ray, started = start_ray(cfg)
+        timeline["ray_started"] = time.time()
+        if not planned.is_set():
+            from aoti_farm.workers.scheduler import pool_sizes
+
+            sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
+                               gpus_per_worker=cfg.gpus_per_worker, n_cpu_tasks=sure["cpu"],
+                               n_gpu_tasks=sure["gpu"])
+            sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
+            timeline["actors_requested"] = time.time()
+    finally:
+        planned.wait()
+        if "error" in box or ray is None:
+            if sched is not None:
+                sched.shutdown()
+            if started:
+                stop_ray(ray)
+    if "error" in box:
+        raise box["error"]
+    return box["plan"], ray, started, sched, box.get("prep")
+
+
+# --- warm -----------------------------------------------------------------------------------
+
+
+def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, stream: TextIO | None = None,
+         compiler_factory: Callable | None = None, on_event: Callable | None = None,
+         counters_out: dict | None = None) -> int:
+    """Compile every signature of ``models`` into the cache; exit code 0/1 (UserError: 2)."""
+    from aoti_farm.progress import Progress, process_start_time, write_report
+    from aoti_farm.signature import describe
+
+    # wall-clock marks for the report (where a run's time goes: see "timeline")
+    timeline: dict = {"process_start": process_start_time(), "warm_start": time.time(), "workers": []}
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    sigs = load_signatures(models)
+    cache = open_farm_cache(cfg)
+    class_rows: list = []
+    if getattr(cfg, "dynamic", "off") == "auto":   # shape-general kernels first (aoti_farm/dynwarm.py)
+        from aoti_farm.dynwarm import warm_classes
+
+        sigs, class_rows = warm_classes(cfg, sigs, cache, stream)
+    timeline["loaded"] = time.time()
+    progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
+
+    def event(kind: str, data: dict) -> None:
+        if kind == "worker_ready":
+            i = data.get("info") or {}
+            timeline["workers"].append({"pid": i.get("pid"), "created_at": i.get("created_at"),
+                                        "warmup_span": i.get("warmup_span"), "ready_seen": time.time(),
+                                        "phases": i.get("warmup_phases"), "host_steps": i.get("host_steps")})
+        elif kind == "dispatch" and "first_dispatch" not in timeline:
+            timeline["first_dispatch"] = time.time()
+        progress.event(kind, data)
+        if on_event:
+            on_event(kind, data)
+
+    ray = sched = prep = None
+    started = False
+    counters = None
+    results: dict = {}
+    try:
+        sure = surely_work(sigs, cache, cfg.memory_budget)
+        if sum(sure.values()):
+            # Some signatures are in no namespace of the cache at all, so Ray is needed
+            # whatever this host's fingerprint is: start Ray and the actors now, and plan
+            # meanwhile (on a fresh host planning probes the CPU's vector ISA, ~10 s of
+            # g++; Ray's start is mostly waiting, and the actors' imports overlap both).
+            p, ray, started, sched, prep = _plan_while_starting(cfg, sigs, cache, sure, timeline, event,
+                                                                compiler_factory)
+        else:
+            p = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
+            prep = start_host_prep(cfg, sum(t.kind == "cpu" for t in p.todo), timeline, compiler_factory)
+        timeline["planned"] = time.time()
+        results = {r.key: r for r in p.done}
+        for r in p.done:
+            progress.tally.cached += r.status == "cached"
+            progress.tally.failed += r.status == "failed"
+        if p.todo:
+            if ray is None:
+                ray, started = start_ray(cfg)
+                timeline["ray_started"] = time.time()
+            from aoti_farm.workers.scheduler import pool_sizes
+
+            sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
+                               gpus_per_worker=cfg.gpus_per_worker,
+                               n_cpu_tasks=sum(t.kind == "cpu" for t in p.todo),
+                               n_gpu_tasks=sum(t.kind == "gpu" for t in p.todo))
+            if sched is None:
+                sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
+                timeline["actors_requested"] = time.time()
+            else:
+                sched.ensure_workers(sizes)   # the early pool was sized for the sure part only
+            for t in p.todo:
+                sched.add(t)
+            sched.run()
+            results.update(sched.results)
+            counters = sched.counters
+    finally:
+        if sched is not None:
+            timeline["scheduler_done"] = time.time()
+            sched.shutdown()
+        if started:
+            stop_ray(ray)
+            timeline["ray_shutdown"] = time.time()
+        if prep is not None:
+            prep.join(timeout=120)   # one compile, normally long done; never leave it half-way
+    rows = []
+    for s in sigs:
+        r = results[s.key].to_dict()
+        r["description"] = describe(s)
+        r["device"] = s.device
+        rows.append(r)
+    rows += class_rows
+    from aoti_farm.progress import attach_speed
+
+    attach_speed(rows, cache, cfg.inductor_options)   # each kernel's measured speed-up
+    progress.finish(rows)
+    from aoti_farm.progress import startup_line
+
+    line = startup_line(timeline)
+    if line:
+        progress._log(line)
+    if counters_out is not None and counters is not None:
+        from dataclasses import asdict
+
+        counters_out.update(asdict(counters))
+    if report:
+        from dataclasses import asdict
+
+        timeline["end"] = time.time()
+        write_report(report, rows, {"cache_dir": str(cache.root), "models": list(models),
+                                    "pool": asdict(counters) if counters else None, "timeline": timeline})
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
