@@ -17,6 +17,14 @@ from typing import Any, Mapping
 
 from aoti_farm.errors import UserError
 
+#: Warm-up levels: "none" (nothing), "light" (imports, fingerprint, one torch.export of a
+#: trivial op: ~1.5 s), "compile" (also a full AOTInductor compile of a trivial op into a
+#: scratch directory: ~9 s on one core, of which ~3.5 s is first-compile overhead that the
+#: next compile then skips).  "light" is the default: it overlaps with the driver's
+#: start-up and costs no full compile; see the measurement in :mod:`aoti_farm.workers.warm`;
+#: the actors run :meth:`aoti_farm.workers.compile_actor.CompileActor.warmup`.
+WARMUP_LEVELS = ("none", "light", "compile")
+
 
 @dataclass(frozen=True, kw_only=True)
 class FarmConfig:
@@ -164,8 +172,8 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
     if isinstance(cfg, FarmConfig) and cfg.lease_ttl > 3600:   # leases.MAX_TTL: a longer one reads as expired
         raise UserError(f"lease_ttl: {cfg.lease_ttl:g} s is more than an hour, which leases treat as broken; "
                         f"fix --lease-ttl, AOTI_FARM_LEASE_TTL or [farm] lease_ttl")
-    if isinstance(cfg, FarmConfig) and cfg.warmup not in ("none", "light", "compile"):
-        raise UserError(f"warmup: {cfg.warmup!r} is not one of none, light, compile")
+    if isinstance(cfg, FarmConfig) and cfg.warmup not in WARMUP_LEVELS:
+        raise UserError(f"warmup: {cfg.warmup!r} is not one of {', '.join(WARMUP_LEVELS)}")
     if isinstance(cfg, FarmConfig) and cfg.address == "":
         raise UserError("address: empty; pass 'auto' or host:port, or leave it unset for a local Ray")
     return cfg

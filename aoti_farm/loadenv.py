@@ -133,13 +133,6 @@ def preloaded() -> bool:
     return bool(lib) and lib in os.environ.get("LD_PRELOAD", "")
 
 
-def reexec_if_needed() -> None:
-    """Re-exec this Python process with the preload when the host needs it and it is
-    missing (call it first thing in a script that loads AOTI kernels itself)."""
-    if preload_wanted() and system_libstdcxx() and not preloaded():
-        os.execve(sys.executable, [sys.executable] + sys.argv, child_env())
-
-
 def load_safe() -> bool:
     """False when loading an AOTI library in *this* process would hit the trap."""
     return not (preload_wanted() and system_libstdcxx() and not preloaded())

@@ -82,9 +82,6 @@ class Progress:
             self._log(f"worker replaced ({data['reason']})")
         self.draw()
 
-    def set_in_flight(self, n: int) -> None:
-        self.tally.in_flight = n
-
     def eta(self) -> float | None:
         t = self.tally
         done = t.compiled + t.failed

@@ -31,13 +31,6 @@ from typing import Callable
 from aoti_farm.progress import process_start_time
 from aoti_farm.workers import metrics as farm_metrics
 
-#: Warm-up levels: "none" (nothing), "light" (imports, fingerprint, one torch.export of a
-#: trivial op: ~1.5 s), "compile" (also a full AOTInductor compile of a trivial op into a
-#: scratch directory: ~9 s on one core, of which ~3.5 s is first-compile overhead that the
-#: next compile then skips).  "light" is the default: it overlaps with the driver's
-#: start-up and costs no full compile; see the measurement in :mod:`aoti_farm.workers.warm`.
-WARMUP_LEVELS = ("none", "light", "compile")
-
 
 def _host_steps() -> dict:
     """Per-host steps this process ran or waited for (ISA probe and checks, the split
