@@ -20,7 +20,7 @@ float64 with masks and differences.  So it is
 
 with the outputs' shapes from running the op on meta tensors (no memory; when the op has
 no meta kernel, the outputs are taken to be as large as all inputs together).  Measured
-by ``scripts/compile_peak_rss.py`` on this 2-core, 24 GiB host (2026-11-26, torch 2.13,
+by ``scripts/bench/compile_peak_rss.py`` on this 2-core, 24 GiB host (2026-11-26, torch 2.13,
 one compile in a warm process, peak RSS over the process's baseline of 0.39 GB; log
 ``docs/bench/2026-11-26-compile-peak-rss.log``): relu float32[2**24] 1.16 GB (estimate
 1.34 GB, 1.16x), relu float16[2**24] 1.02 GB (1.31x), add float32[4096,1]+[1,4096]

@@ -76,16 +76,22 @@ def summary(xs: list[float]) -> dict:
             "min": min(xs), "max": max(xs), "mean": statistics.fmean(xs)}
 
 
-def time_per_call(fn, *, warmup: int, repeats: int, inner: int) -> dict:
-    """Median over ``repeats`` of (time of ``inner`` back-to-back calls) / ``inner``, in µs."""
+def time_per_call(fn, *, warmup: int, repeats: int, inner: int, sync=None) -> dict:
+    """Median over ``repeats`` of (time of ``inner`` back-to-back calls) / ``inner``, in µs.
+    ``sync`` (e.g. ``torch.cuda.synchronize``) runs after the warm-up and inside each
+    timed batch, after its last call."""
     for _ in range(warmup):
         fn()
+    if sync is not None:
+        sync()
     per = []
     pc = time.perf_counter
     for _ in range(repeats):
         t0 = pc()
         for _ in range(inner):
             fn()
+        if sync is not None:
+            sync()
         per.append((pc() - t0) / inner * 1e6)
     return {"us_median": statistics.median(per), "us_min": min(per), "repeats": repeats, "inner": inner}
 
@@ -358,92 +364,35 @@ def write_trace(path: str, sigs: list) -> None:
 
 # --- upstream layout ----------------------------------------------------------------------
 
-def upstream_item(sig, kernel_path: str) -> dict:
-    """One item of upstream's ``<op>.json``, describing ``sig`` the way
-    ``aoti_compile_with_persistent_cache`` would (arguments equal to their schema default
-    are left out, as upstream's C++ holder leaves them out of the call it compiles)."""
-    import torch
-    from torch._inductor import aoti_eager as ae
-    from aoti_farm import signature as S
-
-    args, kwargs = S.materialize(sig, seed=0)
-    info = sig.info()
-    allv = list(args) + list(kwargs.values())      # schema order
-    vals = []
-    for v, enc, default in zip(allv, sig.args, info.defaults):
-        if enc[0] not in ("T", "TL") and (enc[0] == "N" or (default is not S.NO_DEFAULT and v == default)):
-            continue  # left at its default: upstream's holder does not pass it
-        vals.append(v)
-    meta = []
-    for i, v in enumerate(vals):
-        if isinstance(v, torch.Tensor):
-            m = ae.extract_tensor_metadata(False, v)
-        elif isinstance(v, (list, tuple)) and v and all(isinstance(t, torch.Tensor) for t in v):
-            m = ae.extract_tensor_list_metadata(False, list(v))
-        elif isinstance(v, (bool, int, float)):
-            m = ae.extract_scalar_metadata("cpu", v)
-        elif isinstance(v, str):
-            m = ae.extract_string_metadata(v)
-        elif isinstance(v, torch.dtype):
-            m = ae.extract_dtype_metadata(v)
-        else:
-            raise ValueError(f"cannot describe {type(v).__name__} for upstream")
-        m["arg_order"] = i
-        meta.append(m)
-    return {"meta_info": meta, "kernel_path": str(Path(kernel_path).absolute())}
-
-
-def write_upstream(inductor_cache_dir: str, items_by_op: dict[str, list[dict]]) -> None:
-    """Write ``<TORCHINDUCTOR_CACHE_DIR>/aoti_eager/aten/cpu/<op>.json`` files (a default
-    overload under both ``relu`` and ``relu.default``, as the holder may look up either)."""
-    d = Path(inductor_cache_dir) / "aoti_eager" / "aten" / "cpu"
-    d.mkdir(parents=True, exist_ok=True)
-    for op, items in items_by_op.items():
-        stem = op.split("::")[-1]
-        for name in ([stem] if not stem.endswith(".default") and "." in stem else
-                     [stem.removesuffix(".default"), stem.removesuffix(".default") + ".default"]):
-            (d / f"{name}.json").write_text(json.dumps(items))
-
-
 def upstream_in_place(inductor_cache_dir: str, sigs_and_kernels: list[tuple]) -> None:
     """Upstream JSON that points at the kernels where they are (absolute paths; nothing
-    copied) -- for the 10,000-entry start-up benchmark.  Metadata from the project's
-    ``aoti_farm.upstream.meta_info`` when it exists, else from upstream's own extractors."""
-    try:
-        from aoti_farm.upstream import meta_info  # type: ignore
-    except ImportError:
-        meta_info = None
-    by_op: dict[str, list] = {}
+    copied) -- for the 10,000-entry start-up benchmark, where ``export_upstream``'s copy of
+    every kernel would cost minutes.  The metadata and file names are the package's
+    (``aoti_farm.upstream.meta_info``, ``op_file_names``), as ``export_upstream`` writes them."""
+    from aoti_farm.upstream import meta_info, op_file_names
+
+    files: dict[tuple, list] = {}
     for sig, kp in sigs_and_kernels:
-        item = ({"meta_info": meta_info(sig), "kernel_path": str(Path(kp).absolute())} if meta_info
-                else upstream_item(sig, kp))
-        by_op.setdefault(sig.op, []).append(item)
-    write_upstream(inductor_cache_dir, by_op)
+        item = {"meta_info": meta_info(sig), "kernel_path": str(Path(kp).absolute())}
+        ns, stems = op_file_names(sig.op)
+        for stem in stems:
+            files.setdefault((ns, sig.device, stem), []).append(item)
+    for (ns, device, stem), items in files.items():
+        d = Path(inductor_cache_dir) / "aoti_eager" / ns / device
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{stem}.json").write_text(json.dumps(items))
 
 
-def export_to_upstream(cache_dir: str, inductor_cache_dir: str, sigs_and_kernels: list[tuple]) -> str:
-    """Put the given kernels in upstream's layout: with ``aoti_farm.upstream.export_upstream``
-    when it exists (the project's own exporter), else by writing upstream's JSON here.
-    Returns which path was used."""
-    try:
-        from aoti_farm.upstream import export_upstream  # type: ignore
-    except ImportError:
-        export_upstream = None
-    if export_upstream is not None:
-        try:
-            from aoti_farm.cache import Cache
+def export_to_upstream(cache_dir: str, inductor_cache_dir: str) -> str:
+    """Put the cache's kernels in upstream's layout with ``aoti_farm.upstream.export_upstream``
+    (what ``aoti-farm cache export-upstream`` does).  Returns how, for the report."""
+    from aoti_farm.cache import Cache
+    from aoti_farm.upstream import export_upstream
 
-            export_upstream(Cache(cache_dir, signing_key=None), inductor_cache_dir)
-            if any((Path(inductor_cache_dir) / "aoti_eager").rglob("*.json")):
-                return "aoti_farm.upstream.export_upstream"
-        except Exception as e:  # noqa: BLE001 -- fall back to our own writer, but say so
-            print(f"[bench] export_upstream failed ({type(e).__name__}: {e}); writing upstream JSON directly",
-                  file=sys.stderr)
-    by_op: dict[str, list] = {}
-    for sig, kp in sigs_and_kernels:
-        by_op.setdefault(sig.op, []).append(upstream_item(sig, kp))
-    write_upstream(inductor_cache_dir, by_op)
-    return "scripts/bench upstream JSON writer"
+    rep = export_upstream(Cache(cache_dir, signing_key=None), inductor_cache_dir)
+    if not rep["exported"]:
+        raise RuntimeError(f"export_upstream exported nothing: {rep}")
+    return "aoti_farm.upstream.export_upstream"
 
 
 def rmtree(p) -> None:

@@ -392,14 +392,11 @@ HIT_ROUNDS, HIT_ROUNDS_QUICK = 7, 3
 
 
 def bench_hit(ctx: Ctx) -> dict:
-    from aoti_farm.cache import Cache
-    from aoti_farm.fingerprint import fingerprint
     from aoti_farm.signature import describe
 
     sigs = ctx.hit_sigs()
-    cache, fp = Cache(ctx.kcache, signing_key=None), fingerprint("cpu")
     ind = ctx.dir("inductor-upstream-hit")
-    via = C.export_to_upstream(ctx.kcache, ind, [(s, cache.open_entry(fp, s.key).kernel_path) for s in sigs])
+    via = C.export_to_upstream(ctx.kcache, ind)
     rows, res = [], []
     worst = None
     for i, s in enumerate(sigs):

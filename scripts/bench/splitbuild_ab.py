@@ -1,13 +1,14 @@
 """Split vs whole AOTI wrapper build, side by side in one process (aoti_farm.splitbuild).
 
-    python scripts/gpu_split_ab.py cuda|cpu
+    python scripts/bench/splitbuild_ab.py cuda|cpu
 
 One warm-up compile, then 8 compiles of distinct `add` signatures alternating
 AOTI_FARM_SPLIT_WRAPPER=1/0; prints each compile's wall and CPU seconds (own + C++
 compiler children) and the medians.  Every kernel is verified against eager by
-AOTICompiler.compile.  Results of 2026-11-26 on the H200: docs/gpu-runs/2026-11-26-run6-splitbuild.md.
+AOTICompiler.compile.  Results of 2026-11-26 on a GPU host: docs/gpu-runs/2026-11-26-run6-splitbuild.md
+(run there as scripts/gpu_split_ab.py).
 """
-import os, sys, time, json, tempfile
+import os, sys, time, tempfile
 import torch
 from aoti_farm import signature as S, splitbuild
 from aoti_farm.compiler import AOTICompiler

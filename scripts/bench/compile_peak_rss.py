@@ -1,6 +1,6 @@
 """Peak memory of one compile + verification, for calibrating aoti_farm/budget.py.
 
-    .venv/bin/python scripts/compile_peak_rss.py            # the three signatures below
+    .venv/bin/python scripts/bench/compile_peak_rss.py      # the three signatures below
 
 Each signature runs in a fresh process: a tiny compile first (imports, Inductor state),
 then the signature's compile; it prints the peak RSS over the process's RSS before the

@@ -1,4 +1,4 @@
-"""GPU validation steps, run by scripts/gpu_validate.sh on the lent H100 (issue 7).
+"""GPU validation steps, run by scripts/gpu/validate.sh on a host with a CUDA GPU (issue 7).
 
 1. mixed warm: a trace with CUDA and CPU signatures through `aoti-farm warm` with 4 GPU
    actors at num_gpus=0.25 beside CPU actors; every kernel verified against eager on the GPU;
@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -111,7 +110,7 @@ def main():
                           "cuda": torch.version.cuda, "torch": torch.__version__, "cpus": os.cpu_count(),
                           "host": platform.node(), "date": datetime.date.today().isoformat()}
     log(RESULTS["machine"])
-    cache_dir = os.path.join(ns.out, "..", "gpu-cache") if False else "/tmp/aoti-farm-gpu-cache"
+    cache_dir = "/tmp/aoti-farm-gpu-cache"
     rc = step_warm(ns.out, cache_dir)
     # steps 2-4 run in a child re-exec'ed with the libstdc++ preload when the host needs it
     env = dict(os.environ)
@@ -120,7 +119,7 @@ def main():
     RESULTS["loadenv"] = remembered()
     env = child_env(env)
     log("loader probe:", RESULTS["loadenv"], "LD_PRELOAD for serving steps:", env.get("LD_PRELOAD"))
-    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "gpu_serving_checks.py"),
+    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "serving_checks.py"),
                         "--cache-dir", cache_dir, "--out", ns.out] + (["--skip-upstream-seq"] if ns.skip_upstream_seq else []),
                        env=env)
     RESULTS["serving_checks_exit"] = r.returncode

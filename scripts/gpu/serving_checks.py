@@ -1,4 +1,4 @@
-"""Serving-side GPU checks (run by gpu_checks.py in a child that has the libstdc++
+"""Serving-side GPU checks (run by checks.py in a child that has the libstdc++
 preload when the host needs it).  Steps 2-4 of issue 7: differential hook vs eager on
 CUDA, CUDA hit/miss per-call benchmarks against upstream's C++ holder, warm throughput of
 upstream's sequential compile, and the GPU-arch fingerprint check."""
@@ -9,7 +9,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,9 @@ from aoti_farm.cache import Cache  # noqa: E402
 from aoti_farm.fingerprint import fingerprint  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_checks import cuda_sigs  # noqa: E402
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from checks import cuda_sigs  # noqa: E402
+import common as C  # noqa: E402  -- scripts/bench/common.py
 
 R: dict = {}
 
@@ -34,18 +35,8 @@ def log(*a):
     print("[gpu-serving]", *a, flush=True)
 
 
-def per_call_us(fn, iters=2000, warm=200):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(samples)
+def per_call_us(fn) -> float:
+    return C.time_per_call(fn, warmup=200, repeats=5, inner=2000, sync=torch.cuda.synchronize)["us_median"]
 
 
 NATIVE = "auto"   # "require" once the native hit path is built on this host
@@ -131,7 +122,7 @@ def step_upstream_sequential(n):
     code = (
         "import sys,time,json,torch,warnings; warnings.filterwarnings('ignore')\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from gpu_checks import cuda_sigs\n"
+        "from checks import cuda_sigs\n"
         "from aoti_farm import signature as S\n"
         "from torch._inductor.aoti_eager import aoti_compile_with_persistent_cache as C\n"
         f"out=[]\nfor s in cuda_sigs()[:{n}]:\n"

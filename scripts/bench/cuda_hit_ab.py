@@ -2,9 +2,11 @@
 hook (native path) and the pure-Python hook, interleaved for three rounds over the same
 kernel files (so the ratios are not two processes' differences).
 
-On the lent GPU machine (no Ray needed):
-    run(command="pip install --no-deps --target /tmp/site . && PYTHONPATH=/tmp/site \
-        LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 python3 scripts/gpu_hit_ab.py --out $OUT")
+On a host with a CUDA GPU (no Ray needed; on a host with the libstdc++ trap, see the
+README, start it with LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6):
+
+    python scripts/bench/cuda_hit_ab.py --out DIR [--rounds 3]
+
 Writes gpu-hit-ab.json under --out.
 """
 
@@ -24,18 +26,12 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 
-def per_call_us(fn, iters=2000, reps=5, warm=200) -> float:
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) / iters * 1e6)
-    return statistics.median(out)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common as C  # noqa: E402
+
+
+def per_call_us(fn) -> float:
+    return C.time_per_call(fn, warmup=200, repeats=5, inner=2000, sync=torch.cuda.synchronize)["us_median"]
 
 
 def main() -> int:
