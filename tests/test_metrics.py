@@ -62,7 +62,7 @@ def check_equal(sm: dict, s: dict) -> None:
     assert v(sm, p + "hits_total") == s["hits"]
     assert v(sm, p + "misses_total", reason="missing") == s["misses"]
     assert v(sm, p + "misses_total", reason="failed") == s["failed_signatures"]
-    assert v(sm, p + "gated_total") == s.get("gated", 0)
+    assert v(sm, p + "gated_total") == s["gated"]
     for reason, n in s["fallbacks"].items():
         assert v(sm, p + "fallbacks_total", reason=reason) == n
     assert sum(val for (name, _), val in sm.items() if name == p + "fallbacks_total") == sum(s["fallbacks"].values())
