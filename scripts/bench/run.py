@@ -7,10 +7,18 @@
     python scripts/bench/run.py --only hit,miss --json out.json
 
 Benchmarks (names for --only): warm, rerun, hit, miss, cold, startup, miss2hit, payoff
-(scripts/bench/payoff.py: per-op suite and models, hooked vs eager, in one process).  Each
-prints its own table; the run ends with one summary table (target / measured / met?) and
-writes everything, with the machine and date, to --json (default bench-results.json).
-The baseline (eager, upstream) is re-measured in the same run, in separate processes.
+(scripts/bench/payoff.py: per-op suite and models, hooked vs eager, in one process),
+scaling (scripts/bench/scaling.py: warm at W=1 and W=all).  Each prints its own table;
+the run ends with one summary table (target / measured / met?) and writes everything,
+with the machine and date, to --json (default bench-results.json).  The baseline (eager,
+upstream) is re-measured in the same run, in separate processes.
+
+The other scripts of this folder measure one question each, with their own --help:
+hitpath.py (a hit by call path), loadpath.py (private copy vs shared file), shapes.py
+(shape-general kernels), explain_bench.py, metrics_hit_bench.py, contention.py (a
+background compile beside eager), compile_peak_rss.py (the memory budget's calibration);
+on a GPU host cuda_hit_ab.py (the CUDA hit path against upstream's holder) and
+splitbuild_ab.py (the split wrapper build).  worker.py and common.py are their helpers.
 
 How things are measured (see each bench_* function):
   * per-call times: median over R repeats of (N back-to-back calls)/N after a warm-up,
