@@ -34,6 +34,8 @@ def _aoti_imports(tree: ast.AST):
             for a in node.names:
                 if a.name.split(".")[0] == "aoti_farm":
                     out.append((a.name, None, node.lineno))
+                    if a.name == "aoti_farm.signature" and a.asname:
+                        sig_alias.add(a.asname)
     return out, sig_alias
 
 

@@ -105,3 +105,30 @@ def test_materialize_dtype_sizes_strides_and_index_range():
     sm = S.from_call(torch.ops.aten.softmax.int, (torch.empty(4, 10, dtype=torch.float16), -1), {})
     a2, _ = S.materialize(sm)
     assert a2[0].dtype == torch.float16 and a2[1] == -1
+
+
+def test_no_private_name_of_signature_is_used_outside_it():
+    """Other modules, scripts and tests use aoti_farm.signature's public names, imported
+    from the package (its modules are its own business)."""
+    import ast
+    from pathlib import Path
+
+    from test_scripts import _aoti_imports
+
+    root = Path(TESTS).parent
+    inside = root / "aoti_farm" / "signature"
+    files = [p for d in ("aoti_farm", "runtime", "workers", "scripts", "tests") for p in (root / d).rglob("*.py")
+             if inside not in p.parents]
+    bad = []
+    for p in files:
+        tree = ast.parse(p.read_text(), str(p))
+        imports, aliases = _aoti_imports(tree)
+        for module, name, line in imports:
+            if module.startswith("aoti_farm.signature.") or (
+                    module == "aoti_farm.signature" and name and name.startswith("_")):
+                bad.append(f"{p.relative_to(root)}:{line}: from {module} import {name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id in aliases and node.attr.startswith("_"):
+                bad.append(f"{p.relative_to(root)}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert len(files) > 100 and not bad, "\n".join(bad)
