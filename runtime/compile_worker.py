@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     from aoti_farm import job, leases, missq, records
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache import Cache, load_signing_key
     from aoti_farm.compiler import AOTICompiler
     from aoti_farm.errors import FarmError, UserError
     from aoti_farm.fingerprint import fingerprint
@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
               f"start the worker with the hook's inductor options", file=sys.stderr)
         return 2
     try:
-        cache = Cache(ns.cache_dir, allow_insecure=ns.allow_insecure)
+        # this main() is the worker's command layer: the signing key comes from the
+        # environment its hook built (runtime/supervisor.py worker_env), never argv
+        cache = Cache(ns.cache_dir, signing_key=load_signing_key(), allow_insecure=ns.allow_insecure)
     except UserError as e:   # an empty or unreadable signing key: never "no signing"
         print(f"compile_worker: {e}", file=sys.stderr)
         return 2

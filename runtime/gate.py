@@ -39,9 +39,11 @@ from typing import Callable
 
 import torch
 
+from aoti_farm.counters import Counters
+
 from aoti_farm.speed import (  # noqa: F401 -- the gate's constants and statistic live in the core
     COMPILE_BUDGET_S, GATE_RATIO, MAX_BATCH, MIN_ROUNDS, POLICIES, ROUNDS, TRIAL_BUDGET_S, _sync, compile_ratio,
-    policy_from_env, speed_summary, speedup_text, time_against_eager)
+    speed_summary, speedup_text, time_against_eager)
 
 
 class Gate:
@@ -64,10 +66,10 @@ class Gate:
         self._closed = False
         self._idle = threading.Condition(self._lock)
         self.why: dict[str, dict] = {}     # key -> how it was decided (ratios, reason)
-        self.trials = 0                    # kernel + eager executions spent on confirmations
-        self.gated_signatures = 0          # signatures declined (served eager)
-        self.served_signatures = 0         # signatures confirmed faster
-        self.errors = 0                    # confirmations that failed (declined)
+        # gate_trials: kernel + eager executions spent on confirmations; gated_signatures:
+        # declined (served eager); served_signatures: confirmed faster; gate_errors:
+        # confirmations that failed (declined)
+        self.counters = Counters("gate_trials", "gated_signatures", "served_signatures", "gate_errors")
 
     @property
     def active(self) -> bool:
@@ -111,17 +113,13 @@ class Gate:
         except Exception as e:  # noqa: BLE001 -- a trial that fails declines the kernel
             ok = False
             why = {"reason": f"confirmation failed: {type(e).__name__}: {str(e)[:200]}"}
-            with self._lock:
-                self.errors += 1
+            self.counters.inc("gate_errors")
         with self._lock:
             self._pending.discard(key)
             self._decided[key] = ok
             self.why[key] = why
-            self.trials += calls
-            if ok:
-                self.served_signatures += 1
-            else:
-                self.gated_signatures += 1
+        self.counters.inc("gate_trials", n=calls)
+        self.counters.inc("served_signatures" if ok else "gated_signatures")
         return ok
 
     def request(self, key: str, speed: Callable[[], object], trial: Callable[[], tuple]) -> None:
@@ -175,6 +173,5 @@ class Gate:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"policy": self.policy, "ratio": self.ratio, "gate_trials": self.trials,
-                    "gated_signatures": self.gated_signatures, "served_signatures": self.served_signatures,
-                    "gate_errors": self.errors, "deciding": len(self._pending) + len(self._queued)}
+            deciding = len(self._pending) + len(self._queued)
+        return {"policy": self.policy, "ratio": self.ratio, **self.counters.snapshot(), "deciding": deciding}

@@ -46,7 +46,6 @@ from typing import Iterable
 
 import torch
 
-from aoti_farm import loadenv
 from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.counters import Counters
@@ -64,7 +63,7 @@ from aoti_farm.runtime.kernels import KernelTable
 from aoti_farm.runtime.misswriter import MissWriter
 from aoti_farm.runtime.poller import Poller
 from aoti_farm.runtime.room import ThreadRoom
-from aoti_farm.runtime.routes import Routes, native_code
+from aoti_farm.runtime.routes import Routes, cannot_load_reason, native_code
 from aoti_farm.runtime.shapeserve import ShapeIndex
 from aoti_farm.runtime.supervisor import WorkerSupervisor
 
@@ -82,19 +81,7 @@ class Hook:
                  settings: settings_mod.HookSettings, allow_insecure: bool = False, inductor_options=None,
                  worker_log: str | None = None, worker_idle: float = WORKER_IDLE_SECONDS, native: str = "auto",
                  route: str | None = None):
-        route = route or "all"
-        if route not in ("all", "servable") or (route == "servable" and on_miss != "ignore"):
-            raise UserError(f"route: {route!r} is not 'all', or 'servable' with on_miss='ignore' "
-                            "(a miss must be seen to be queued)")
-        if native not in ("auto", "off", "require"):
-            raise UserError(f"native: {native!r} is not one of auto, off, require")
-        if on_miss not in ("compile", "queue", "ignore"):
-            raise UserError(f"on_miss: {on_miss!r} is not one of compile, queue, ignore")
-        if not poll_interval or poll_interval <= 0:
-            raise UserError(f"poll_interval: {poll_interval!r} must be a positive number of seconds")
-        bad = [d for d in devices if d not in ("cpu", "cuda")]
-        if bad:
-            raise UserError(f"devices: {bad[0]!r} is not 'cpu' or 'cuda'")
+        route = settings_mod.check_arguments(on_miss, poll_interval, devices, native, route)
         self.on_miss = on_miss
         self.inductor_options = dict(inductor_options or {})
         self.cache = Cache(cache_dir, signing_key=settings.signing_key, allow_insecure=allow_insecure)
@@ -119,7 +106,6 @@ class Hook:
                 except Exception as e:  # noqa: BLE001 -- read-only or full: misses are not queued
                     log.warning("cache %s: %s", self.cache.root, e)
         self._route_by_entries = route == "servable"
-        self._wanted: set[str] | None = None
         self._index = {d: Index(self.cache, fp, with_meta=self._route_by_entries) for d, fp in self.fps.items()}
         wake = threading.Event()
         explain = (metrics_mod.MissExplainer(self.cache, self.fps, self.counters)
@@ -135,18 +121,12 @@ class Hook:
             self._refresh(d)
         self._routes = Routes(ops, served, self._handle, self._native_decide, self._kernels.native_failed,
                               native, self._room, self._attached, self.worker_log)
-        self._not_serving: str | None = None
-        if native != "require" and not loadenv.load_safe():
-            # No kernel can ever be loaded into this process (the libstdc++ trap, see
-            # loadenv): intercept nothing, so the hook costs nothing.  Misses are not
-            # counted or queued either (that would need every call intercepted).
-            self._not_serving = (
-                "this process cannot load AOTI kernels safely: start it with "
-                f"LD_PRELOAD={loadenv.system_libstdcxx()} (aoti-farm run does)")
-            self._routes.error = self._not_serving
-            self._routes.mode = "off"
+        # a process that can never load a kernel safely (the libstdc++ trap, see loadenv)
+        # intercepts nothing, so the hook costs nothing (misses are not counted either)
+        self._not_serving = None if native == "require" else cannot_load_reason()
+        if self._not_serving:
             log.warning("aoti-farm hook serves nothing: %s", self._not_serving)
-            self._routes.start([])
+            self._routes.serve_nothing(self._not_serving)
         else:
             self._routes.start(self._servable_ops())
         self._workers.watch_build(self._routes.build)
@@ -171,10 +151,7 @@ class Hook:
         if not self._route_by_entries:
             return None
         ops = servable_ops(self._index, self._kernels.bad, self.gate)
-        if self._wanted is None:   # the requested ops' names, once
-            self._wanted = {S.op_name(o) for d in self._routes.devices
-                            for o in dispatch.resolve_ops(self._routes.ops_arg, d)}
-        return sorted(ops & self._wanted)
+        return sorted(ops & self._routes.requested())
 
     def _attached(self, nreg) -> None:
         """The native registration changed: native kernel ids of the old one are void."""

@@ -23,6 +23,7 @@ from typing import Iterable, Iterator
 import torch
 
 from aoti_farm import signature as S
+from aoti_farm.counters import Counters
 from aoti_farm.errors import Ineligible
 from aoti_farm.runtime import dispatch
 from aoti_farm.trace import Trace, TraceEntry, save_trace
@@ -55,8 +56,7 @@ class Recorder:
     def __init__(self, ops: Iterable | None = None, devices: Iterable[str] = ("cpu", "cuda")):
         self._seen: dict[tuple, _Seen] = {}
         self._lock = threading.Lock()
-        self.skipped: dict[str, int] = {}
-        self.calls = 0
+        self.counters = Counters("calls", skipped={})
         served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
         self._reg = dispatch.Registration(ops, self._handle, served)
 
@@ -67,15 +67,12 @@ class Recorder:
             enc = S.encode_call(info, args, kwargs)
             hints = self._hints(info, enc, args, kwargs)
         except Ineligible as e:
-            with self._lock:
-                self.skipped[str(e)] = self.skipped.get(str(e), 0) + 1
+            self.counters.inc("skipped", str(e))
         except Exception as e:  # noqa: BLE001 -- recording never breaks the program
-            with self._lock:
-                reason = f"unencodable: {type(e).__name__}"
-                self.skipped[reason] = self.skipped.get(reason, 0) + 1
+            self.counters.inc("skipped", f"unencodable: {type(e).__name__}")
         else:
+            self.counters.inc("calls")
             with self._lock:
-                self.calls += 1
                 s = self._seen.get((info.name, enc))
                 if s is None:
                     s = self._seen[(info.name, enc)] = _Seen(len(self._seen))
@@ -116,6 +113,16 @@ class Recorder:
                        for (op, enc), s in self._seen.items()]
         entries.sort(key=lambda e: e.order)
         return Trace(entries)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Calls never recorded (they can never be served), by reason."""
+        return self.counters.snapshot()["skipped"]
+
+    @property
+    def calls(self) -> int:
+        """Calls recorded."""
+        return self.counters.get("calls")
 
     def stop(self) -> None:
         self._reg.uninstall()

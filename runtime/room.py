@@ -34,6 +34,8 @@ import threading
 
 import torch
 
+from aoti_farm.counters import Counters
+
 
 def usable_cores() -> int:
     try:
@@ -65,9 +67,7 @@ class ThreadRoom:
         self.cores = usable_cores()
         self.limit = 0          # 0: no limit
         self.gen = 1
-        self.lowered = 0        # threads lowered (Python kernels)
-        self.restored = 0
-        self.errors = 0
+        self.counters = Counters("lowered", "restored", "errors")   # threads lowered/restored by the Python kernels
         self._tls = threading.local()
         self._lock = threading.Lock()
         self._saved: dict[int, tuple[int, int]] = {}   # native thread id -> (its count, the count set)
@@ -105,11 +105,11 @@ class ThreadRoom:
             else:
                 self.follow()
         except Exception:  # noqa: BLE001 -- never raise from uninstall
-            self.errors += 1
+            self.counters.inc("errors")
 
     def stats(self) -> dict:
-        d = {"enabled": self.enabled, "limit": self.limit, "lowered": self.lowered, "restored": self.restored,
-             "errors": self.errors, "threads_lowered_now": len(self._saved)}
+        d = {"enabled": self.enabled, "limit": self.limit, **self.counters.snapshot(),
+             "threads_lowered_now": len(self._saved)}
         if self._native is not None:
             n = self._native.thread_limit_state()
             for k in ("lowered", "restored", "errors"):
@@ -133,7 +133,7 @@ class ThreadRoom:
                         if torch.get_num_threads() == have[1]:
                             torch.set_num_threads(have[0])
                         del self._saved[tid]
-                        self.restored += 1
+                        self.counters.inc("restored")
                 elif have is None:
                     cur = torch.get_num_threads()
                     if cur > limit:
@@ -144,7 +144,7 @@ class ThreadRoom:
                         t.start()
                         t.join()
                         self._saved[tid] = (cur, limit)
-                        self.lowered += 1
+                        self.counters.inc("lowered")
             except Exception:  # noqa: BLE001 -- a serving call never fails for this
-                self.errors += 1
+                self.counters.inc("errors")
             self._tls.gen = gen

@@ -63,6 +63,16 @@ def add_native_stats(a: dict | None, b: dict) -> dict:
     return out
 
 
+def cannot_load_reason() -> str | None:
+    """Why no AOTI kernel can be loaded into this process, or None when it can."""
+    from aoti_farm import loadenv
+
+    if loadenv.load_safe():
+        return None
+    return ("this process cannot load AOTI kernels safely: start it with "
+            f"LD_PRELOAD={loadenv.system_libstdcxx()} (aoti-farm run does)")
+
+
 def native_code(mod, d: tuple, ineligible_ids: dict) -> int:
     """The native path's code for the hook's decision ``d`` (see ``Hook._decide``): a
     kernel id, or an eager code, remembered natively where the decision cannot change
@@ -102,6 +112,7 @@ class Routes:
         self._mod = None                       # the native extension once it loads
         self._past: dict | None = None         # counters of native registrations that went
         self.routed = None                     # the ops routed now (None: every requested op)
+        self._requested: set[str] | None = None
 
     # -- set-up ------------------------------------------------------------------------------
     def start(self, ops) -> None:
@@ -123,6 +134,11 @@ class Routes:
             self._register(ops)
         except ValueError as e:
             raise UserError(f"ops: {e}") from None
+
+    def serve_nothing(self, reason: str) -> None:
+        """Register nothing (``reason`` in ``stats()["native"]``); bad ``ops`` still raise."""
+        self.error, self.mode = reason, "off"
+        self.start([])
 
     def _load_native(self) -> bool:
         mod = native_mod.load()
@@ -164,6 +180,14 @@ class Routes:
             self._past = add_native_stats(self._past, self.nreg.stats())
             self.nreg = None
             self._attached(None)
+
+    def requested(self) -> set[str]:
+        """The names of every op the hook was asked to serve (resolved once)."""
+        if self._requested is None:
+            from aoti_farm.signature import op_name
+
+            self._requested = {op_name(o) for d in self.devices for o in dispatch.resolve_ops(self.ops_arg, d)}
+        return self._requested
 
     # -- changes -----------------------------------------------------------------------------
     def route(self, ops) -> bool:

@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 
 from aoti_farm.cache import load_signing_key
+from aoti_farm.errors import UserError
 from aoti_farm.runtime.gate import POLICIES
 from aoti_farm.runtime.metrics import DEFAULT_PORT_RANGE, parse_port
 
@@ -82,3 +83,22 @@ def resolve(*, serve: str | None = None, yield_core: bool | None = None, metrics
     # never "no signing"
     key = load_signing_key(signing_key)
     return HookSettings(serve, bool(yield_core), metrics, bool(explain_misses), key)
+
+
+def check_arguments(on_miss: str, poll_interval, devices, native: str, route: str | None) -> str:
+    """``install()``'s other arguments, checked (UserError naming the argument); returns
+    the routing policy (``route``: None is "all")."""
+    route = route or "all"
+    if route not in ("all", "servable") or (route == "servable" and on_miss != "ignore"):
+        raise UserError(f"route: {route!r} is not 'all', or 'servable' with on_miss='ignore' "
+                        "(a miss must be seen to be queued)")
+    if native not in ("auto", "off", "require"):
+        raise UserError(f"native: {native!r} is not one of auto, off, require")
+    if on_miss not in ("compile", "queue", "ignore"):
+        raise UserError(f"on_miss: {on_miss!r} is not one of compile, queue, ignore")
+    if not poll_interval or poll_interval <= 0:
+        raise UserError(f"poll_interval: {poll_interval!r} must be a positive number of seconds")
+    bad = [d for d in devices if d not in ("cpu", "cuda")]
+    if bad:
+        raise UserError(f"devices: {bad[0]!r} is not 'cpu' or 'cuda'")
+    return route

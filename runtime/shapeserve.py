@@ -24,6 +24,7 @@ import logging
 import threading
 
 from aoti_farm import shapes as SH
+from aoti_farm.counters import Counters
 from aoti_farm.dyncompile import hinted_keys
 
 log = logging.getLogger("aoti_farm.shapes")
@@ -42,9 +43,9 @@ class ShapeIndex:
         self._groups: dict[tuple, list] = {}         # (fp id, group key) -> [ShapeClass]
         self._parsed: dict[str, object] = {}         # class key -> ShapeClass | None (unreadable)
         self._serve: dict[str, object] = {}          # class key -> serve_range ({symbol: [lo, hi]}) or None
-        self.matched = 0          # exact signatures served by a class entry
-        self.outside = 0          # signatures of a group with class entries, outside every range
-        self.errors = 0           # unreadable hints or manifests (skipped)
+        # matched: exact signatures served by a class entry; outside: signatures of a group
+        # with class entries, outside every range; errors: unreadable hints or manifests (skipped)
+        self.counters = Counters("matched", "outside", "errors")
 
     def changed(self) -> None:
         """The index changed: every answer is decided again."""
@@ -64,12 +65,12 @@ class ShapeIndex:
             cls = self._match(call, keys, bad)
         except Exception as e:  # noqa: BLE001 -- a serving process never sees the farm's errors
             log.warning("shape classes: %s", e)
-            self.errors += 1
+            self.counters.inc("errors")
             cls = None
         c = None
         if cls is not None:
             c = self._make_call(call.sig, cls.key, call.device, gather=call.gather)
-            self.matched += 1
+            self.counters.inc("matched")
         if len(self._memo) < MEMO_LIMIT:
             self._memo[call.key] = (gen, c)
         return c
@@ -99,7 +100,7 @@ class ShapeIndex:
             if env is not None and (not self.gated or _inside(env, self._serve.get(cls.key))):
                 return cls
         if cands:
-            self.outside += 1
+            self.counters.inc("outside")
         return None
 
     def _read(self, fp_id: str, key: str):
@@ -108,17 +109,17 @@ class ShapeIndex:
             cls = SH.parse_class(m.get("shape_class"))
         except Exception as e:  # noqa: BLE001
             log.warning("shape class %s unreadable: %s", key[:12], e)
-            self.errors += 1
+            self.counters.inc("errors")
             return None
         if cls.key != key:
-            self.errors += 1
+            self.counters.inc("errors")
             return None
         sp = m.get("speed")
         self._serve[key] = sp.get("serve_range") if isinstance(sp, dict) else None
         return cls
 
     def stats(self) -> dict:
-        return {"matched": self.matched, "outside": self.outside, "errors": self.errors}
+        return self.counters.snapshot()
 
 
 def _inside(env: dict, serve) -> bool:

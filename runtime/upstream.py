@@ -27,7 +27,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -35,25 +34,18 @@ import torch
 from aoti_farm import job, leases
 from aoti_farm import signature as S
 from aoti_farm import upstream as U
-from aoti_farm.cache import BadEntry, Cache
+from aoti_farm.cache import BadEntry, Cache, load_signing_key
+from aoti_farm.counters import Counters
 from aoti_farm.errors import FarmError, Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
 
 log = logging.getLogger("aoti_farm.upstream")
 
-_UNSET = object()
-
-
-@dataclass
-class UpstreamStats:
-    loads: int = 0              # load_fn calls (one per holder registration)
-    loaded_kernels: int = 0     # entries handed to upstream by load_fn
-    bad_entries: int = 0        # entries that failed verification and were not handed over
-    compile_requests: int = 0   # compile_fn calls (upstream misses)
-    compiled: int = 0           # compiled here
-    cached: int = 0             # already published (by this fleet) when asked
-    waited: int = 0             # waited for another worker's compile
-    failed: int = 0             # returned "" (ineligible, refused, timed out)
+#: The backend's counters: load_fn calls (one per holder registration), entries handed to
+#: upstream by load_fn, entries that failed verification (not handed over), compile_fn
+#: calls (upstream misses), compiled here, already published when asked, waited for
+#: another worker's compile, returned "" (ineligible, refused, timed out).
+COUNTERS = ("loads", "loaded_kernels", "bad_entries", "compile_requests", "compiled", "cached", "waited", "failed")
 
 
 class UpstreamBackend:
@@ -69,7 +61,7 @@ class UpstreamBackend:
         self.compile = compile
         self.wait_s = wait_s
         self.owner = leases.new_owner("upstream-backend")
-        self._stats = UpstreamStats()
+        self.counters = Counters(*COUNTERS)
         self._lock = threading.Lock()
         self._fps: dict[str, Fingerprint | None] = {}
         self._ops: dict[str, dict[str, str]] = {}   # fp id -> key -> op name (manifest index)
@@ -97,12 +89,10 @@ class UpstreamBackend:
         return idx
 
     def stats(self) -> dict:
-        with self._lock:
-            return asdict(self._stats)
+        return self.counters.snapshot()
 
     def _count(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            setattr(self._stats, name, getattr(self._stats, name) + n)
+        self.counters.inc(name, n=n)
 
     # -- upstream's hooks ----------------------------------------------------------------------
     def load(self, ns: str, op_name_with_overload: str, device_type: str) -> list[dict]:
@@ -218,12 +208,14 @@ class UpstreamBackend:
 
 def enable_upstream_backend(cache_dir: str | os.PathLike | None = None, *, devices: tuple[str, ...] = ("cpu", "cuda"),
                             inductor_options: dict | None = None, compile: bool = True, wait_s: float = 600.0,
-                            signing_key: Any = _UNSET, allow_insecure: bool = False) -> UpstreamBackend:
+                            signing_key: bytes | str | None = None, allow_insecure: bool = False) -> UpstreamBackend:
     """Register aoti-farm as the compile backend of upstream's AOTI-eager holders.
 
     Call it before ``Library(...)._impl_with_aoti_compile(...)``: a holder loads its
     kernels once, when it is registered.  ``compile=False`` serves published kernels and
-    waits for other workers' compiles but never compiles here."""
+    waits for other workers' compiles but never compiles here.  ``signing_key``: the
+    key, or None for the configured one (``AOTI_FARM_SIGNING_KEY(_FILE)``, read here: this
+    is a serving process's entry point, like ``install``), none when none is configured."""
     try:
         from torch._inductor import aoti_eager
     except ImportError as e:
@@ -235,8 +227,7 @@ def enable_upstream_backend(cache_dir: str | os.PathLike | None = None, *, devic
     for d in devices:
         if d not in U.DEVICES:
             raise UserError(f"enable_upstream_backend(devices=...): {d!r} is not 'cpu' or 'cuda'")
-    kw = {} if signing_key is _UNSET else {"signing_key": signing_key}
-    cache = Cache(cache_dir, allow_insecure=allow_insecure, **kw)
+    cache = Cache(cache_dir, signing_key=load_signing_key(signing_key), allow_insecure=allow_insecure)
     cache.check_version()
     backend = UpstreamBackend(cache, devices=tuple(devices), inductor_options=inductor_options,
                               compile=compile, wait_s=wait_s)
@@ -246,4 +237,4 @@ def enable_upstream_backend(cache_dir: str | os.PathLike | None = None, *, devic
     return backend
 
 
-__all__ = ["enable_upstream_backend", "UpstreamBackend", "UpstreamStats"]
+__all__ = ["enable_upstream_backend", "UpstreamBackend", "COUNTERS"]

@@ -25,6 +25,7 @@ from aoti_farm.errors import UserError
 from aoti_farm.runtime.room import usable_cores
 from aoti_farm.runtime import dispatch, install, launch
 
+from _counters import assert_delta
 from _runtime_helpers import run_threads, same, wait_until
 from conftest import sig_add_alpha
 
@@ -194,9 +195,14 @@ def test_eight_threads_counts_add_up(kernels):
                 if not same(torch.add(a, b, alpha=2), exp_hit) or not same(torch.mul(c, c), exp_miss):
                     bad.append(1)
 
+        before = hook.stats()
         run_threads(n, work)
         st = hook.stats()
     assert not bad
+    # exact: every call counted once, whichever path (Python or native) counted it
+    assert_delta(before, st, {"calls": 2 * n * per, "hits": n * per, "misses": n * per, "kernels_loaded": 1,
+                              "per_op": {"aten::add.Tensor": {"hits": n * per},
+                                         "aten::mul.Tensor": {"misses": n * per}}}, ignore=("rescans",))
     assert st["per_op"]["aten::add.Tensor"]["hits"] == n * per
     assert st["per_op"]["aten::mul.Tensor"]["misses"] == n * per
     assert st["hits"] + st["misses"] + st["failed_signatures"] + sum(st["fallbacks"].values()) == st["calls"]
