@@ -8,7 +8,8 @@ script file (JSON ``{key: action}``) named by ``$AOTI_FARM_TEST_SCRIPT`` or the
 * ``"refuse"``    -- raise :class:`CompileRefused` (a deterministic failure);
 * ``"crash"``     -- raise RuntimeError (an infrastructure failure);
 * ``"hang-once"`` -- the first call for the key sleeps for an hour, later calls are "ok";
-* ``"sleep:S"``   -- sleep S seconds, then "ok".
+* ``"sleep:S"``   -- sleep S seconds, then "ok";
+* ``"timed"``     -- "ok", with a speed record and ``threads="dynamic"`` (as a real compile).
 
 Every call appends ``start <key> <pid>`` / ``end <key> <pid>`` lines to ``<script>.log``
 (with O_APPEND), so tests can count compiles and check concurrency from the order of
@@ -23,6 +24,10 @@ import time
 
 from aoti_farm.compiler import CompileResult
 from aoti_farm.errors import CompileRefused
+
+
+#: The speed record of a "timed" compile (the manifest's ``speed`` field).
+TIMED_SPEED = {"kernel_us": 5.0, "eager_us": 10.0, "ratio": 0.5, "rounds": 7, "threads": 1, "device": "cpu"}
 
 
 class ScriptedCompiler:
@@ -63,6 +68,8 @@ class ScriptedCompiler:
             path = os.path.join(workdir, "kernel.so")
             with open(path, "wb") as f:
                 f.write(b"placeholder for " + sig.key.encode())
-            return CompileResult(files={"kernel.so": path}, seconds=0.0, verification={"double": True})
+            timed = action == "timed"
+            return CompileResult(files={"kernel.so": path}, seconds=0.0, verification={"double": True},
+                                 speed=TIMED_SPEED if timed else None, threads="dynamic" if timed else None)
         finally:
             self._log("end", sig.key)

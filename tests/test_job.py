@@ -1,0 +1,164 @@
+"""job.compile_and_publish: lease + compile + publish, with the compiler test double
+(tests/doubles.py) on a real cache directory.  Real compiles are covered elsewhere
+(tests/test_compiler.py, the drills); here each rule of the job is checked alone."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from aoti_farm import budget, job, leases
+from aoti_farm import signature as S
+from aoti_farm.cache import Cache
+from aoti_farm.fingerprint import fingerprint
+
+from doubles import TIMED_SPEED, ScriptedCompiler
+
+
+@pytest.fixture(scope="module")
+def fp():
+    return fingerprint("cpu")
+
+
+class World:
+    def __init__(self, tmp_path, fp, script=None):
+        (tmp_path / "cache").mkdir()
+        self.cache = Cache(tmp_path / "cache", signing_key=None)
+        self.fp = fp
+        self.script = tmp_path / "script.json"
+        self.script.write_text(json.dumps(script or {}))
+        self.compiler = ScriptedCompiler(script=str(self.script))
+        self.workroot = tmp_path / "work"
+        self.workroot.mkdir()
+
+    def run(self, sig, **kw):
+        kw.setdefault("owner", "test-job")
+        return job.compile_and_publish(self.cache, self.compiler, self.fp, sig, workroot=str(self.workroot), **kw)
+
+    def starts(self, key=None) -> int:
+        p = str(self.script) + ".log"
+        if not os.path.exists(p):
+            return 0
+        return sum(1 for line in open(p) if line.startswith("start") and (key is None or key in line))
+
+
+def sig(n: int = 8) -> S.Signature:
+    return S.from_call(torch.ops.aten.add.Tensor, (torch.empty(n, 16), torch.empty(16)), {"alpha": 2})
+
+
+def test_compiled_then_cached(tmp_path, fp):
+    w, s = World(tmp_path, fp), sig()
+    out = w.run(s, attempts=2)
+    assert out.status == job.COMPILED and out.key == s.key and out.error is None
+    entry = w.cache.open_entry(fp, s.key)
+    m = entry.manifest
+    assert (m["compiler"], m["attempts"], m["worker"]) == (ScriptedCompiler.name, 2, out.worker)
+    assert m["verification"] == {"double": True}
+    assert "speed" not in m and "threads" not in m          # the result had none
+    assert leases.list_leases(w.cache, fp.id) == []            # released
+    assert os.listdir(w.workroot) == []                        # work directory removed
+    again = w.run(s)
+    assert again.status == job.CACHED and w.starts(s.key) == 1
+
+
+def test_speed_and_threads_reach_the_manifest(tmp_path, fp):
+    s = sig()
+    w = World(tmp_path, fp, {s.key: "timed"})
+    assert w.run(s).status == job.COMPILED
+    m = w.cache.open_entry(fp, s.key).manifest
+    assert m["speed"] == TIMED_SPEED and m["threads"] == "dynamic"
+
+
+def test_refusal_is_recorded_and_not_compiled_again(tmp_path, fp):
+    s = sig()
+    w = World(tmp_path, fp, {s.key: "refuse"})
+    out = w.run(s, attempts=3)
+    assert out.status == job.FAILED and out.error == "scripted refusal" and out.evidence == {"script": True}
+    rec = w.cache.failure(fp.id, s.key)
+    assert rec["reason"] == "scripted refusal" and rec["attempts"] == 3
+    assert not w.cache.has_entry(fp.id, s.key)
+    assert leases.list_leases(w.cache, fp.id) == [] and os.listdir(w.workroot) == []
+    again = w.run(s)
+    assert again.status == job.FAILED and again.error == "scripted refusal"
+    assert w.starts(s.key) == 1                                # the record answered
+
+
+def test_infrastructure_failure_raises_and_leaves_nothing(tmp_path, fp):
+    s = sig()
+    w = World(tmp_path, fp, {s.key: "crash"})
+    with pytest.raises(RuntimeError, match="scripted crash"):
+        w.run(s)
+    assert w.cache.failure(fp.id, s.key) is None               # retried by the caller, never recorded
+    assert not w.cache.has_entry(fp.id, s.key)
+    assert leases.list_leases(w.cache, fp.id) == [] and os.listdir(w.workroot) == []
+
+
+def test_busy_while_another_holds_the_lease_then_cached(tmp_path, fp):
+    w, s = World(tmp_path, fp), sig()
+    w.cache.ensure(fp)
+    other = leases.try_acquire(w.cache, fp.id, s.key, "other-farm", ttl=60)
+    try:
+        assert w.run(s).status == job.BUSY and w.starts() == 0
+        # the other farm publishes (with its own compiler) and lets go
+        work = tmp_path / "k.so"
+        work.write_bytes(b"published by the other farm")
+        w.cache.publish(fp, s, {"kernel.so": str(work)}, {"compiler": "other"})
+        # published: cached at once, even before the other farm lets go of its lease
+        out = w.run(s)
+    finally:
+        other.release()
+    assert out.status == job.CACHED and w.starts() == 0
+    assert w.cache.open_entry(fp, s.key).manifest["compiler"] == "other"
+
+
+def test_on_start_runs_once_before_the_compile(tmp_path, fp):
+    w, s = World(tmp_path, fp), sig()
+    seen = []
+    out = w.run(s, on_start=lambda: seen.append(w.starts()))
+    assert out.status == job.COMPILED and seen == [0] and w.starts() == 1
+    seen.clear()
+    assert w.run(s, on_start=lambda: seen.append(1)).status == job.CACHED and seen == []
+
+
+def test_over_the_memory_budget_fails_without_compile_or_record(tmp_path, fp):
+    w, s = World(tmp_path, fp), sig()
+    before = budget.COUNTERS["refused"]
+    w.cache.ensure(fp)
+    other = leases.try_acquire(w.cache, fp.id, s.key, "other-farm", ttl=60)
+    try:
+        # its inputs alone need 2304 bytes: refused before the lease is even asked for
+        out = w.run(s, memory_budget=1024)
+    finally:
+        other.release()
+    assert out.status == job.FAILED and out.evidence["refused"] == "memory_budget"
+    assert "over the memory budget" in out.error
+    assert budget.COUNTERS["refused"] == before + 1
+    assert w.starts() == 0 and w.cache.failure(fp.id, s.key) is None     # the budget is the host's
+    assert not os.path.exists(w.cache.ns(fp.id) / "leases") or leases.list_leases(w.cache, fp.id) == []
+    assert w.run(s).status == job.COMPILED                       # a larger budget compiles it
+
+
+def test_the_whole_estimate_is_paid_only_under_the_lease(tmp_path, fp):
+    """Inputs 2304 bytes fit 5000; inputs and outputs (10,496 bytes) do not.  While another
+    process holds the lease the answer is busy, not failed: the estimate that needs a meta
+    run is made only by the process about to compile."""
+    w, s = World(tmp_path, fp), sig()
+    w.cache.ensure(fp)
+    other = leases.try_acquire(w.cache, fp.id, s.key, "other-farm", ttl=60)
+    try:
+        assert w.run(s, memory_budget=5000).status == job.BUSY
+    finally:
+        other.release()
+    out = w.run(s, memory_budget=5000)
+    assert out.status == job.FAILED and "output elements" in out.error and w.starts() == 0
+    assert leases.list_leases(w.cache, fp.id) == []
+
+
+def test_outcome_to_dict_is_plain(tmp_path, fp):
+    w, s = World(tmp_path, fp), sig()
+    d = w.run(s).to_dict()
+    assert d["status"] == "compiled" and d["key"] == s.key
+    json.dumps(d)
