@@ -45,6 +45,7 @@ from typing import Any, Iterator
 
 import msgpack
 
+from aoti_farm.config import load_signing_key  # noqa: F401 -- checks an explicit key; re-exported
 from aoti_farm.errors import FarmError, UserError
 from aoti_farm import safeio
 from aoti_farm.fingerprint import Fingerprint
@@ -80,52 +81,6 @@ def sign(manifest: dict, key: bytes) -> str:
     return hmac.new(key, _signing_payload(manifest), hashlib.sha256).hexdigest()
 
 
-def load_signing_key(explicit: str | bytes | None = None, *, path: str | None = None,
-                     source: str = "signing_key_file") -> bytes | None:
-    """The signing key: ``explicit``; else the file ``path`` (a config's ``signing_key_file``,
-    named ``source`` in errors); else ``AOTI_FARM_SIGNING_KEY`` (the key itself) or
-    ``AOTI_FARM_SIGNING_KEY_FILE``; None when none is configured.  Fails closed: a key
-    that is configured but empty, whitespace-only or unreadable is a UserError, never
-    "no signing"."""
-    if explicit is not None:
-        key = explicit.encode() if isinstance(explicit, str) else bytes(explicit)
-        if not key.strip():
-            raise UserError("signing key: empty; pass the key, or None to run without signing")
-        return key
-    if path is not None:
-        return _read_key_file(path, source)
-    if "AOTI_FARM_SIGNING_KEY" in os.environ:
-        value = os.environ["AOTI_FARM_SIGNING_KEY"]
-        if not value.strip():
-            raise UserError("AOTI_FARM_SIGNING_KEY: set but empty; set it to the key, or unset it "
-                            "to run without signing")
-        return os.fsencode(value)   # the environment's own bytes (any encoding)
-    if "AOTI_FARM_SIGNING_KEY_FILE" in os.environ:
-        return _read_key_file(os.environ["AOTI_FARM_SIGNING_KEY_FILE"], "AOTI_FARM_SIGNING_KEY_FILE")
-    return None
-
-
-#: Most bytes a signing key file may have.
-KEY_FILE_MAX = 1 << 16
-
-
-def _read_key_file(path: str, source: str) -> bytes:
-    if not str(path).strip():
-        raise UserError(f"{source}: set but empty; name the key file, or unset it to run without signing")
-    try:
-        # links are followed (secrets are often mounted as links); FIFOs, devices and huge files are not read
-        data = safeio.read_bounded(os.path.realpath(path), max_bytes=KEY_FILE_MAX,
-                                   what=f"signing key file {path}")
-    except safeio.UnsafeFile as e:
-        raise UserError(f"{e}; fix {source}") from None
-    key = data.strip()
-    if not key:
-        raise UserError(f"signing key file {path}: empty; put the key in it, or unset {source} "
-                        f"to run without signing")
-    return key
-
-
-_FROM_ENV = object()
 
 
 @dataclass(frozen=True)
@@ -175,14 +130,13 @@ class BadEntry(FarmError):
 class Cache:
     """One cache directory.  Cheap to construct; creates nothing until written to."""
 
-    def __init__(self, root: str | os.PathLike | None = None, *, signing_key: bytes | None | object = _FROM_ENV,
+    def __init__(self, root: str | os.PathLike | None = None, *, signing_key: bytes | str | None = None,
                  allow_insecure: bool = False):
-        """``signing_key`` defaults to the configured one (``load_signing_key()``); pass
-        None to sign and check nothing, or bytes to use that key."""
+        """``signing_key``: the key's bytes (``aoti_farm.config.signing_key`` resolves the
+        configured one), or None to sign and check nothing."""
         self.root = Path(root or default_cache_dir()).absolute()
         # an empty key is an error (UserError), never "no signing"
-        self.signing_key = (load_signing_key() if signing_key is _FROM_ENV
-                            else None if signing_key is None else load_signing_key(signing_key))
+        self.signing_key = None if signing_key is None else load_signing_key(signing_key)
         self.allow_insecure = allow_insecure
         self._uid = os.getuid()
 

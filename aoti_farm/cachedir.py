@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from aoti_farm.cache import Cache
 from aoti_farm.errors import UserError
@@ -16,7 +15,7 @@ from aoti_farm.fsutil import default_cache_dir
 _FP_NAME = re.compile(r"^[0-9a-f]{24}$")
 
 
-def open_cache(cache_dir: str | None, *, create: bool = False, signing_key: Any = None,
+def open_cache(cache_dir: str | None, *, create: bool = False, signing_key: bytes | None = None,
                write: bool = False) -> Cache:
     """A Cache for a command, or UserError (one line) if the directory is unusable
     (``write``/``create``: also if it exists but cannot be written, e.g. a read-only mount)."""
@@ -43,8 +42,7 @@ def open_cache(cache_dir: str | None, *, create: bool = False, signing_key: Any 
         if (write or create) and not os.access(root, os.W_OK | os.X_OK):
             why = "read-only file system" if _read_only_fs(root) else "permission denied"
             raise UserError(f"cache {root}: not writable ({why}); fix its mount or permissions or {fix}")
-    kw = {} if signing_key is None else {"signing_key": signing_key}
-    cache = Cache(root, **kw)
+    cache = Cache(root, signing_key=signing_key)
     cache.check_version()
     return cache
 

@@ -258,7 +258,7 @@ class AOTICompiler:
         process (:func:`aoti_farm.loadenv.probe`).  Where this process cannot load AOTI
         libraries safely (the libstdc++ trap), verification runs in a child that has
         the preload, so a crashing loader costs a failure record, not this worker."""
-        if loadenv.remembered() is None and os.environ.get("AOTI_FARM_PRELOAD_LIBSTDCXX") not in ("0", "1"):
+        if loadenv.needs_probe():
             loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
         if not loadenv.load_safe():
             return self._verify_in_child(sig, kernel_path)

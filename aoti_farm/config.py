@@ -15,7 +15,22 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from aoti_farm import safeio
 from aoti_farm.errors import UserError
+
+#: Low-level switches: environment variables read where they act (not settings of a config
+#: table; README names each).  Everything else is resolved here, by the command layer.
+SWITCHES = {
+    "AOTI_FARM_PRELOAD_LIBSTDCXX": "loadenv.forced: 1 forces the libstdc++ preload, 0 turns it off",
+    "AOTI_FARM_SPLIT_WRAPPER": "splitbuild.enabled: 0 builds the AOTI wrapper whole",
+    "AOTI_FARM_ISA_REPLAY": "fingerprint.seed_inductor_vec_isa: 0 runs Inductor's own ISA checks (A/B)",
+    "AOTI_FARM_RAY_DASHBOARD": "workers.raysetup.start_ray: 1 starts the embedded Ray's dashboard",
+    "AOTI_FARM_NATIVE": "runtime.native.disabled: 0 never uses the native hit path",
+    "AOTI_FARM_NATIVE_DIR": "runtime.native.native_dir: where the native hit path is built",
+    "CXX": "runtime.native.compiler: the C++ compiler of the native hit path",
+    "XDG_CACHE_HOME": "fsutil.memo_dir and the runtime's memos: where host-local memos live",
+    "LD_PRELOAD": "loadenv.preloaded: whether this process has the libstdc++ preload",
+}
 
 #: Warm-up levels: "none" (nothing), "light" (imports, fingerprint, one torch.export of a
 #: trivial op: ~1.5 s), "compile" (also a full AOTInductor compile of a trivial op into a
@@ -31,7 +46,7 @@ class FarmConfig:
     """`aoti-farm warm` / `aoti-farm serve`."""
 
     cache_dir: str | None = None          # None: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm
-    address: str | None = None            # None: embedded local Ray; "auto" or host:port
+    address: str | None = None            # None: $RAY_ADDRESS, else an embedded local Ray; "auto" or host:port
     cpu_workers: int | None = None        # None: the cluster's CPUs
     gpu_workers: int | None = None        # None: GPUs / gpus_per_worker
     gpus_per_worker: float = 0.25
@@ -64,6 +79,104 @@ class HookConfig:
 
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
+
+
+# --- settings of one process that are not a config table's -----------------------------------
+
+
+def policy_from_env(default: str = "faster", env: Mapping[str, str] | None = None) -> str:
+    """The serving policy ``AOTI_FARM_SERVE`` (faster | always), else ``default``."""
+    v = (os.environ if env is None else env).get("AOTI_FARM_SERVE", "").strip().lower()
+    return v if v in ("faster", "always") else default
+
+
+def metrics_endpoint(port=None, env: Mapping[str, str] | None = None):
+    """Where a process serves its metrics: ``port`` (``--metrics-port``), else
+    ``AOTI_FARM_METRICS_PORT``; with ``AOTI_FARM_METRICS_ADDR``, ``AOTI_FARM_METRICS_PORTS``
+    (ports to try, default 64) and ``AOTI_FARM_METRICS_SD_DIR``.  None: no endpoint.  A bad
+    port is a UserError naming the flag or the variable."""
+    from aoti_farm.exposition import DEFAULT_PORT_RANGE, Endpoint, parse_port
+
+    env = os.environ if env is None else env
+    raw = port if port is not None else env.get("AOTI_FARM_METRICS_PORT")
+    if raw is None or raw == "":
+        return None
+    p = parse_port(raw, "metrics_port" if port is not None else "AOTI_FARM_METRICS_PORT")
+    span = _coerce_span(env.get("AOTI_FARM_METRICS_PORTS"))
+    return Endpoint(p, env.get("AOTI_FARM_METRICS_ADDR") or "0.0.0.0", span or DEFAULT_PORT_RANGE,
+                    env.get("AOTI_FARM_METRICS_SD_DIR") or None)
+
+
+def _coerce_span(v) -> int | None:
+    if v is None or not str(v).strip():
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise UserError(f"environment AOTI_FARM_METRICS_PORTS: {v!r} is not a number of ports; fix the value") from None
+    if n < 1:
+        raise UserError(f"environment AOTI_FARM_METRICS_PORTS: {n} must be at least 1; fix the value")
+    return n
+
+
+# --- the signing key ---------------------------------------------------------------------------
+
+
+def signing_key(cfg: FarmConfig | HookConfig, env: Mapping[str, str] | None = None) -> bytes | None:
+    """The resolved signing key's bytes for ``cfg``: its ``signing_key_file`` (``--config``'s
+    TOML, or ``AOTI_FARM_SIGNING_KEY_FILE`` through :func:`resolve`), else the key itself in
+    ``AOTI_FARM_SIGNING_KEY``; None when none is configured.  Fails closed (UserError)."""
+    env = os.environ if env is None else env
+    source = ("AOTI_FARM_SIGNING_KEY_FILE" if cfg.signing_key_file is not None
+              and env.get("AOTI_FARM_SIGNING_KEY_FILE") == cfg.signing_key_file else "signing_key_file")
+    return load_signing_key(path=cfg.signing_key_file, source=source, env=env)
+
+
+def load_signing_key(explicit: str | bytes | None = None, *, path: str | None = None,
+                     source: str = "signing_key_file", env: Mapping[str, str] | None = None) -> bytes | None:
+    """The signing key: ``explicit``; else the file ``path`` (a config's ``signing_key_file``,
+    named ``source`` in errors); else ``AOTI_FARM_SIGNING_KEY`` (the key itself) or
+    ``AOTI_FARM_SIGNING_KEY_FILE``; None when none is configured.  Fails closed: a key
+    that is configured but empty, whitespace-only or unreadable is a UserError, never
+    "no signing"."""
+    if explicit is not None:
+        key = explicit.encode() if isinstance(explicit, str) else bytes(explicit)
+        if not key.strip():
+            raise UserError("signing key: empty; pass the key, or None to run without signing")
+        return key
+    if path is not None:
+        return _read_key_file(path, source)
+    env = os.environ if env is None else env
+    if "AOTI_FARM_SIGNING_KEY" in env:
+        value = env["AOTI_FARM_SIGNING_KEY"]
+        if not value.strip():
+            raise UserError("AOTI_FARM_SIGNING_KEY: set but empty; set it to the key, or unset it "
+                            "to run without signing")
+        return os.fsencode(value)   # the environment's own bytes (any encoding)
+    if "AOTI_FARM_SIGNING_KEY_FILE" in env:
+        return _read_key_file(env["AOTI_FARM_SIGNING_KEY_FILE"], "AOTI_FARM_SIGNING_KEY_FILE")
+    return None
+
+
+#: Most bytes a signing key file may have.
+KEY_FILE_MAX = 1 << 16
+
+
+def _read_key_file(path: str, source: str) -> bytes:
+    if not str(path).strip():
+        raise UserError(f"{source}: set but empty; name the key file, or unset it to run without signing")
+    try:
+        # links are followed (secrets are often mounted as links); FIFOs, devices and huge files are not read
+        data = safeio.read_bounded(os.path.realpath(path), max_bytes=KEY_FILE_MAX,
+                                   what=f"signing key file {path}")
+    except safeio.UnsafeFile as e:
+        raise UserError(f"{e}; fix {source}") from None
+    key = data.strip()
+    if not key:
+        raise UserError(f"signing key file {path}: empty; put the key in it, or unset {source} "
+                        f"to run without signing")
+    return key
+
 
 
 def _coerce(cls: type, name: str, value: Any, source: str) -> Any:
@@ -176,4 +289,6 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
         raise UserError(f"warmup: {cfg.warmup!r} is not one of {', '.join(WARMUP_LEVELS)}")
     if isinstance(cfg, FarmConfig) and cfg.address == "":
         raise UserError("address: empty; pass 'auto' or host:port, or leave it unset for a local Ray")
+    if isinstance(cfg, FarmConfig) and cfg.address is None and env.get("RAY_ADDRESS"):
+        cfg = dataclasses.replace(cfg, address=env["RAY_ADDRESS"])   # Ray's own variable, below ours
     return cfg

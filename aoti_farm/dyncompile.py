@@ -164,7 +164,7 @@ class ClassCompiler:
     def verify(self, cls: SH.ShapeClass, kernel_path: str) -> list[dict]:
         """Kernel against eager at every sampled shape; DynamicUnsupported naming the first
         disagreement.  Returns one dict per sample (``at``: symbol values, ``speed``)."""
-        if loadenv.remembered() is None and os.environ.get("AOTI_FARM_PRELOAD_LIBSTDCXX") not in ("0", "1"):
+        if loadenv.needs_probe():
             loadenv.probe(kernel_path, "cuda:0" if cls.device == "cuda" else "cpu")
         if not loadenv.load_safe():
             raise DynamicUnsupported("this process cannot load kernels safely (libstdc++ preload): exact kernels")

@@ -56,7 +56,7 @@ def serve_policy(explicit: str | None = None) -> str:
     if explicit:
         return explicit
     try:
-        from aoti_farm.speed import policy_from_env
+        from aoti_farm.config import policy_from_env
 
         return policy_from_env()
     except ImportError:

@@ -5,7 +5,9 @@ hook's metrics (``aoti_farm.runtime.metrics``) and ``aoti-farm serve``'s pool me
 Several processes per host: each serves its own registry on the first free port of
 ``port .. port+span-1`` (``AOTI_FARM_METRICS_PORTS``, default 64; 0 takes any free port),
 and with ``AOTI_FARM_METRICS_SD_DIR`` writes a Prometheus ``file_sd_configs`` target file
-``<dir>/aoti-farm-<pid>.json`` naming its port (removed on close or at exit).
+``<dir>/aoti-farm-<pid>.json`` naming its port (removed on close or at exit).  Those
+variables are read by the command layer (``aoti_farm.config.metrics_endpoint``) and the
+hook's settings, never here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import os
 import socket
 import threading
+from dataclasses import dataclass
 
 from aoti_farm.errors import UserError
 
@@ -58,15 +61,25 @@ def parse_port(value, where: str) -> int:
     return p
 
 
-def serve_http(registry, port: int, *, addr: str | None = None, span: int | None = None,
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to serve a registry (resolved by the command layer, ``config.metrics_endpoint``,
+    from ``--metrics-port`` / ``AOTI_FARM_METRICS_PORT``, ``_ADDR``, ``_PORTS``, ``_SD_DIR``)."""
+
+    port: int
+    addr: str = "0.0.0.0"
+    span: int = DEFAULT_PORT_RANGE
+    sd_dir: str | None = None
+
+
+def serve_http(registry, port: int, *, addr: str = "0.0.0.0", span: int = DEFAULT_PORT_RANGE,
                sd_dir: str | None = None, labels: dict | None = None) -> Exporter:
     """Serve ``registry`` on the first free port of ``port .. port+span-1`` (``port`` 0:
     any free port).  ``sd_dir``: also write a Prometheus file_sd target file there.
     Raises OSError when every port is taken."""
     from prometheus_client import start_http_server
 
-    addr = addr if addr is not None else os.environ.get("AOTI_FARM_METRICS_ADDR", "0.0.0.0")
-    span = span or int(os.environ.get("AOTI_FARM_METRICS_PORTS", DEFAULT_PORT_RANGE) or DEFAULT_PORT_RANGE)
+    span = span or DEFAULT_PORT_RANGE
     last: OSError | None = None
     for p in ([0] if port == 0 else range(port, min(65536, port + max(1, span)))):
         try:
@@ -76,7 +89,6 @@ def serve_http(registry, port: int, *, addr: str | None = None, span: int | None
             continue
         real = server.server_address[1]
         sd_file = None
-        sd_dir = sd_dir if sd_dir is not None else os.environ.get("AOTI_FARM_METRICS_SD_DIR")
         if sd_dir:
             sd_file = _write_sd(sd_dir, real, labels or {})
         return Exporter(server, thread, real, sd_file)

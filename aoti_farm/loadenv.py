@@ -108,10 +108,21 @@ def probe(kernel_path: str, device: str = "cpu", timeout: float = 120.0) -> dict
     return result
 
 
-def preload_wanted() -> bool:
+def forced() -> bool | None:
+    """``AOTI_FARM_PRELOAD_LIBSTDCXX`` (a low-level switch): True (``1``), False (``0``), else
+    None (the probe decides)."""
     flag = os.environ.get("AOTI_FARM_PRELOAD_LIBSTDCXX")
-    if flag in ("0", "1"):
-        return flag == "1"
+    return None if flag not in ("0", "1") else flag == "1"
+
+
+def needs_probe() -> bool:
+    """Whether the first kernel built here should be probed: nothing remembered, not forced."""
+    return remembered() is None and forced() is None
+
+
+def preload_wanted() -> bool:
+    if forced() is not None:
+        return bool(forced())
     memo = remembered()
     return bool(memo and memo.get("needs_preload"))
 

@@ -11,7 +11,6 @@ is the median of the per-round ratios, which one preempted batch does not move.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from typing import Callable
@@ -31,12 +30,6 @@ ROUNDS = 7
 MIN_ROUNDS = 3
 #: Most calls per batch (tiny ops).
 MAX_BATCH = 2000
-
-
-def policy_from_env(default: str = "faster") -> str:
-    """``AOTI_FARM_SERVE`` (faster | always), else ``default``."""
-    v = os.environ.get("AOTI_FARM_SERVE", "").strip().lower()
-    return v if v in POLICIES else default
 
 
 def _sync(device: str) -> Callable[[], None]:

@@ -508,8 +508,9 @@ def test_empty_or_unreadable_signing_key_is_exit_2_never_no_signing(kernels, tmp
     toml.write_text(f'[farm]\nsigning_key_file = "{blank}"\n')
     w = aoti(tmp_path, "serve-toml", "serve", "--cache-dir", root, "--config", str(toml), timeout=60)
     assert w.p.returncode == 2 and "signing_key_file" in w.err and "Traceback" not in w.err, w.err
-    # and in-process: every other form of empty, for the Cache, the hook and the config path
-    from aoti_farm.cache import load_signing_key
+    # and in-process: every other form of empty, for the config path (which resolves the key
+    # every command and farm process uses), the Cache and the hook
+    from aoti_farm.config import FarmConfig, load_signing_key, resolve, signing_key
     from aoti_farm.runtime import install
 
     for env in ({"AOTI_FARM_SIGNING_KEY": ""}, {"AOTI_FARM_SIGNING_KEY_FILE": ""},
@@ -518,7 +519,7 @@ def test_empty_or_unreadable_signing_key_is_exit_2_never_no_signing(kernels, tmp
             for k, v in env.items():
                 mp.setenv(k, v)
             with pytest.raises(UserError):
-                Cache(root)
+                signing_key(resolve(FarmConfig))
     for bad in ("", b"", " \n"):
         with pytest.raises(UserError):
             Cache(root, signing_key=bad)

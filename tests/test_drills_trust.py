@@ -154,10 +154,16 @@ def test_file_owned_by_another_user_refused(entry):
     assert Cache(cache.root, allow_insecure=True).open_entry(fp, key).key == key
 
 
+def configured_key():
+    from aoti_farm.config import FarmConfig, resolve, signing_key
+
+    return signing_key(resolve(FarmConfig, env={}))   # AOTI_FARM_SIGNING_KEY: read by signing_key()
+
+
 def test_signing_key_from_environment_signs_every_publish(entry, tmp_path, monkeypatch):
     cache, fp, key, d = entry
     monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "fleet-secret")
-    signed = Cache(tmp_path / "signed")           # picks the key up from the environment
+    signed = Cache(tmp_path / "signed", signing_key=configured_key())   # the environment's key, resolved once
     assert signed.signing_key == b"fleet-secret"
     sig = cache.open_entry(fp, key).signature
     signed.publish(fp, sig, {KERNEL: d / KERNEL}, {"compile_seconds": 1.0})
@@ -166,5 +172,5 @@ def test_signing_key_from_environment_signs_every_publish(entry, tmp_path, monke
     assert signed.open_entry(fp, key).key == key
     monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "another-secret")
     with pytest.raises(BadEntry) as ei:
-        Cache(tmp_path / "signed").open_entry(fp, key)
+        Cache(tmp_path / "signed", signing_key=configured_key()).open_entry(fp, key)
     assert ei.value.kind == "forged"

@@ -3,7 +3,8 @@
 Contract (what the scheduler in :mod:`aoti_farm.workers.scheduler` relies on):
 
 * ``CompileActor(cache_root, device, inductor_options, lease_ttl, signing_key,
-  compiler_factory)`` builds nothing expensive; ``warmup()`` imports torch and Inductor,
+  compiler_factory, warmup_level, memory_budget)`` (resolved values, no environment)
+  builds nothing expensive; ``warmup()`` imports torch and Inductor,
   computes this worker's fingerprint (so a CUDA fingerprint is computed *on the GPU
   node*, never on the driver) and returns :meth:`info`.  A worker is used only after its
   ``warmup()`` returned.
@@ -50,7 +51,8 @@ def _host_steps() -> dict:
 class CompileActor:
     def __init__(self, cache_root: str, device: str = "cpu", inductor_options: dict | None = None,
                  lease_ttl: float = 30.0, signing_key: bytes | None = None,
-                 compiler_factory: Callable | None = None, warmup_level: str = "light"):
+                 compiler_factory: Callable | None = None, warmup_level: str = "light",
+                 memory_budget: int | None = None):
         self.created_at = time.time()
         os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -61,6 +63,7 @@ class CompileActor:
         self.device = "cuda:0" if device.startswith("cuda") or device == "gpu" else "cpu"
         self.inductor_options = dict(inductor_options or {})
         self.lease_ttl = lease_ttl
+        self.memory_budget = memory_budget   # bytes per compile; None: the host default (budget.current)
         self.signing_key = signing_key
         self.compiler_factory = compiler_factory
         self.warmup_level = warmup_level
@@ -185,7 +188,8 @@ class CompileActor:
             self._setup()
             sig = parse_signature(sig_obj)
             out = compile_and_publish(self._cache, self._compiler, self._fp, sig, owner=self._owner,
-                                      attempts=attempts, lease_ttl=self.lease_ttl).to_dict()
+                                      attempts=attempts, lease_ttl=self.lease_ttl,
+                                      memory_budget=self.memory_budget).to_dict()
         except Exception as e:  # noqa: BLE001 -- reported to the scheduler as an infrastructure failure
             msg = " ".join(str(e).split())[:300] or type(e).__name__
             out = {"key": (sig_obj or {}).get("key", ""), "status": "error", "seconds": time.perf_counter() - t0,

@@ -178,12 +178,14 @@ class PoolCollector:
             yield g
 
 
-def serve_pool_metrics(get_sched, port: int, get_pending=None):
-    """Start the serve process's endpoint; returns the Exporter (``.port``, ``.close()``)."""
+def serve_pool_metrics(get_sched, endpoint, get_pending=None):
+    """Start the serve process's endpoint (an :class:`aoti_farm.exposition.Endpoint`);
+    returns the Exporter (``.port``, ``.close()``)."""
     from prometheus_client import CollectorRegistry
 
     from aoti_farm.exposition import serve_http
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(PoolCollector(get_sched, get_pending))
-    return serve_http(reg, port, labels={"role": "farm"})
+    return serve_http(reg, endpoint.port, addr=endpoint.addr, span=endpoint.span, sd_dir=endpoint.sd_dir,
+                      labels={"role": "farm"})

@@ -22,7 +22,7 @@ def start_ray(cfg: FarmConfig):
 
     if ray.is_initialized():
         return ray, False
-    address = cfg.address or os.environ.get("RAY_ADDRESS") or None
+    address = cfg.address or None   # config.resolve: --address > AOTI_FARM_ADDRESS > [farm] > RAY_ADDRESS
     # "local", not None: ray.init(address=None) would join any cluster `ray start` left in
     # /tmp/ray/ray_current_cluster on this host instead of starting the embedded one.
     kw: dict = {"address": address or "local", "logging_level": logging.WARNING}
@@ -102,23 +102,16 @@ def stop_ray(ray) -> None:
 def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,
                    on_event: Callable | None = None):
     from aoti_farm.workers.compile_actor import CompileActor
-    from aoti_farm.workers.scheduler import Scheduler, actor_options, worker_env
+    from aoti_farm.workers.scheduler import Scheduler, actor_options
 
     remote_cls = ray.remote(CompileActor)
-    # the actors check the memory budget before each compile (job.compile_and_publish);
-    # spelled as in this environment when it says the same, so an embedded Ray's actors,
-    # which inherit it, need no runtime_env for it
-    env = None
-    if cfg.memory_budget:
-        from aoti_farm import budget
-
-        same = budget.current()[1] == budget.ENV and budget.current()[0] == cfg.memory_budget
-        env = {**worker_env(), budget.ENV: os.environ[budget.ENV] if same else str(cfg.memory_budget)}
 
     def make_actor(kind: str):
-        return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, env, inherited=_EMBEDDED_ENV)).remote(
+        # everything an actor needs is an argument (no runtime_env: an embedded Ray's
+        # prestarted workers can take the actors, see scheduler.actor_options)
+        return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, None, inherited=_EMBEDDED_ENV)).remote(
             str(cache.root), kind, cfg.inductor_options, cfg.lease_ttl, cache.signing_key, compiler_factory,
-            cfg.warmup)
+            cfg.warmup, cfg.memory_budget)
 
     return Scheduler(ray, cache, make_actor, sizes, timeout=cfg.timeout, retries=cfg.retries,
                      lease_ttl=cfg.lease_ttl, max_in_flight=cfg.max_in_flight, on_event=on_event)

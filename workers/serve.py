@@ -22,9 +22,11 @@ from aoti_farm.workers.warm import open_farm_cache
 
 def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signals: bool = False,
           stream: TextIO | None = None, compiler_factory: Callable | None = None,
-          on_event: Callable | None = None, metrics_port: int | None = None) -> int:
+          on_event: Callable | None = None, metrics=None, signing_key: bytes | None = None) -> int:
     """Drain the miss queues until ``stop`` is set (or SIGTERM/SIGINT); returns 0.
-    ``metrics_port``: expose the pool's counters there (see aoti_farm.workers.metrics)."""
+    ``metrics``: an :class:`aoti_farm.exposition.Endpoint` to expose the pool's counters on
+    (see aoti_farm.workers.metrics), None for none;
+    ``signing_key``: the resolved key's bytes (None: no signing)."""
     from aoti_farm import missq
     from aoti_farm.progress import Progress
     from aoti_farm.workers import metrics as farm_metrics
@@ -32,7 +34,7 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     stop = stop or threading.Event()
-    cache = open_farm_cache(cfg)
+    cache = open_farm_cache(cfg, signing_key)
     cache.ensure()
     progress = Progress(0, stream, tty=False)
     ray, started = start_ray(cfg)
@@ -53,7 +55,7 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
 
         sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
         progress._log(f"serving {cache.root} with {sizes['cpu']} CPU and {sizes['gpu']} GPU workers")
-        exporter = _serve_metrics(sched, metrics_port, progress) if metrics_port is not None else None
+        exporter = _serve_metrics(sched, metrics, progress) if metrics is not None else None
         bad = BadItems(progress._log)
         try:
             while not stop.is_set():
@@ -85,15 +87,15 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
     return 0
 
 
-def _serve_metrics(sched, port: int, progress):
+def _serve_metrics(sched, endpoint, progress):
     """`serve --metrics-port`: the pool's counters on a port; Ray's own metrics (compile
     seconds by device, queue depth, retries...) are at the Ray node's metrics port."""
     from aoti_farm.workers import metrics as farm_metrics
 
     try:
-        ex = farm_metrics.serve_pool_metrics(lambda: sched, port)
+        ex = farm_metrics.serve_pool_metrics(lambda: sched, endpoint)
     except OSError as e:
-        raise UserError(f"--metrics-port {port}: {e}; pass another port (0: any free one)") from None
+        raise UserError(f"--metrics-port {endpoint.port}: {e}; pass another port (0: any free one)") from None
     rp = farm_metrics.ray_metrics_port()
     progress._log(f"metrics on port {ex.port}" + (f"; Ray's metrics (aoti_farm_compile_seconds...) on port {rp}"
                                                    if rp else ""))

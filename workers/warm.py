@@ -49,20 +49,12 @@ from aoti_farm.config import FarmConfig
 from aoti_farm.workers.raysetup import make_scheduler, start_ray, stop_ray
 
 
-def signing_key(cfg: FarmConfig) -> bytes | None:
-    from aoti_farm.cache import load_signing_key
-
-    # fails closed: an empty or unreadable key is a UserError, never "no signing"
-    return load_signing_key(path=cfg.signing_key_file, source="signing_key_file")
-
-
-def open_farm_cache(cfg: FarmConfig):
+def open_farm_cache(cfg: FarmConfig, signing_key: bytes | None):
+    """The farm's cache, created if needed; ``signing_key``: the resolved key's bytes
+    (``aoti_farm.config.signing_key``), None for no signing."""
     from aoti_farm.cachedir import open_cache
 
-    key = signing_key(cfg)
-    cache = open_cache(cfg.cache_dir, create=True, write=True, signing_key=key)
-    cache.signing_key = key
-    return cache
+    return open_cache(cfg.cache_dir, create=True, write=True, signing_key=signing_key)
 
 
 # --- planning -------------------------------------------------------------------------------
@@ -168,7 +160,7 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
     compile builds them and the others queue behind it.  Only for an embedded Ray (the
     actors run on this host) with at least two CPU signatures to compile, and the real
     compiler; nothing waits for it (compiles wait on each product's own lock)."""
-    if (n_cpu < 2 or compiler_factory is not None or (cfg.address or os.environ.get("RAY_ADDRESS"))
+    if (n_cpu < 2 or compiler_factory is not None or cfg.address
             or (os.cpu_count() or 1) < PREP_MIN_CORES):
         return None
 
@@ -242,8 +234,9 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
 
 def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, stream: TextIO | None = None,
          compiler_factory: Callable | None = None, on_event: Callable | None = None,
-         counters_out: dict | None = None) -> int:
-    """Compile every signature of ``models`` into the cache; exit code 0/1 (UserError: 2)."""
+         counters_out: dict | None = None, signing_key: bytes | None = None) -> int:
+    """Compile every signature of ``models`` into the cache; exit code 0/1 (UserError: 2).
+    ``signing_key``: the resolved key's bytes (None: no signing)."""
     from aoti_farm.progress import Progress, process_start_time, write_report
     from aoti_farm.signature import describe
 
@@ -251,7 +244,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     timeline: dict = {"process_start": process_start_time(), "warm_start": time.time(), "workers": []}
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     sigs = load_signatures(models)
-    cache = open_farm_cache(cfg)
+    cache = open_farm_cache(cfg, signing_key)
     class_rows: list = []
     if getattr(cfg, "dynamic", "off") == "auto":   # shape-general kernels first (aoti_farm/dynwarm.py)
         from aoti_farm.dynwarm import warm_classes

@@ -18,6 +18,7 @@ import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from aoti_farm import __version__  # noqa: E402
+from aoti_farm.cli import flags  # noqa: E402
 from aoti_farm.errors import FarmError, UserError  # noqa: E402
 
 PROG = "aoti-farm"
@@ -165,11 +166,9 @@ def _farm_config(ns):
 
 
 def _signing_key(cfg):
-    from aoti_farm.cache import load_signing_key
+    from aoti_farm.config import signing_key
 
-    if cfg.signing_key_file is None:
-        return None   # the Cache reads the environment's key
-    return load_signing_key(path=cfg.signing_key_file, source="signing_key_file")   # fails closed
+    return signing_key(cfg)   # fails closed: an empty or unreadable key is a UserError
 
 
 def cmd_key(ns) -> int:
@@ -255,7 +254,7 @@ def _cache_cmd(name: str):
         from aoti_farm.cli import cache_cmds
 
         cfg = _farm_config(ns)
-        ns.cache_dir = cfg.cache_dir
+        ns.cache_dir, ns.signing_key = cfg.cache_dir, _signing_key(cfg)
         return cache_cmds.COMMANDS[name](ns)
 
     return run
@@ -263,7 +262,8 @@ def _cache_cmd(name: str):
 
 def _upstream(fn: str):
     def run(ns) -> int:
-        ns.cache_dir = _farm_config(ns).cache_dir
+        cfg = _farm_config(ns)
+        ns.cache_dir, ns.signing_key = cfg.cache_dir, _signing_key(cfg)
         return getattr(_module("aoti_farm.cli.upstream_cmds", f"cache {fn.split('_')[0]}-upstream"), fn)(ns)
 
     return run
@@ -278,19 +278,7 @@ def cmd_bench(argv: list[str]) -> int:
 # --- parser -----------------------------------------------------------------------------
 
 
-def _common(p: argparse.ArgumentParser, *, cache: bool = True, js: bool = True) -> None:
-    if cache:
-        p.add_argument("--cache-dir", default=None,
-                       help="cache directory (default: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm)")
-        p.add_argument("--config", default=None, help="TOML config file (default: $AOTI_FARM_CONFIG)")
-    if js:
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def _memory_budget_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory-budget", default=None, metavar="SIZE",
-                   help="refuse a signature whose compile would need more memory than this (6G, 512M; default: "
-                        "$AOTI_FARM_MEMORY_BUDGET, [farm] memory_budget, else a quarter of this host's memory)")
+_common, _memory_budget_arg = flags.common, flags.memory_budget
 
 
 def build_parser(command: str | None = None) -> Parser:

@@ -29,6 +29,11 @@ from aoti_farm.errors import FarmError, UserError
 ORPHAN_AGE = 3600.0
 
 
+def _key(ns) -> bytes | None:
+    """The resolved signing key the command layer put on ``ns`` (None: none configured)."""
+    return getattr(ns, "signing_key", None)
+
+
 def _fp_ids(cache: Cache) -> list[str]:
     try:
         return cache.fingerprint_ids()
@@ -125,7 +130,7 @@ def stats(ns) -> int:
     from aoti_farm import verify_records
     from aoti_farm.speed import GATE_RATIO, compile_ratio, speed_summary
 
-    cache = open_cache(ns.cache_dir)
+    cache = open_cache(ns.cache_dir, signing_key=_key(ns))
     per = {}
     for f in _fp_ids(cache):
         keys = cache.list_keys(f)
@@ -168,7 +173,7 @@ def ls(ns) -> int:
     from aoti_farm.speed import speedup_text
     from aoti_farm.signature import describe, parse_signature
 
-    cache = open_cache(ns.cache_dir)
+    cache = open_cache(ns.cache_dir, signing_key=_key(ns))
     rows = []
     for f in _fp_ids(cache):
         for k in sorted(cache.list_keys(f)):
@@ -223,7 +228,7 @@ def verify(ns) -> int:
     is left unrepaired."""
     from aoti_farm import verify_records
 
-    cache = open_cache(ns.cache_dir, write=bool(getattr(ns, "repair", False)))
+    cache = open_cache(ns.cache_dir, signing_key=_key(ns), write=bool(getattr(ns, "repair", False)))
     repair = bool(getattr(ns, "repair", False))
     now = time.time()
     bad: list[dict] = []
@@ -279,7 +284,7 @@ def verify(ns) -> int:
 def gc(ns) -> int:
     """Evict least-recently-used entries until the total entry size is <= --max-size."""
     limit = parse_size(ns.max_size)
-    cache = open_cache(ns.cache_dir, write=True)
+    cache = open_cache(ns.cache_dir, signing_key=_key(ns), write=True)
     items = []
     for f in _fp_ids(cache):
         for k in cache.list_keys(f):
@@ -314,7 +319,7 @@ def rm(ns) -> int:
     failed, every = bool(getattr(ns, "failed", False)), bool(getattr(ns, "all", False))
     if not keys and not failed and not every:
         raise UserError("cache rm: nothing to remove; name KEYs, or pass --failed or --all")
-    cache = open_cache(ns.cache_dir, write=True)
+    cache = open_cache(ns.cache_dir, signing_key=_key(ns), write=True)
     fps = _fp_ids(cache)
     removed, failures = [], 0
     if every:

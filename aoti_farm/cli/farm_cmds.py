@@ -6,14 +6,13 @@ from __future__ import annotations
 import argparse
 import os
 
+from aoti_farm.cli import flags
 from aoti_farm.config import FarmConfig, resolve
 from aoti_farm.errors import UserError
 
 
 def _pool_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache-dir", default=None, help="cache directory (default: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm)")
-    p.add_argument("--config", default=None, help="TOML config file, table [farm] (default: $AOTI_FARM_CONFIG); "
-                   "see configs/farm.toml")
+    flags.common(p, js=False, table="farm")
     p.add_argument("--address", default=None, help="Ray cluster: 'auto' or host:port (default: $RAY_ADDRESS, "
                    "else an embedded local Ray)")
     p.add_argument("--cpu-workers", type=int, default=None, metavar="N", help="CPU compile actors (default: cluster CPUs)")
@@ -26,9 +25,7 @@ def _pool_args(p: argparse.ArgumentParser) -> None:
                    help="retries after infrastructure failures (default 2); compile errors are never retried")
     p.add_argument("--max-in-flight", type=int, default=None, metavar="N", help="compile calls in flight (default 2 x workers)")
     p.add_argument("--lease-ttl", type=float, default=None, metavar="S", help="lease time-to-live (default 30)")
-    p.add_argument("--memory-budget", default=None, metavar="SIZE",
-                   help="refuse signatures whose compile would need more memory than this, per compile (6G, 512M; "
-                        "default: $AOTI_FARM_MEMORY_BUDGET, else a quarter of the host's memory)")
+    flags.memory_budget(p)
 
 
 def add_warm_args(p: argparse.ArgumentParser) -> None:
@@ -60,22 +57,22 @@ def config_from(ns: argparse.Namespace) -> FarmConfig:
 
 
 def warm_command(ns: argparse.Namespace) -> int:
+    from aoti_farm.config import signing_key
     from aoti_farm.workers.warm import warm
 
     cfg = config_from(ns)
     if ns.report:
         _check_writable(ns.report)
-    return warm(cfg, ns.model, report=ns.report)
+    return warm(cfg, ns.model, report=ns.report, signing_key=signing_key(cfg))
 
 
 def serve_command(ns: argparse.Namespace) -> int:
-    from aoti_farm.exposition import parse_port
+    from aoti_farm.config import metrics_endpoint, signing_key
     from aoti_farm.workers.serve import serve
 
-    v = ns.metrics_port if ns.metrics_port is not None else os.environ.get("AOTI_FARM_METRICS_PORT")
-    port = None if v is None or v == "" else parse_port(
-        v, "metrics_port" if ns.metrics_port is not None else "AOTI_FARM_METRICS_PORT")
-    return serve(config_from(ns), install_signals=True, metrics_port=port)
+    endpoint = metrics_endpoint(ns.metrics_port)
+    cfg = config_from(ns)
+    return serve(cfg, install_signals=True, metrics=endpoint, signing_key=signing_key(cfg))
 
 
 def _check_writable(path: str) -> None:

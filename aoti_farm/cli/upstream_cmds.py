@@ -14,7 +14,7 @@ from aoti_farm.upstream import export_upstream, import_upstream
 
 
 def _open(ns: Any, create: bool) -> Cache:
-    return open_cache(getattr(ns, "cache_dir", None), create=create)
+    return open_cache(getattr(ns, "cache_dir", None), create=create, signing_key=getattr(ns, "signing_key", None))
 
 
 def _print(ns: Any, report: dict, lines: list[str]) -> None:

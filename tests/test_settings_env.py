@@ -1,0 +1,105 @@
+"""Settings are resolved once, by the command layer (``aoti_farm/cli/``, through
+``aoti_farm/config.py``): no module below it reads the environment, except where it builds a
+child process's environment, reads a documented low-level switch (``config.SWITCHES``), or
+is the settings layer of a process of its own (the hook's ``runtime/settings.py``, the
+launcher's child side).  Read from the sources (AST): every ``os.environ`` / ``os.getenv``
+outside a write (``os.environ[k] = v``, ``.setdefault``, ``.update``, ``.pop``: this process
+telling torch or a child something) counts as a read.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from aoti_farm.config import SWITCHES
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = ("aoti_farm", "workers", "runtime")
+COMMAND_LAYER = ("aoti_farm/cli/", "aoti_farm/config.py", "aoti_farm/__main__.py")
+WRITES = {"setdefault", "update", "pop"}
+
+CHILD = "builds a child process's environment"
+#: (file, function) -> why it may read the environment; a switch names its variable.
+ALLOWED = {
+    ("aoti_farm/loadenv.py", "child_env"): CHILD,
+    ("aoti_farm/loadenv.py", "_try_load"): CHILD + " (the loader probe)",
+    ("aoti_farm/sandbox.py", "scrubbed_env"): CHILD + " (secrets removed)",
+    ("workers/scheduler.py", "worker_env"): CHILD + " (the compile actors)",
+    ("workers/raysetup.py", "start_ray"): CHILD + " (what an embedded Ray's workers inherit); switch AOTI_FARM_RAY_DASHBOARD",
+    ("runtime/supervisor.py", "worker_env"): CHILD + " (the hook's compile worker)",
+    ("runtime/launch.py", "_child_env"): CHILD + " (`aoti-farm run`'s program)",
+    ("aoti_farm/loadenv.py", "forced"): "switch AOTI_FARM_PRELOAD_LIBSTDCXX",
+    ("aoti_farm/loadenv.py", "preloaded"): "switch LD_PRELOAD",
+    ("aoti_farm/splitbuild.py", "enabled"): "switch AOTI_FARM_SPLIT_WRAPPER",
+    ("aoti_farm/fingerprint.py", "seed_inductor_vec_isa"): "switch AOTI_FARM_ISA_REPLAY",
+    ("aoti_farm/fsutil.py", "memo_dir"): "switch XDG_CACHE_HOME",
+    ("runtime/dispatch.py", "_memo_path"): "switch XDG_CACHE_HOME",
+    ("runtime/native.py", "disabled"): "switch AOTI_FARM_NATIVE",
+    ("runtime/native.py", "compiler"): "switch CXX",
+    ("runtime/native.py", "native_dir"): "switch AOTI_FARM_NATIVE_DIR, XDG_CACHE_HOME",
+    # the settings layer of a process that has no command line of aoti-farm's
+    ("runtime/settings.py", "resolve"): "install()'s settings: the runtime's one place",
+    ("runtime/launch.py", "run_command"): "`aoti-farm run`: a command",
+    ("runtime/launch.py", "boot"): "the launched program's side of `aoti-farm run`/`record`",
+    ("runtime/_site/sitecustomize.py", "<module>"): "the launched program's side of `aoti-farm run`/`record`",
+    # not moved yet (see the issue 14 reports): settings still defaulted below the command layer
+    ("aoti_farm/fsutil.py", "default_cache_dir"): "AOTI_FARM_CACHE_DIR: Cache(None) and install(cache_dir=None)",
+    ("aoti_farm/budget.py", "current"): "AOTI_FARM_MEMORY_BUDGET: the hook's compile worker's budget",
+    ("runtime/metrics.py", "port_setting"): "AOTI_FARM_METRICS_PORT: unused since `serve` takes config.metrics_endpoint",
+}
+
+
+def env_reads() -> list[tuple[str, str, int]]:
+    """(file, enclosing function, line) of every read of the environment below the command layer."""
+    out = []
+    for folder in FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = str(path.relative_to(REPO))
+            if rel.startswith(COMMAND_LAYER):
+                continue
+            tree = ast.parse(path.read_text(), rel)
+            parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+
+            def function_of(node) -> str:
+                while node in parents:
+                    node = parents[node]
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        return node.name
+                return "<module>"
+
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
+                        and isinstance(node.value, ast.Name) and node.value.id == "os"):
+                    continue
+                up = parents.get(node)
+                if isinstance(up, ast.Attribute) and up.attr in WRITES and isinstance(parents.get(up), ast.Call):
+                    continue
+                if isinstance(up, ast.Subscript) and isinstance(up.ctx, ast.Store):
+                    continue
+                out.append((rel, function_of(node), node.lineno))
+    return out
+
+
+def test_the_scan_sees_reads_and_not_writes(tmp_path):
+    reads = env_reads()
+    assert ("aoti_farm/splitbuild.py", "enabled") in {(f, fn) for f, fn, _ in reads}
+    # the compile actor only sets TORCHINDUCTOR_COMPILE_THREADS for its own Inductor
+    assert not [r for r in reads if r[0] == "workers/compile_actor.py"]
+
+
+def test_no_environment_read_below_the_command_layer_but_the_listed_ones():
+    bad = [f"{f}:{line} ({fn}) reads the environment" for f, fn, line in env_reads() if (f, fn) not in ALLOWED]
+    assert not bad, "\n".join(bad) + "\nresolve the setting in aoti_farm/config.py and pass it down"
+
+
+def test_the_exceptions_are_still_true():
+    seen = {(f, fn) for f, fn, _ in env_reads()}
+    stale = sorted(k for k in ALLOWED if k not in seen)
+    assert not stale, f"no longer read there; drop them from ALLOWED: {stale}"
+
+
+def test_every_switch_is_listed_in_one_place():
+    named = {v.strip(",") for why in ALLOWED.values() if "switch " in why
+             for v in why.split("switch ", 1)[1].replace(",", " ").split()}
+    assert named == set(SWITCHES), (named ^ set(SWITCHES))
