@@ -38,19 +38,31 @@ def flatten_args(args: list) -> dict[str, tuple]:
 
 
 def _frozen(v: Any) -> Any:
-    """A hashable form of a JSON value (a manifest from another writer may hold anything)."""
-    if isinstance(v, (list, tuple)):
-        return tuple(_frozen(x) for x in v)
-    if isinstance(v, dict):
+    """A hashable form of a JSON value (a manifest from another writer may hold anything).
+    Exact types first: this runs for every field of every entry of a namespace."""
+    t = type(v)
+    if t is list or t is tuple:
+        tup = tuple(v)
+        try:
+            hash(tup)      # flat (sizes, strides): already hashable, nothing to recurse into
+            return tup
+        except TypeError:
+            return tuple(map(_frozen, v))
+    if t is dict or isinstance(v, dict):
         return repr(sorted(v.items(), key=repr))
+    if isinstance(v, (list, tuple)):   # subclasses
+        return tuple(map(_frozen, v))
     return v
 
 
 def _flat_one(a: dict, name: str, out: dict) -> None:
     kind = _frozen(a.get("kind"))
     if kind == "tensor":
-        for f in ("dtype", "sizes", "strides", "device"):
-            out[f"{name}.{f}"] = ("tensor", _frozen(a.get(f)))
+        g = a.get
+        out[name + ".dtype"] = ("tensor", _frozen(g("dtype")))
+        out[name + ".sizes"] = ("tensor", _frozen(g("sizes")))
+        out[name + ".strides"] = ("tensor", _frozen(g("strides")))
+        out[name + ".device"] = ("tensor", _frozen(g("device")))
     elif kind == "tensor_list":
         items = a.get("items") or []
         out[f"{name}.len"] = ("int", len(items))
@@ -107,8 +119,8 @@ def _nums(row: tuple) -> tuple[int, ...]:
     out: list[int] = []
     for v in row:
         x = v[1]
-        if isinstance(x, tuple):
-            out.extend(i for i in x if isinstance(i, int) and not isinstance(i, bool))
+        if type(x) is tuple:             # what _frozen makes of a list
+            out.extend([i for i in x if type(i) is int])   # not bool, not float
             out.append(-len(x) * 1000)   # another rank is far
     return tuple(out)
 
@@ -132,16 +144,25 @@ class OpGroup:
         self.fields = fields
         self.keys = [k for k, _ in items]          # sorted by the caller: ties -> smallest key
         self.flats = [f for _, f in items]
-        rows = [tuple(f.get(k, _ABSENT) for k in fields) for _, f in items]
+        n = len(items)
+        rows = [tuple([f.get(k, _ABSENT) for k in fields]) for f in self.flats]
+        # each field's distinct values numbered in order of appearance; built column by
+        # column into one flat list (a nested list costs torch.tensor twice as much)
         self.ids: list[dict] = [{} for _ in fields]
-        self._ids = torch.tensor([[self.ids[j].setdefault(v, len(self.ids[j])) for j, v in enumerate(r)]
-                                  for r in rows], dtype=torch.int64).reshape(len(rows), len(fields))
+        flat: list[int] = []
+        for j, k in enumerate(fields):
+            d = self.ids[j]
+            flat += [d.setdefault(v, len(d)) for v in [f.get(k, _ABSENT) for f in self.flats]]
+        self._ids = torch.tensor(flat, dtype=torch.int64).reshape(len(fields), n).t()   # (entries, fields)
         nums = [_nums(r) for r in rows]
-        width = max((len(n) for n in nums), default=0)
+        width = max((len(x) for x in nums), default=0)
         self._width = width
-        self._nums = torch.tensor([list(n) + [0] * (width - len(n)) for n in nums], dtype=torch.int64
-                                  ).reshape(len(rows), width)
-        self._lens = torch.tensor([len(n) for n in nums], dtype=torch.int64)
+        flat = []
+        for x in nums:
+            flat += x
+            flat += [0] * (width - len(x))
+        self._nums = torch.tensor(flat, dtype=torch.int64).reshape(n, width)
+        self._lens = torch.tensor([len(x) for x in nums], dtype=torch.int64)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -214,10 +235,21 @@ class Namespace:
         """op -> the readable entries of that op (manifests read once)."""
         if self._by_op is None:
             out: dict[str, list[tuple[str, dict]]] = {}
-            for k in sorted(self.keys):
-                got = self.index.signature_fields(self.fp_id, k)
-                if got is not None:
-                    out.setdefault(got[0], []).append((k, got[1]))
+            # One descriptor for the entries directory (opened without following a link):
+            # every manifest below is opened relative to it, not by its whole path again.
+            try:
+                dfd: int | None = os.open(os.path.join(self.index.root, self.fp_id, "entries"),
+                                          os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                dfd = None
+            try:
+                for k in sorted(self.keys):
+                    got = self.index.signature_fields(self.fp_id, k, dfd)
+                    if got is not None:
+                        out.setdefault(got[0], []).append((k, got[1]))
+            finally:
+                if dfd is not None:
+                    os.close(dfd)
             self._by_op = {op: OpGroup(items) for op, items in out.items()}
         return self._by_op
 
@@ -252,13 +284,19 @@ class CacheIndex:
         self._sigs: dict[tuple[str, str], tuple[str, dict] | None] = {}
         self.manifests_read = 0
 
-    def manifest(self, fp_id: str, key: str) -> dict:
-        """A manifest, bounded and link-safe (no hash checked); raises OSError/ValueError."""
+    def manifest(self, fp_id: str, key: str, entries_fd: int | None = None) -> dict:
+        """A manifest, bounded and link-safe (no hash checked); raises OSError/ValueError.
+        ``entries_fd``: an open descriptor of the namespace's ``entries`` directory."""
         got = self._manifests.get((fp_id, key))
         if got is None:
             try:
-                raw = safeio.read_bounded(f"{self.root}/{fp_id}/entries/{key[:2]}/{key}/{MANIFEST}",
-                                          max_bytes=safeio.MANIFEST_MAX, uids=self.uids)
+                if entries_fd is None:
+                    raw = safeio.read_bounded(f"{self.root}/{fp_id}/entries/{key[:2]}/{key}/{MANIFEST}",
+                                              max_bytes=safeio.MANIFEST_MAX, uids=self.uids)
+                else:
+                    raw = safeio.read_bounded(f"{key[:2]}/{key}/{MANIFEST}", entries_fd,
+                                              max_bytes=safeio.MANIFEST_MAX, uids=self.uids,
+                                              what=f"{self.root}/{fp_id}/entries/{key[:2]}/{key}/{MANIFEST}")
                 self.manifests_read += 1
                 m = msgpack.unpackb(raw, raw=False, strict_map_key=False)
                 got = m if isinstance(m, dict) else ValueError("manifest is not a map")
@@ -271,12 +309,12 @@ class CacheIndex:
             raise got
         return got
 
-    def signature_fields(self, fp_id: str, key: str) -> tuple[str, dict] | None:
+    def signature_fields(self, fp_id: str, key: str, entries_fd: int | None = None) -> tuple[str, dict] | None:
         """(op, flattened key fields) of a published entry, or None when unreadable."""
         k = (fp_id, key)
         if k not in self._sigs:
             try:
-                s = self.manifest(fp_id, key)["signature"]
+                s = self.manifest(fp_id, key, entries_fd)["signature"]
                 self._sigs[k] = (str(s["op"]), flatten_args(s["args"]))
             except Exception:  # noqa: BLE001 -- unreadable: never a candidate
                 self._sigs[k] = None

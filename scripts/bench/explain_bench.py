@@ -12,7 +12,9 @@ Measures, in one run:
 * ``explain_s``: index + explanation of the whole trace in this process (what the command
   does after its imports and the fingerprint);
 * ``command_s``: the whole `aoti-farm explain --json` command in a fresh process
-  (interpreter, torch import, fingerprint, trace load, explain, JSON output).
+  (interpreter, torch import, fingerprint, trace load, explain, JSON output, exit);
+  ``command_cpu_s`` its CPU seconds (user + system), steadier than wall time on a busy
+  machine; ``load_avg`` the load average at the end.
 
     .venv/bin/python scripts/bench/explain_bench.py [--entries 10000] [--trace 1000] [--dir D]
 """
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -141,11 +144,14 @@ def main(argv=None) -> int:
     cmd = [sys.executable, "-m", "aoti_farm", "explain", "--trace", trace_path, "--cache-dir", str(cache.root),
            "--json"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    walls, reported = [], []
+    walls, cpus, reported = [], [], []
     for _ in range(a.rounds):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         walls.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)   # steadier than wall under load
         if p.returncode != 0:
             print(p.stderr, file=sys.stderr)
             return 1
@@ -154,6 +160,8 @@ def main(argv=None) -> int:
            "trace_signatures": n_trace, "cache_build_s": round(build_s, 1),
            "explain_s": [round(x, 3) for x in inproc], "explain_s_median": round(statistics.median(inproc), 3),
            "command_s": [round(x, 3) for x in walls], "command_s_median": round(statistics.median(walls), 3),
+           "command_cpu_s": [round(x, 3) for x in cpus], "command_cpu_s_median": round(statistics.median(cpus), 3),
+           "load_avg": [round(x, 2) for x in os.getloadavg()],
            "command_explain_s": [round(x, 3) for x in reported], "outcomes": outcomes,
            "manifests_read": ex.index.manifests_read, "target_s": 2.0}
     print(json.dumps(res, indent=1))
