@@ -53,6 +53,7 @@ def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = N
     from aoti_farm.runner import PooledRunner
     from aoti_farm.runtime import install
     from aoti_farm.runtime.hook import Hook
+    from aoti_farm.runtime.hook import install as install_fn
     import inspect
 
     work = workdir or tempfile.mkdtemp(prefix="aoti-hitpath-")
@@ -77,7 +78,8 @@ def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = N
         exp = torch.add(a, b)
         for r in (container, pooled, lr):
             assert torch.equal(r.run([a, b])[0], exp)
-        kw = {"serve": "always"} if "serve" in inspect.signature(Hook.__init__).parameters else {}
+        takes = {n for f in (install_fn, Hook.__init__) for n in inspect.signature(f).parameters}
+        kw = {"serve": "always"} if "serve" in takes else {}
         hook = install(cache_dir=cache.root, ops=["aten::add.Tensor"], devices=(device,), on_miss="ignore", **kw)
         hook_on = [True]
 

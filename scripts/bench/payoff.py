@@ -20,9 +20,10 @@ How:
    (``job.compile_and_publish``: compile, verify against eager, time against eager for the
    speed gate, publish) into a fresh cache, by ``--jobs`` spawned processes.
 2. Rounds: each round times everything eagerly (no hook installed) and hooked (the hook
-   installed with ``on_miss="ignore"``, its policy ``--serve``), in alternating order.
-   Hooked items are warmed up first, so the hook's on-host gate trials are done before
-   timing.  An item's time in a phase is the median of 3 batches of ``n`` calls (``n`` sized
+   installed with ``on_miss="ignore"``, its policy ``--serve``, and ``route="servable"``
+   where the hook has it: only ops with a servable entry enter the hook), in alternating
+   order.  Hooked items are warmed up first, so the hook's on-host gate trials are done
+   (``hook.gate.wait``) and the routed ops re-computed (one poll) before timing.  An item's time in a phase is the median of 3 batches of ``n`` calls (``n`` sized
    once so that a batch takes about ``--batch-ms``, 4x that for a model), CUDA
    synchronised around each batch, garbage collection held off during a batch.
 3. Per item: ``ratio`` = median over rounds of (hooked / eager) of that round; ``served``:
@@ -282,19 +283,34 @@ def _calibrate(fn, device: str, batch_ms: float) -> int:
     return max(3, min(20000, int(batch_ms * 1000 / max(one, 0.5))))
 
 
-def _install(cache_dir: str, device: str, serve: str):
+#: With route="servable" the hook re-computes its routed ops after each poll; the timing
+#: waits for one poll after the gate's trials so that declined ops leave the hook.
+ROUTE_POLL_S = 1.0
+
+
+def _install(cache_dir: str, device: str, serve: str, route: str | None):
     from aoti_farm.runtime import install
 
     kw = {}
     if _hook_takes("serve"):
         kw["serve"] = serve
-    return install(cache_dir=cache_dir, devices=(device,), on_miss="ignore", poll_interval=3600, **kw)
+    if route is not None:
+        kw["route"] = route
+    poll = ROUTE_POLL_S if route == "servable" else 3600
+    return install(cache_dir=cache_dir, devices=(device,), on_miss="ignore", poll_interval=poll, **kw)
+
+
+def default_route() -> str | None:
+    """``servable`` where the hook has it (only ops with a servable entry are routed), else
+    None (a hook that routes every requested op)."""
+    return "servable" if _hook_takes("route") else None
 
 
 def _hook_takes(name: str) -> bool:
-    from aoti_farm.runtime.hook import Hook
+    """Whether ``install`` takes ``name`` (itself, or passed on to ``Hook``)."""
+    from aoti_farm.runtime import hook
 
-    return name in inspect.signature(Hook.__init__).parameters
+    return any(name in inspect.signature(f).parameters for f in (hook.install, hook.Hook.__init__))
 
 
 def _counts(st: dict) -> tuple[int, int]:
@@ -302,7 +318,7 @@ def _counts(st: dict) -> tuple[int, int]:
 
 
 def measure(items: list, device: str, cache_dir: str, rounds: int, batch_ms: float, serve: str, log,
-            model_names: frozenset = frozenset()) -> dict:
+            model_names: frozenset = frozenset(), route: str | None = None) -> dict:
     """Per item: eager and hooked per-call microseconds per round, and what the hook did."""
     ns = {}
     with torch.no_grad():
@@ -315,7 +331,7 @@ def measure(items: list, device: str, cache_dir: str, rounds: int, batch_ms: flo
     for r in range(rounds):
         order = ("eager", "hook") if r % 2 == 0 else ("hook", "eager")
         for phase in order:
-            hook = _install(cache_dir, device, serve) if phase == "hook" else None
+            hook = _install(cache_dir, device, serve, route) if phase == "hook" else None
             try:
                 with torch.no_grad():
                     if hook is not None:  # warm-up: kernels loaded, the gate's on-host trials done
@@ -323,9 +339,12 @@ def measure(items: list, device: str, cache_dir: str, rounds: int, batch_ms: flo
                             for _, fn in items:
                                 for _ in range(5):
                                     fn()
-                        gate = getattr(hook, "_gate", None)   # trials may run in the background
+                        # trials may run in the background (Gate.wait: public, for tests and benchmarks)
+                        gate = getattr(hook, "gate", None) or getattr(hook, "_gate", None)
                         if gate is not None and hasattr(gate, "wait"):
                             settled.append(gate.wait(600))
+                        if route == "servable":   # one poll: ops whose every entry was declined leave the hook
+                            time.sleep(3 * ROUTE_POLL_S)
                         for _, fn in items:                # decisions remembered on the hit path
                             for _ in range(3):
                                 fn()
@@ -343,6 +362,8 @@ def measure(items: list, device: str, cache_dir: str, rounds: int, batch_ms: flo
                                                           "kernels_loaded", "kernel_errors", "load_errors", "serving")}
                     hook_info["native"] = st.get("native")
                     hook_info["gate_settled_before_timing"] = settled
+                    hook_info["route"] = route or "all"
+                    hook_info["routed_ops"] = sorted(hook.ops) if hasattr(hook, "ops") else None
             finally:
                 if hook is not None:
                     hook.uninstall()
@@ -368,7 +389,7 @@ def _gate_status() -> dict:
 
 def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jobs: int | None = None,
         rounds: int | None = None, batch_ms: float | None = None, serve: str = "faster", with_models: bool = True,
-        only_ops: list[str] | None = None, log=print) -> dict:
+        only_ops: list[str] | None = None, log=print, route: str | None = "default") -> dict:
     from aoti_farm.runtime import native
 
     work = workdir or tempfile.mkdtemp(prefix="aoti-payoff-")
@@ -392,7 +413,9 @@ def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jo
             native.build()  # the hook's production path (waits for a build under way elsewhere)
         except Exception as e:  # noqa: BLE001 -- measured on the Python path then (reported)
             log(f"native build failed: {e}")
-    m = measure(items, device, cache_dir, rounds, batch_ms, serve, log, frozenset(n for n, _, _ in mods))
+    if route == "default":
+        route = default_route()
+    m = measure(items, device, cache_dir, rounds, batch_ms, serve, log, frozenset(n for n, _, _ in mods), route)
     opnames = [n for n, _ in ops]
     served = [n for n in opnames if m["items"][n]["served"]]
     worst = max((m["items"][n]["ratio"] for n in served), default=None)
@@ -404,7 +427,7 @@ def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jo
                         "met": m["items"][n]["ratio"] <= lim})
     return {"device": device, "device_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
             "threads": torch.get_num_threads(), "quick": quick, "rounds": rounds, "batch_ms": batch_ms,
-            "serve": serve, "gate": _gate_status(), "native_built": native.library_path().exists(),
+            "serve": serve, "route": route or "all", "gate": _gate_status(), "native_built": native.library_path().exists(),
             "compile": comp, "ops": {n: m["items"][n] for n in opnames},
             "models": {n: m["items"][n] for n, _, _ in mods}, "wins_models": sorted(wins),
             "models_skipped": skipped, "hook": m["hook"], "targets": targets}
@@ -413,7 +436,8 @@ def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jo
 def print_report(res: dict, out=sys.stdout) -> None:
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p(f"== payoff ({res['device']}{' ' + res['device_name'] if res['device_name'] else ''}, "
-      f"{res['threads']} intra-op threads, {res['rounds']} rounds, serve={res['serve']}, gate={res['gate']})")
+      f"{res['threads']} intra-op threads, {res['rounds']} rounds, serve={res['serve']}, "
+      f"route={res.get('route', 'all')}, gate={res['gate']})")
     p(f"compiled: {res['compile']['statuses']} of {res['compile']['signatures']} signatures "
       f"in {res['compile']['seconds']} s")
     p(f"{'item':58s} {'eager us':>10s} {'hook us':>10s} {'hook/eager':>10s}  what ran")
@@ -441,6 +465,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--batch-ms", type=float)
     ap.add_argument("--serve", default="faster", choices=("faster", "always"))
+    ap.add_argument("--route", default="default", choices=("default", "servable", "all"),
+                    help="the hook's route (default: servable where the hook has it: only ops with a servable "
+                         "entry enter the hook)")
     ap.add_argument("--no-models", action="store_true")
     ap.add_argument("--ops", action="append", help="only this op of the suite (repeatable; its name as printed)")
     ap.add_argument("--threads", type=int, help="intra-op threads of this process (torch.set_num_threads)")
@@ -452,7 +479,8 @@ def main(argv=None) -> int:
         return 2
     try:
         res = run(a.device, a.quick, a.workdir, a.jobs, a.rounds, a.batch_ms, a.serve, not a.no_models, a.ops,
-                  log=lambda s: print(f"[payoff] {s}", file=sys.stderr, flush=True))
+                  log=lambda s: print(f"[payoff] {s}", file=sys.stderr, flush=True),
+                  route=None if a.route == "all" and not _hook_takes("route") else a.route)
     except Exception:
         traceback.print_exc()
         return 1
