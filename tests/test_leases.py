@@ -125,17 +125,17 @@ def test_exactly_one_of_two_contenders_takes_over_a_stale_lease(cache):
 
 
 def test_heartbeat_keeps_a_lease_fresh_and_notices_loss(cache):
-    lease = leases.try_acquire(cache, FP, KEY, "a", ttl=0.4)
+    lease = leases.try_acquire(cache, FP, KEY, "a", ttl=2)
     try:
         _age(cache, 10)
-        deadline = time.time() + 5
-        while leases.inspect(cache, FP, KEY, ttl=0.4).stale and time.time() < deadline:
+        deadline = time.time() + 10
+        while leases.inspect(cache, FP, KEY, ttl=2).stale and time.time() < deadline:
             time.sleep(0.05)
-        assert not leases.inspect(cache, FP, KEY, ttl=0.4).stale      # touched again
-        assert leases.try_acquire(cache, FP, KEY, "b", ttl=0.4) is None
+        assert not leases.inspect(cache, FP, KEY, ttl=2).stale      # touched again
+        assert leases.try_acquire(cache, FP, KEY, "b", ttl=2) is None
         # someone broke it and took it: the heartbeat says the lease is lost
         _file(cache).write_text(json.dumps({"owner": "thief", "host": "h", "pid": 1, "taken": 0.0, "ttl": 30.0}))
-        deadline = time.time() + 5
+        deadline = time.time() + 10
         while not lease.lost and time.time() < deadline:
             time.sleep(0.05)
         assert lease.lost
