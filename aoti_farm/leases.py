@@ -4,8 +4,12 @@ A lease is the file ``<root>/<fp>/leases/<key>.lease``.  Taking one is an exclus
 (``O_CREAT|O_EXCL``), which is atomic on local filesystems and on NFSv3+ -- no ``flock`` or
 ``fcntl`` locks, whose semantics NFS does not keep.  The holder heartbeats by touching
 the file (``os.utime``) every ``ttl/4`` seconds.  A lease whose mtime is older than ``ttl``
-is stale: its holder died.  Another worker takes it over by *renaming* it aside (a rename
-succeeds for exactly one contender) and then creating its own.
+is stale: its holder died.  Another worker takes it over: it takes the breaker
+``<key>.lease.break`` (an exclusive create, so one contender at a time), judges the lease
+again under it, removes it if still stale, drops the breaker and creates its own lease
+(again an exclusive create: one winner).  The one window left: a stale holder that comes
+back and releases its lease between the breaker's judgement and its removal; that costs a
+duplicate compile, never a wrong entry.
 
 What this assumes of the filesystem, written down:
   * exclusive create and rename are atomic (POSIX local disks; NFSv3/v4 servers);
@@ -167,6 +171,27 @@ def new_owner(label: str = "") -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{label}:{uuid.uuid4().hex[:8]}"
 
 
+#: A breaker older than this was left by a process that died while breaking a stale lease.
+BREAK_TTL = 10.0
+
+
+def _take_breaker(dir_fd: int, name: str) -> str | None:
+    """Exclusive right to break the stale lease ``name``, or None when another contender
+    holds it (one left behind by a dead process is removed once older than BREAK_TTL)."""
+    brk = f"{name}.break"
+    try:
+        records.write_new(dir_fd, brk, b"")
+        return brk
+    except FileExistsError:
+        try:
+            age = time.time() - os.stat(brk, dir_fd=dir_fd, follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            return None
+        if age > BREAK_TTL:
+            records.remove_name(dir_fd, brk)
+        return None
+
+
 def try_acquire(cache: Cache, fp_id: str, key: str, owner: str, ttl: float = DEFAULT_TTL) -> Lease | None:
     """Take the lease on ``key`` or return None if someone live holds it.  Raises
     :class:`BadRecord` when the leases directory is unsafe (a link, writable by others)."""
@@ -186,23 +211,18 @@ def try_acquire(cache: Cache, fp_id: str, key: str, owner: str, ttl: float = DEF
                     records.count_bad("lease", state.problem.kind)
                 if not state.stale:
                     return None
-                # Stale or bad: move it aside; exactly one contender's rename succeeds.
-                aside = f"{name}.stale-{uuid.uuid4().hex[:8]}"
+                # Stale or bad.  Breaking it is serialised by a breaker file: a contender
+                # that judged the old lease stale must never remove the fresh lease another
+                # contender has created in its place (with a bare rename, three contenders
+                # could end up with two holders).
+                brk = _take_breaker(dfd, name)
+                if brk is None:
+                    return None         # another contender is breaking it and takes the key
                 try:
-                    os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
-                except FileNotFoundError:
-                    continue
-                try:
-                    # The file moved aside could be a fresh lease someone took between our
-                    # staleness check and the rename; give it back if so.
-                    if not _judge(cache, dfd, aside, ttl, what).stale:
-                        try:
-                            os.link(aside, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-                        except FileExistsError:
-                            pass
-                        return None
+                    if _judge(cache, dfd, name, ttl, what).stale:     # judged again, under it
+                        records.remove_name(dfd, name)
                 finally:
-                    records.remove_name(dfd, aside)
+                    records.remove_name(dfd, brk)
                 continue
             return Lease(cache, fp_id, key, owner, ttl).start_heartbeat()
         return None
