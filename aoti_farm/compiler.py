@@ -199,6 +199,10 @@ class AOTICompiler:
     def compile(self, sig: S.Signature, workdir: str) -> CompileResult:
         device = sig.device
         before_compile(sig.info(), device, workdir, "signature")
+        if not loadenv.load_safe():   # its verification child imports torch while this compiles
+            from aoti_farm import verifyserver
+
+            verifyserver.prestart()
         t0 = time.perf_counter()
         try:
             args, kwargs = S.materialize(sig, seed=0)
@@ -257,30 +261,44 @@ class AOTICompiler:
         The first kernel built on a host (per torch build) is first loaded in a child
         process (:func:`aoti_farm.loadenv.probe`).  Where this process cannot load AOTI
         libraries safely (the libstdc++ trap), verification runs in a child that has
-        the preload, so a crashing loader costs a failure record, not this worker."""
+        the preload, so a crashing loader costs a failure record, not this worker.
+
+        ``timing`` in the result: seconds of the loader probe (when this call ran it), of
+        the verification child (when one ran), of the checks and of the speed gate."""
+        t0 = time.perf_counter()
+        timing: dict = {}
         if loadenv.needs_probe():
             loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
+            timing["probe"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
         if not loadenv.load_safe():
-            return self._verify_in_child(sig, kernel_path)
-        return self._verify_here(sig, kernel_path)
+            out = self._verify_in_child(sig, kernel_path)
+            timing["child"] = time.perf_counter() - t1
+        else:
+            out = self._verify_here(sig, kernel_path)
+        out["timing"] = {**(out.get("timing") or {}), **{k: round(v, 4) for k, v in timing.items()}}
+        return out
 
     def _verify_in_child(self, sig: S.Signature, kernel_path: str) -> dict:
-        req = json.dumps({"sig": sig.to_obj(), "path": kernel_path, "trials": self.verify_trials,
-                          "speed": self.measure_speed})
-        r = subprocess.run([sys.executable, "-m", "aoti_farm.compiler"], input=req, text=True,
-                           capture_output=True, env=loadenv.child_env(), timeout=600)
-        if r.returncode < 0:
-            raise CompileRefused(f"kernel crashed its loader (signal {-r.returncode})")
-        try:
-            out = json.loads(r.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise RuntimeError(f"verification child failed (exit {r.returncode}): {r.stderr[-500:]}") from None
+        """In this process's long-lived, preloaded verification child (one torch import
+        per process, not per kernel: :mod:`aoti_farm.verifyserver`)."""
+        from aoti_farm import verifyserver
+
+        out, rc, err = verifyserver.request({"sig": sig.to_obj(), "path": kernel_path, "trials": self.verify_trials,
+                                             "speed": self.measure_speed})
+        if out is None and rc is not None and rc < 0:
+            raise CompileRefused(f"kernel crashed its loader (signal {-rc})")
+        if out is None or "error" in out:
+            why = (out or {}).get("error") or f"exit {rc}: {err}"
+            raise RuntimeError(f"verification child failed ({why})")
+        out.pop("server_pid", None)
         if "refused" in out:
             raise CompileRefused(out["refused"], out.get("evidence"))
         return {**out, "in_child": True}
 
     def _verify_here(self, sig: S.Signature, kernel_path: str) -> dict:
         device = sig.device
+        t0 = time.perf_counter()
         runner = load_runner(kernel_path, "cuda:0" if device == "cuda" else "cpu")
         op = S.resolve_op(sig.op)
         for trial in range(self.verify_trials):
@@ -296,6 +314,8 @@ class AOTICompiler:
                     bad["length_tolerance"] = list(extra)
                 raise CompileRefused("kernel disagrees with eager", bad)
         out = {"trials": self.verify_trials, "ok": True}
+        t1 = time.perf_counter()
+        out["timing"] = {"check": round(t1 - t0, 4)}
         if self.measure_speed:
             # the speed gate's compile-time half: same inputs, interleaved rounds (runtime/gate.py)
             from aoti_farm.speed import time_against_eager
@@ -305,6 +325,7 @@ class AOTICompiler:
                                    "cuda" if device == "cuda" else "cpu")
             m.pop("calls", None)
             out["speed"] = m
+            out["timing"]["speed"] = round(time.perf_counter() - t1, 4)
         return out
 
 
@@ -376,17 +397,26 @@ def import_compile_path() -> None:
             pass
 
 
-def _verify_child_main() -> int:
-    """``python -m aoti_farm.compiler``: verify one kernel (request on stdin) and print
-    the result as one JSON line.  Used where the parent cannot load AOTI libraries."""
-    req = json.loads(sys.stdin.read())
+def _verify_request(req: dict) -> dict:
+    """One verification request of a child: the result, or ``{"refused", "evidence"}``."""
     sig = S.parse_signature(req["sig"])
     try:
-        res = AOTICompiler(verify_trials=req["trials"], measure_speed=req.get("speed", True))._verify_here(
+        return AOTICompiler(verify_trials=req["trials"], measure_speed=req.get("speed", True))._verify_here(
             sig, req["path"])
     except CompileRefused as e:
-        res = {"refused": e.reason, "evidence": e.evidence}
-    print(json.dumps(res, default=str))
+        return {"refused": e.reason, "evidence": e.evidence}
+
+
+def _verify_child_main() -> int:
+    """``python -m aoti_farm.compiler``: verify one kernel (request on stdin) and print
+    the result as one JSON line.  Used where the parent cannot load AOTI libraries.
+    ``--serve``: one request per line for as long as stdin is open (the long-lived child
+    of :mod:`aoti_farm.verifyserver`)."""
+    if "--serve" in sys.argv[1:]:
+        from aoti_farm import verifyserver
+
+        return verifyserver.serve(_verify_request)
+    print(json.dumps(_verify_request(json.loads(sys.stdin.read())), default=str))
     return 0
 
 

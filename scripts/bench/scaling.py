@@ -132,16 +132,120 @@ def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict |
     cmd = [sys.executable, "-m", "aoti_farm", "warm", "--model", trace, "--cache-dir", str(d / "cache"),
            "--cpu-workers", str(workers), "--report", str(report)]
     t0 = time.time()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    errlog = d / "stderr.log"   # the CLI's progress lines, readable while it runs
+    with CpuSampler() as cpu, open(errlog, "w") as ef:
+        try:
+            rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=ef, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+            ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,time,wchan:24,args", "--sort=pid"],
+                                capture_output=True, text=True).stdout
+            ef.write("\n[scaling] timed out; processes:\n" + "\n".join(
+                ln[:220] for ln in ps.splitlines() if "python" in ln or "PID" in ln or "ray" in ln))
     wall = time.time() - t0
-    res = {"label": label, "workers": workers, "env": extra_env or {}, "rc": p.returncode, "wall_s": wall,
-           "stderr_tail": p.stderr[-3000:]}
+    res = {"label": label, "workers": workers, "env": extra_env or {}, "rc": rc, "wall_s": wall,
+           "stderr_tail": errlog.read_text()[-6000:], "cpu_busy": cpu.summary(t0)}
     try:
         rep = json.loads(report.read_text())
     except (OSError, ValueError):
         return res
     res.update(analyse(rep, t0))
+    res["compile_phases"] = compile_phases(rep, d / "cache")
     return res
+
+
+class CpuSampler:
+    """The host's busy CPUs (from /proc/stat, every second) while a run goes: how many
+    of the cores the farm kept busy, by phase of the run (read against the timeline)."""
+
+    def __init__(self, every: float = 1.0):
+        import threading
+
+        self.every, self.samples, self._stop = every, [], threading.Event()
+        self._th = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read():
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+            return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _run(self):
+        last = self._read()
+        while not self._stop.wait(self.every):
+            cur = self._read()
+            if cur and last and cur[0] > last[0]:
+                tot, idle = cur[0] - last[0], cur[1] - last[1]
+                self.samples.append((time.time(), round((tot - idle) / tot * (os.cpu_count() or 1), 2)))
+            last = cur
+
+    def __enter__(self):
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._th.join(timeout=5)
+
+    def summary(self, t0: float) -> dict:
+        xs = [b for _, b in self.samples]
+        return {"mean": _r(statistics.mean(xs)) if xs else None, "max": max(xs) if xs else None,
+                "per_5s": [_r(statistics.mean([b for t, b in self.samples if i <= t - t0 < i + 5]))
+                           for i in range(0, int(self.samples[-1][0] - t0) + 1, 5)
+                           if any(i <= t - t0 < i + 5 for t, _ in self.samples)] if xs else []}
+
+
+def compile_phases(rep: dict, cache_dir: Path) -> dict:
+    """Where each compiled signature's seconds went: the report's compile phases (export,
+    inductor, verify), the rest of ``seconds`` (lease, memory estimate, publish), and from
+    each entry's manifest the verification's own timing (loader probe, a verification
+    child, the checks, the speed gate).  Median, p90 and sum per part."""
+    comp = [s for s in rep.get("signatures") or [] if s.get("status") == "compiled"]
+    parts: dict = {}
+
+    def add(k, v):
+        if isinstance(v, (int, float)):
+            parts.setdefault(k, []).append(float(v))
+
+    for s in comp:
+        ph = s.get("phases") or {}
+        for k, v in ph.items():
+            add(k, v)
+        add("other", float(s.get("seconds") or 0) - sum(v for v in ph.values() if isinstance(v, (int, float))))
+    by_worker: dict = {}
+    for s in comp:
+        if s.get("span"):
+            by_worker.setdefault(s.get("worker"), []).append((s["span"][0], float(s.get("seconds") or 0)))
+    for xs in by_worker.values():
+        xs.sort()
+        add("seconds.first_per_actor", xs[0][1])
+        for _, x in xs[1:]:
+            add("seconds.later", x)
+    in_child = 0
+    n_manifest = 0
+    try:
+        from aoti_farm.cache import Cache
+
+        c = Cache(str(cache_dir))
+        for _fp, _key, d in c.iter_entry_dirs():
+            m = c.read_manifest(d)
+            v = m.get("verification") or {}
+            n_manifest += 1
+            in_child += bool(v.get("in_child"))
+            for k, x in (v.get("timing") or {}).items():
+                add(f"verify.{k}", x)
+    except Exception as e:  # noqa: BLE001 -- a benchmark detail, never the run's result
+        parts.setdefault("_error", []).append(str(e)[:200])
+    out = {k: {"n": len(v), "median": _r(statistics.median(v)), "p90": _r(_pct(v, 90)), "sum": _r(sum(v))}
+           for k, v in parts.items() if k != "_error"}
+    out["_manifests"] = n_manifest
+    out["_verified_in_child"] = in_child
+    if "_error" in parts:
+        out["_error"] = parts["_error"][0]
+    return out
 
 
 def analyse(rep: dict, launch: float) -> dict:
@@ -202,12 +306,19 @@ def table(rows: list[list], header: list[str]) -> str:
 
 
 def bench(workers: list[int], work: Path, source: str = "auto", trace: str | None = None, unique: int | None = None,
-          isa_replay_off_too: bool = False, log=print, fresh_headers: bool = False, save=None) -> dict:
+          isa_replay_off_too: bool = False, log=print, fresh_headers: bool = False, save=None,
+          also_env: list[str] | None = None, run_timeout: float = 3600) -> dict:
     import common as C
 
     out: dict = {"machine": C.machine(), "fresh_headers": fresh_headers}
     if trace:
-        out["job"] = {"source": f"--trace {trace}"}
+        out["job"] = {"source": f"--trace {trace}" + (f", its first {unique} CPU signatures" if unique else "")}
+        if unique:
+            from aoti_farm.trace import Trace, load_trace, save_trace
+
+            cut = work / "trace-first.json"
+            save_trace(Trace([e for e in load_trace(trace) if e.sig.device == "cpu"][:unique]), str(cut))
+            trace = str(cut)
     else:
         trace, out["job"] = make_trace(work, source, unique)
     from aoti_farm.trace import load_trace
@@ -223,9 +334,12 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
     if isa_replay_off_too:
         wmax = max(workers)
         plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_ISA_REPLAY": "0"}))
+    for i, kv in enumerate(also_env or []):   # A/B: W=max again with one variable set
+        name, _, value = kv.partition("=")
+        plan.insert(i, (max(workers), f"w{max(workers)}-{name.lower().split('_')[-1]}-{value}", {name: value}))
     for w, label, env in plan:
         log(f"[scaling] warm W={w} ({label}) ...")
-        r = run_warm(trace, w, work, label, env, fresh_headers=fresh_headers)
+        r = run_warm(trace, w, work, label, env, fresh_headers=fresh_headers, timeout=run_timeout)
         runs.append(r)
         if save:
             save(out)
@@ -233,7 +347,7 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
             f"({r.get('all_actors_ready_after_ray_s')}s after Ray up), first compile {r.get('first_compile_start_s')}s, "
             f"compile s median {(r.get('compile_s') or {}).get('median')}")
         if r["rc"] not in (0, 1):
-            log(r["stderr_tail"])
+            log(r["stderr_tail"][-4000:])
     by = {r["label"]: r for r in runs}
     w1 = by.get("w1")
     wmax = max(workers)
@@ -249,6 +363,13 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
                      cs.get("median"), cs.get("mean"), cs.get("p90"), cs.get("sum"), json.dumps(r.get("builds"))])
     log("\n" + table(rows, ["run", "W", "rc", "wall s", "Ray up", "1st actor ready", "all ready", "all ready after Ray",
                             "1st compile", "compile s median", "mean", "p90", "sum", "wrapper builds"]))
+    for r in runs:
+        cp = r.get("compile_phases") or {}
+        log(f"\n[scaling] {r['label']}: per-signature compile parts (s: median / p90 / sum over {cp.get('_manifests')} "
+            f"manifests; verified in a child: {cp.get('_verified_in_child')}): "
+            + "; ".join(f"{k} {v['median']}/{v['p90']}/{v['sum']}" for k, v in cp.items() if isinstance(v, dict)))
+        cb = r.get("cpu_busy") or {}
+        log(f"[scaling] {r['label']}: busy CPUs mean {cb.get('mean')}, max {cb.get('max')}, per 5 s: {cb.get('per_5s')}")
     if "speedup" in out:
         log(f"\n[scaling] speed-up W=1 / W={wmax}: {out['speedup']:.2f}x; farm's own scaling "
             f"W1 / ({wmax} x W{wmax}): {out['farm_scaling']:.3f}")
@@ -291,8 +412,11 @@ def main(argv=None) -> int:
     ap.add_argument("--unique", type=int, default=0, help="only the first N signatures")
     ap.add_argument("--isa-replay-off-too", action="store_true",
                     help="also a W=max run with AOTI_FARM_ISA_REPLAY=0 (every actor runs Inductor's ISA checks)")
+    ap.add_argument("--also-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="also a W=max run with NAME=VALUE in its environment (first; repeatable), an A/B")
     ap.add_argument("--fresh-headers", action="store_true",
                     help="a fresh temp dir per run, so each run also builds Inductor's precompiled headers")
+    ap.add_argument("--run-timeout", type=float, default=3600, help="seconds one warm may take (then: ps)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args(argv)
@@ -305,7 +429,7 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps(res, indent=1, default=str))
 
     res = bench(workers, work, a.source, a.trace, a.unique or None, a.isa_replay_off_too,
-                fresh_headers=a.fresh_headers, save=save)
+                fresh_headers=a.fresh_headers, save=save, also_env=a.also_env, run_timeout=a.run_timeout)
     save(res)
     if a.json:
         print(f"[scaling] wrote {a.json}")

@@ -1,0 +1,61 @@
+"""The long-lived verification child (aoti_farm.verifyserver), exercised on CPU.
+
+``AOTI_FARM_PRELOAD_LIBSTDCXX=1`` declares a host that needs the preload, so this process
+(started without it) verifies in a preloaded child.  That child imports torch once per
+process, not once per kernel (issue 17: a child per kernel cost 4.5 s a signature with 16
+actors on the 16-core host), and a child that dies is replaced.  Counts, no timing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from aoti_farm import loadenv, verifyserver
+from aoti_farm.compiler import AOTICompiler
+
+from conftest import sig_add_alpha, sig_mul
+
+pytestmark = pytest.mark.skipif(loadenv.system_libstdcxx() is None, reason="no system libstdc++ to preload")
+
+
+@pytest.fixture
+def unsafe_host(monkeypatch):
+    monkeypatch.setenv("AOTI_FARM_PRELOAD_LIBSTDCXX", "1")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert not loadenv.load_safe()
+
+
+def _paths(kernels, *sigs):
+    out = []
+    for sig in sigs:
+        kernels.ensure(sig)
+        out.append((sig, kernels.cache.open_entry(kernels.fp, sig.key).kernel_path))
+    return out
+
+
+def test_one_child_verifies_many_kernels(kernels, unsafe_host):
+    (s1, p1), (s2, p2) = _paths(kernels, sig_add_alpha(), sig_mul())
+    before = verifyserver.stats()
+    comp = AOTICompiler()
+    results = [comp.verify(s, p) for s, p in ((s1, p1), (s2, p2), (s1, p1))]
+    after = verifyserver.stats()
+    assert all(r["ok"] is True and r.get("in_child") is True for r in results), results
+    assert all("child" in r["timing"] and "speed" in r for r in results), results
+    assert after["requests"] - before["requests"] == 3
+    # at most one start (none when an earlier test's child still runs), never one per kernel
+    assert after["started"] - before["started"] <= 1, (before, after)
+
+
+def test_a_dead_child_is_replaced(kernels, unsafe_host):
+    ((sig, path),) = _paths(kernels, sig_add_alpha())
+    comp = AOTICompiler()
+    assert comp.verify(sig, path)["ok"] is True
+    started = verifyserver.stats()["started"]
+    os.kill(verifyserver._proc.pid, signal.SIGKILL)
+    verifyserver._proc.wait()
+    res = comp.verify(sig, path)
+    assert res["ok"] is True and res.get("in_child") is True
+    assert verifyserver.stats()["started"] == started + 1
