@@ -39,7 +39,6 @@ import socket
 import stat
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -52,79 +51,14 @@ from aoti_farm.fingerprint import Fingerprint
 from aoti_farm.fsutil import atomic_write, default_cache_dir, fsync_dir  # noqa: F401 -- used by importers too
 from aoti_farm.layout import (  # noqa: F401 -- the cache's names, used by importers too
     CACHE_FORMAT, FP_RE, KERNEL, KEY_RE, MANIFEST, check_fp, check_key, msgpack_default)
+from aoti_farm.manifest import (  # noqa: F401 -- Entry, BadEntry, sign, sha256_file: used by importers too
+    BAD_KIND, FILE_RE, BadEntry, Entry, decode_manifest, plain, sha256_fd, sha256_file, sign)
 from aoti_farm.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
 _KEY_RE, _FP_RE = KEY_RE, FP_RE
-_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 _SHARD_NAME = re.compile(r"^[0-9a-f]{2}$")
 _SHARDED = {"entries": "entries", "failed": "failed"}   # Cache.shard_stamps / shard_keys kinds
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-# --- manifests and signing ----------------------------------------------------------------
-
-
-def _signing_payload(manifest: dict) -> bytes:
-    body = {k: v for k, v in manifest.items() if k != "hmac"}
-    return msgpack.packb(body, use_bin_type=True)
-
-
-def sign(manifest: dict, key: bytes) -> str:
-    return hmac.new(key, _signing_payload(manifest), hashlib.sha256).hexdigest()
-
-
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A verified entry.
-
-    ``kernel`` (when opened with ``private=True``) is a :class:`~aoti_farm.safeio.PrivateCopy`
-    of ``kernel.so`` holding exactly the bytes whose sha256 was checked: load
-    ``kernel.path``, then ``close()`` the entry.  ``kernel_path`` is the shared file, for
-    tools that copy it (with a hash check); never load it."""
-
-    fp_id: str
-    key: str
-    path: Path
-    manifest: dict
-    kernel: PrivateCopy | None = None
-
-    @property
-    def kernel_path(self) -> str:
-        return str(self.path / KERNEL)
-
-    @property
-    def load_path(self) -> str:
-        """The private copy's name for ``dlopen`` (``private=True`` entries only)."""
-        if self.kernel is None or self.kernel.fd < 0:
-            raise FarmError(f"entry {self.key[:12]}: no private copy to load (open it with private=True)")
-        return self.kernel.path
-
-    @property
-    def signature(self) -> Signature:
-        return parse_signature(self.manifest["signature"])
-
-    def close(self) -> None:
-        if self.kernel is not None:
-            self.kernel.close()
-
-
-class BadEntry(FarmError):
-    """An entry that failed verification.  ``kind`` is one of: missing, corrupt, foreign,
-    unsigned, forged, insecure."""
-
-    def __init__(self, kind: str, msg: str):
-        super().__init__(msg)
-        self.kind = kind
 
 
 class Cache:
@@ -210,7 +144,7 @@ class Cache:
             stage.mkdir(mode=0o700)
             digests = {}
             for name, src in files.items():
-                if not _FILE_RE.match(name) or name == MANIFEST:
+                if not FILE_RE.match(name) or name == MANIFEST:
                     raise FarmError(f"refusing to publish file name {name!r}")
                 # the digest is of the bytes read from ``src`` (this process's verified
                 # build), never of the staged file, which another writer of tmp/ could swap
@@ -287,16 +221,16 @@ class Cache:
             finally:
                 os.close(root_fd)
         except UnsafeFile as e:
-            raise BadEntry(_BAD_KIND[e.kind], str(e)) from None
+            raise BadEntry(BAD_KIND[e.kind], str(e)) from None
 
     def _read_manifest_at(self, dfd: int, d: Path) -> dict:
         try:
             raw = safeio.read_bounded(MANIFEST, dfd, max_bytes=safeio.MANIFEST_MAX, uids=self._uids(),
                                       what=str(d / MANIFEST))
         except UnsafeFile as e:
-            kind = "missing" if e.kind == "missing" else _BAD_KIND[e.kind]
+            kind = "missing" if e.kind == "missing" else BAD_KIND[e.kind]
             raise BadEntry(kind, str(e)) from None
-        return _decode_manifest(raw, d)
+        return decode_manifest(raw, d)
 
     def read_manifest(self, d: Path) -> dict:
         """The decoded manifest of the entry directory ``d`` (bounded, no link followed;
@@ -304,7 +238,7 @@ class Cache:
         try:
             dfd = safeio.open_dir(d, uids=self._uids())
         except UnsafeFile as e:
-            raise BadEntry(_BAD_KIND[e.kind], f"{d}: {e}") from None
+            raise BadEntry(BAD_KIND[e.kind], f"{d}: {e}") from None
         try:
             return self._read_manifest_at(dfd, d)
         finally:
@@ -325,7 +259,7 @@ class Cache:
         copy: PrivateCopy | None = None
         try:
             m = self._read_manifest_at(dfd, d)
-            if m.get("fingerprint_id") != fp_id or (not isinstance(fp, str) and m.get("fingerprint") != _plain(fp.as_dict())):
+            if m.get("fingerprint_id") != fp_id or (not isinstance(fp, str) and m.get("fingerprint") != plain(fp.as_dict())):
                 raise BadEntry("foreign", f"{d}: built under fingerprint {m.get('fingerprint_id')!r}, not {fp_id}")
             if m.get("key") != key:
                 raise BadEntry("corrupt", f"{d}: manifest key {m.get('key')!r} != directory name")
@@ -356,15 +290,15 @@ class Cache:
                 try:
                     fd, _ = safeio.open_regular(name, dfd, max_bytes=safeio.KERNEL_MAX, uids=self._uids(), what=what)
                 except UnsafeFile as e:
-                    raise BadEntry(_BAD_KIND[e.kind], str(e)) from None
+                    raise BadEntry(BAD_KIND[e.kind], str(e)) from None
                 try:
                     if private and name == KERNEL:
                         copy = safeio.private_copy(fd, max_bytes=safeio.KERNEL_MAX, name=key[:16], what=what)
                         got = copy.sha256
                     else:
-                        got = _sha256_fd(fd, what)
+                        got = sha256_fd(fd, what)
                 except UnsafeFile as e:
-                    raise BadEntry(_BAD_KIND[e.kind], str(e)) from None
+                    raise BadEntry(BAD_KIND[e.kind], str(e)) from None
                 except OSError as e:
                     raise BadEntry("corrupt", f"{what}: unreadable: {e.strerror}") from None
                 finally:
@@ -525,38 +459,6 @@ class Cache:
         return n
 
 
-#: safeio's kinds of unsafe file -> BadEntry kinds
-_BAD_KIND = {"missing": "missing", "insecure": "insecure", "not_regular": "corrupt", "too_large": "corrupt",
-             "unreadable": "corrupt"}
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-#: Most files one manifest may list.
-_MAX_FILES = 16
-
-
-def _decode_manifest(raw: bytes, d: Path) -> dict:
-    """Decode and check the manifest's shape (types of the fields read before the HMAC)."""
-    try:
-        m = msgpack.unpackb(raw, raw=False, strict_map_key=False, max_str_len=1 << 20, max_bin_len=1 << 20,
-                            max_array_len=1 << 16, max_map_len=1 << 16)
-    except Exception as e:  # noqa: BLE001 -- msgpack raises several types for garbage
-        raise BadEntry("corrupt", f"{d}: manifest is not msgpack ({type(e).__name__})") from None
-    if not isinstance(m, dict) or not isinstance(m.get("files"), dict) or m.get("format") != CACHE_FORMAT:
-        raise BadEntry("corrupt", f"{d}: manifest lacks format/files")
-    files = m["files"]
-    if KERNEL not in files:
-        raise BadEntry("corrupt", f"{d}: manifest lists no {KERNEL}")
-    if len(files) > _MAX_FILES:
-        raise BadEntry("corrupt", f"{d}: manifest lists {len(files)} files")
-    for name, digest in files.items():
-        if not isinstance(name, str) or not _FILE_RE.match(name) or name == MANIFEST:
-            raise BadEntry("corrupt", f"{d}: manifest names a path outside the entry: {name!r}")
-        if not isinstance(digest, str) or not _HEX64.match(digest):
-            raise BadEntry("corrupt", f"{d}: manifest digest of {name!r} is not a sha256")
-    if not isinstance(m.get("signature"), dict) or not isinstance(m.get("key"), str):
-        raise BadEntry("corrupt", f"{d}: manifest lacks key/signature")
-    return m
-
-
 def _copy_hashed(src: str | os.PathLike, dst: Path) -> str:
     """Copy ``src`` to a new file ``dst`` (fsync'ed); the sha256 of the bytes copied."""
     h = hashlib.sha256()
@@ -567,28 +469,6 @@ def _copy_hashed(src: str | os.PathLike, dst: Path) -> str:
         fo.flush()
         os.fsync(fo.fileno())
     return h.hexdigest()
-
-
-def _sha256_fd(fd: int, what: str) -> str:
-    h = hashlib.sha256()
-    n = 0
-    while True:
-        b = os.read(fd, 1 << 20)
-        if not b:
-            return h.hexdigest()
-        n += len(b)
-        if n > safeio.KERNEL_MAX:
-            raise UnsafeFile("too_large", f"{what}: grew past the {safeio.KERNEL_MAX}-byte cap")
-        h.update(b)
-
-
-def _plain(x: Any) -> Any:
-    """Tuples -> lists, as msgpack round-trips them."""
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
 
 
 _default = msgpack_default

@@ -393,26 +393,3 @@ def export_point(cls: ShapeClass) -> dict[str, int]:
 
 __all__ = ["ShapeClass", "classes", "group_of", "group_key", "parse_class", "sample_points", "export_point",
            "tensor_layout", "dense_strides", "distinct_shapes", "CLASS_VERSION"]
-
-
-def show_classes(trace, as_json: bool = False) -> int:
-    """``aoti-farm trace show --classes``: one line per class (key, members, ranges)."""
-    import json
-
-    cls, loose = classes(trace.signatures)
-    if as_json:
-        rows = [{"key": c.key, "op": c.op, "members": len(c.members), "shapes": distinct_shapes(c),
-                 "ranges": {n: [lo, hi] for n, lo, hi in c.ranges}, "pattern": c.describe(),
-                 "member_keys": [m.key for m in c.members]} for c in cls]
-        rows += [{"key": s.key, "op": s.op, "members": 1, "shapes": 1, "ranges": {},
-                  "pattern": S.describe(s), "no_class": "a tensor is not dense in its stride order"} for s in loose]
-        print(json.dumps(rows, indent=1))
-        return 0
-    print(f"{'key':16}  {'sigs':>4}  class")
-    for c in cls:
-        print(f"{c.key[:16]}  {len(c.members):>4}  {c.describe()}")
-    for s in loose:
-        print(f"{s.key[:16]}  {1:>4}  {S.describe(s)}  (no class: a tensor is not dense)")
-    n_var = sum(1 for c in cls if c.varies)
-    print(f"{len(trace)} signatures in {len(cls)} classes ({n_var} with varying sizes), {len(loose)} without a class")
-    return 0

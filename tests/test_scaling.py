@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from aoti_farm.workers.scheduler import CPU, actor_options, worker_env
+from aoti_farm.workers.placement import CPU, actor_options, worker_env
 
 
 def test_isa_probe_runs_once_when_actors_start_together(tmp_path):

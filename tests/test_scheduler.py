@@ -21,7 +21,7 @@ from aoti_farm.cache import Cache
 from aoti_farm.config import FarmConfig
 from aoti_farm.workers.warm import plan
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.workers.scheduler import CPU, GPU, actor_options, pool_sizes, route
+from aoti_farm.workers.placement import CPU, GPU, actor_options, pool_sizes, route
 
 import doubles
 from doubles import ScriptedCompiler

@@ -25,7 +25,7 @@ ALLOWED = {
     ("aoti_farm/loadenv.py", "child_env"): CHILD,
     ("aoti_farm/loadenv.py", "_try_load"): CHILD + " (the loader probe)",
     ("aoti_farm/sandbox.py", "scrubbed_env"): CHILD + " (secrets removed)",
-    ("workers/scheduler.py", "worker_env"): CHILD + " (the compile actors)",
+    ("workers/placement.py", "worker_env"): CHILD + " (the compile actors)",
     ("workers/raysetup.py", "start_ray"): CHILD + " (what an embedded Ray's workers inherit); switch AOTI_FARM_RAY_DASHBOARD",
     ("runtime/supervisor.py", "worker_env"): CHILD + " (the hook's compile worker)",
     ("runtime/launch.py", "_child_env"): CHILD + " (`aoti-farm run`'s program)",

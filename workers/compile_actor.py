@@ -17,7 +17,7 @@ Contract (what the scheduler in :mod:`aoti_farm.workers.scheduler` relies on):
   and again here) so Inductor compiles in-process.
 
 This module does not import Ray at import time; the driver wraps the class with
-``ray.remote`` and the resource requests of :func:`aoti_farm.workers.scheduler.actor_options`.
+``ray.remote`` and the resource requests of :func:`aoti_farm.workers.placement.actor_options`.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ def start_ray(cfg: FarmConfig):
         quiet_embedded_ray()
         # The embedded Ray's workers inherit this environment: give it the actors'
         # variables now, so the actors need no runtime_env and take the workers Ray
-        # prestarts (pool.actor_options).  Not LD_PRELOAD: Ray's own binaries get none.
-        from aoti_farm.workers.scheduler import worker_env
+        # prestarts (placement.actor_options).  Not LD_PRELOAD: Ray's own binaries get none.
+        from aoti_farm.workers.placement import worker_env
 
         os.environ.update({k: v for k, v in worker_env().items() if k != "LD_PRELOAD"})
     try:
@@ -102,13 +102,14 @@ def stop_ray(ray) -> None:
 def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,
                    on_event: Callable | None = None):
     from aoti_farm.workers.compile_actor import CompileActor
-    from aoti_farm.workers.scheduler import Scheduler, actor_options
+    from aoti_farm.workers.placement import actor_options
+    from aoti_farm.workers.scheduler import Scheduler
 
     remote_cls = ray.remote(CompileActor)
 
     def make_actor(kind: str):
         # everything an actor needs is an argument (no runtime_env: an embedded Ray's
-        # prestarted workers can take the actors, see scheduler.actor_options)
+        # prestarted workers can take the actors, see placement.actor_options)
         return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, None, inherited=_EMBEDDED_ENV)).remote(
             str(cache.root), kind, cfg.inductor_options, cfg.lease_ttl, cache.signing_key, compiler_factory,
             cfg.warmup, cfg.memory_budget)

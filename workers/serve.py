@@ -30,7 +30,8 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
     from aoti_farm import missq
     from aoti_farm.progress import Progress
     from aoti_farm.workers import metrics as farm_metrics
-    from aoti_farm.workers.scheduler import Task, pool_sizes, route
+    from aoti_farm.workers.placement import pool_sizes, route
+    from aoti_farm.workers.scheduler import Task
 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     stop = stop or threading.Event()

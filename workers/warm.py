@@ -9,7 +9,7 @@ warm
      GPU: its fingerprint is computed by the GPU actor that compiles it.
   3. Nothing left: done, without importing Ray.  Otherwise :func:`start_ray` (embedded
      ``ray.init()``, or ``--address``/``$RAY_ADDRESS``), one actor pool sized from
-     ``ray.cluster_resources()`` (:func:`aoti_farm.workers.scheduler.pool_sizes`) and the
+     ``ray.cluster_resources()`` (:func:`aoti_farm.workers.placement.pool_sizes`) and the
      :class:`~aoti_farm.workers.scheduler.Scheduler` (bounded in-flight, timeouts, retries,
      leases).  Exit 0 when every signature is in the cache, 1 when some failed, 2 on bad
      input (a :class:`UserError`, raised before anything is written).
@@ -73,8 +73,8 @@ def load_signatures(paths: list[str]) -> list:
 
 @dataclass
 class Plan:
-    todo: list = field(default_factory=list)        # [pool.Task]
-    done: list = field(default_factory=list)        # [pool.Result] already cached or recorded failing
+    todo: list = field(default_factory=list)        # [scheduler.Task]
+    done: list = field(default_factory=list)        # [scheduler.Result] already cached or recorded failing
     fingerprints: dict = field(default_factory=dict)  # device -> Fingerprint (computed locally)
 
     @property
@@ -89,7 +89,8 @@ def plan(sigs: list, cache, inductor_options: dict | None = None, memory_budget:
     the compile path checks the whole estimate before compiling."""
     from aoti_farm import budget
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.workers.scheduler import Result, Task, route
+    from aoti_farm.workers.placement import route
+    from aoti_farm.workers.scheduler import Result, Task
 
     out = Plan()
     cuda_here = None
@@ -132,7 +133,7 @@ def surely_work(sigs: list, cache, memory_budget: int | None = None) -> dict[str
     fingerprint needed) and fit the memory budget (inputs alone, as :func:`plan`):
     ``warm`` must compile at least these, whatever this host's fingerprint is."""
     from aoti_farm import budget
-    from aoti_farm.workers.scheduler import route
+    from aoti_farm.workers.placement import route
 
     known: set = set()
     for fp_id in cache.fingerprint_ids():
@@ -210,7 +211,7 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
         ray, started = start_ray(cfg)
         timeline["ray_started"] = time.time()
         if not planned.is_set():
-            from aoti_farm.workers.scheduler import pool_sizes
+            from aoti_farm.workers.placement import pool_sizes
 
             sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
                                gpus_per_worker=cfg.gpus_per_worker, n_cpu_tasks=sure["cpu"],
@@ -290,7 +291,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             if ray is None:
                 ray, started = start_ray(cfg)
                 timeline["ray_started"] = time.time()
-            from aoti_farm.workers.scheduler import pool_sizes
+            from aoti_farm.workers.placement import pool_sizes
 
             sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
                                gpus_per_worker=cfg.gpus_per_worker,

@@ -1,9 +1,12 @@
 """The command-line flags several commands share, declared once: where the cache is
-(``--cache-dir``, ``--config``), ``--json`` and ``--memory-budget``."""
+(``--cache-dir``, ``--config``), ``--json`` and ``--memory-budget``; and the settings they
+name, resolved (:func:`farm_config`, :func:`signing_key`)."""
 
 from __future__ import annotations
 
 import argparse
+
+PROG = "aoti-farm"
 
 
 def common(p: argparse.ArgumentParser, *, cache: bool = True, js: bool = True, table: str | None = None) -> None:
@@ -24,3 +27,17 @@ def memory_budget(p: argparse.ArgumentParser) -> None:
                    help="refuse a signature whose compile would need more memory than this, per compile (6G, 512M; "
                         "default: $AOTI_FARM_MEMORY_BUDGET, [farm] memory_budget, else a quarter of this host's "
                         "memory)")
+
+
+def farm_config(ns):
+    from aoti_farm.config import FarmConfig, resolve
+
+    return resolve(FarmConfig, cli={"cache_dir": getattr(ns, "cache_dir", None),
+                                    "memory_budget": getattr(ns, "memory_budget", None)},
+                   config_path=getattr(ns, "config", None))
+
+
+def signing_key(cfg):
+    from aoti_farm.config import signing_key
+
+    return signing_key(cfg)   # fails closed: an empty or unreadable key is a UserError

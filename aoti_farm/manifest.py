@@ -1,0 +1,141 @@
+"""An entry's manifest: its decoding and shape checks, its HMAC, the hashes of its files,
+and :class:`Entry` (an entry that passed verification) / :class:`BadEntry` (one that did
+not, by kind).  :class:`aoti_farm.cache.Cache` publishes and opens entries with these."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from aoti_farm import safeio
+from aoti_farm.errors import FarmError
+from aoti_farm.layout import CACHE_FORMAT, KERNEL, MANIFEST
+from aoti_farm.safeio import PrivateCopy, UnsafeFile
+from aoti_farm.signature import Signature, parse_signature
+
+#: A file name an entry may hold.
+FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def signing_payload(manifest: dict) -> bytes:
+    body = {k: v for k, v in manifest.items() if k != "hmac"}
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def sign(manifest: dict, key: bytes) -> str:
+    return hmac.new(key, signing_payload(manifest), hashlib.sha256).hexdigest()
+
+
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A verified entry.
+
+    ``kernel`` (when opened with ``private=True``) is a :class:`~aoti_farm.safeio.PrivateCopy`
+    of ``kernel.so`` holding exactly the bytes whose sha256 was checked: load
+    ``kernel.path``, then ``close()`` the entry.  ``kernel_path`` is the shared file, for
+    tools that copy it (with a hash check); never load it."""
+
+    fp_id: str
+    key: str
+    path: Path
+    manifest: dict
+    kernel: PrivateCopy | None = None
+
+    @property
+    def kernel_path(self) -> str:
+        return str(self.path / KERNEL)
+
+    @property
+    def load_path(self) -> str:
+        """The private copy's name for ``dlopen`` (``private=True`` entries only)."""
+        if self.kernel is None or self.kernel.fd < 0:
+            raise FarmError(f"entry {self.key[:12]}: no private copy to load (open it with private=True)")
+        return self.kernel.path
+
+    @property
+    def signature(self) -> Signature:
+        return parse_signature(self.manifest["signature"])
+
+    def close(self) -> None:
+        if self.kernel is not None:
+            self.kernel.close()
+
+
+class BadEntry(FarmError):
+    """An entry that failed verification.  ``kind`` is one of: missing, corrupt, foreign,
+    unsigned, forged, insecure."""
+
+    def __init__(self, kind: str, msg: str):
+        super().__init__(msg)
+        self.kind = kind
+
+
+#: safeio's kinds of unsafe file -> BadEntry kinds
+BAD_KIND = {"missing": "missing", "insecure": "insecure", "not_regular": "corrupt", "too_large": "corrupt",
+             "unreadable": "corrupt"}
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+#: Most files one manifest may list.
+_MAX_FILES = 16
+
+
+def decode_manifest(raw: bytes, d: Path) -> dict:
+    """Decode and check the manifest's shape (types of the fields read before the HMAC)."""
+    try:
+        m = msgpack.unpackb(raw, raw=False, strict_map_key=False, max_str_len=1 << 20, max_bin_len=1 << 20,
+                            max_array_len=1 << 16, max_map_len=1 << 16)
+    except Exception as e:  # noqa: BLE001 -- msgpack raises several types for garbage
+        raise BadEntry("corrupt", f"{d}: manifest is not msgpack ({type(e).__name__})") from None
+    if not isinstance(m, dict) or not isinstance(m.get("files"), dict) or m.get("format") != CACHE_FORMAT:
+        raise BadEntry("corrupt", f"{d}: manifest lacks format/files")
+    files = m["files"]
+    if KERNEL not in files:
+        raise BadEntry("corrupt", f"{d}: manifest lists no {KERNEL}")
+    if len(files) > _MAX_FILES:
+        raise BadEntry("corrupt", f"{d}: manifest lists {len(files)} files")
+    for name, digest in files.items():
+        if not isinstance(name, str) or not FILE_RE.match(name) or name == MANIFEST:
+            raise BadEntry("corrupt", f"{d}: manifest names a path outside the entry: {name!r}")
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            raise BadEntry("corrupt", f"{d}: manifest digest of {name!r} is not a sha256")
+    if not isinstance(m.get("signature"), dict) or not isinstance(m.get("key"), str):
+        raise BadEntry("corrupt", f"{d}: manifest lacks key/signature")
+    return m
+
+
+def sha256_fd(fd: int, what: str) -> str:
+    h = hashlib.sha256()
+    n = 0
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            return h.hexdigest()
+        n += len(b)
+        if n > safeio.KERNEL_MAX:
+            raise UnsafeFile("too_large", f"{what}: grew past the {safeio.KERNEL_MAX}-byte cap")
+        h.update(b)
+
+
+def plain(x: Any) -> Any:
+    """Tuples -> lists, as msgpack round-trips them."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    return x
