@@ -22,14 +22,14 @@ the same code for both paths):
 Hot reload: the poller (``runtime/poller.py``) refreshes the index every
 ``poll_interval`` seconds, at once when this hook's worker reports an outcome.
 
-**What is routed.**  ``route="servable"`` (with ``on_miss="ignore"``, where a call can only
-be served or run eager) registers only ops with at least one servable entry: published,
-not refused or failing here, and (under ``serve="faster"``) faster than eager on the
-compile host and not declined by this host's trial.  Every other op costs exactly eager:
-the dispatcher never enters the hook.  The set is recomputed after each poll and
-re-registered when it changes.  ``route="all"`` (the default) routes every requested op,
-which the miss path needs (a miss of a signature not compiled yet must be seen to be
-queued) and which counts misses.  A process that cannot load kernels at all (the
+**What is routed.**  With ``on_miss="ignore"`` a call can only be served or run eager, so by
+default (``route="servable"``) only ops with at least one servable entry are registered:
+published, not refused or failing here, and (under ``serve="faster"``) faster than eager
+on the compile host and not declined by this host's trial.  Every other op costs exactly
+eager: the dispatcher never enters the hook (and its calls are not counted).  The set is
+recomputed after each poll and re-registered when it changes.  With ``"compile"`` or
+``"queue"`` (or ``route="all"``) every requested op is routed: a miss of a signature not
+compiled yet must be seen to be queued.  A process that cannot load kernels at all (the
 libstdc++ trap, ``aoti_farm/loadenv.py``) registers nothing.
 
 Nothing the cache, the queue or a kernel does raises into the caller: every such error is

@@ -87,8 +87,9 @@ def resolve(*, serve: str | None = None, yield_core: bool | None = None, metrics
 
 def check_arguments(on_miss: str, poll_interval, devices, native: str, route: str | None) -> str:
     """``install()``'s other arguments, checked (UserError naming the argument); returns
-    the routing policy (``route``: None is "all")."""
-    route = route or "all"
+    the routing policy (``route``: None is "servable" with ``on_miss="ignore"``, else
+    "all")."""
+    route = route or ("servable" if on_miss == "ignore" else "all")
     if route not in ("all", "servable") or (route == "servable" and on_miss != "ignore"):
         raise UserError(f"route: {route!r} is not 'all', or 'servable' with on_miss='ignore' "
                         "(a miss must be seen to be queued)")

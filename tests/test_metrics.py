@@ -99,7 +99,7 @@ def test_registry_scrape_equals_stats_with_miss_to_hit(cache, kernels, tmp_path)
     c.remove(fp.id, MUL.key)
     reg = CollectorRegistry()
     hook = install(cache_dir=str(c.root), ops=["aten::add.Tensor", "aten::mul.Tensor"], on_miss="ignore",
-                   poll_interval=0.1, serve="always")
+                   poll_interval=0.1, serve="always", route="all")   # mul is missed before it is published
     try:
         register(hook, reg)
         a, b = torch.randn(8, 16), torch.randn(16)

@@ -91,7 +91,7 @@ def test_remembered_miss_becomes_a_hit_when_published(kernels, tmp_path):
     a, b = _add_inputs()
     expected = torch.add(a, b, alpha=2)
     with install(cache_dir=str(root), ops=["aten::add.Tensor"], on_miss="ignore", poll_interval=0.05,
-                 native="require") as hook:
+                 native="require", route="all") as hook:   # routed before its first entry
         for _ in range(5):
             assert same(torch.add(a, b, alpha=2), expected)
         st = hook.stats()
@@ -232,7 +232,7 @@ def test_ineligible_calls_are_remembered_natively(tmp_path):
     two = torch.tensor(2.0, dtype=torch.float64)
     expected = torch.add(a, two)
     with install(cache_dir=str(tmp_path / "empty"), ops=["aten::add.Tensor"], on_miss="ignore",
-                 native="require") as hook:
+                 native="require", route="all") as hook:   # routed without an entry
         got = [torch.add(a, two) for _ in range(20)]
         st = hook.stats()
     assert all(same(g, expected) for g in got)
@@ -247,7 +247,7 @@ def test_remembered_calls_are_bounded(tmp_path):
     learns again (memory stays bounded); results stay eager's."""
     b = torch.randn(1)
     with install(cache_dir=str(tmp_path / "empty"), ops=["aten::add.Tensor"], on_miss="ignore",
-                 native="require") as hook:
+                 native="require", route="all") as hook:   # routed without an entry
         for n in range(1, 16384 + 50):
             x = torch.ones(1, n)
             if n % 4096 == 0:

@@ -1,5 +1,5 @@
-"""Issue 13: a hook that cannot serve an op costs nothing for it.  With
-``route="servable"`` (``on_miss="ignore"``) only ops with a servable entry are registered:
+"""Issue 13: a hook that cannot serve an op costs nothing for it.  With ``on_miss="ignore"``
+(``route="servable"``, its default) only ops with a servable entry are registered:
 an op whose only entry the speed gate declines on the compile host is never routed through
 the hook (asserted on the registration and on the counters: nothing reaches it), the same
 entry under ``serve="always"`` is, and an op whose first servable entry is published later
@@ -25,7 +25,7 @@ def test_an_op_whose_only_entry_is_gated_is_not_routed(kernels, tmp_path):
     cache = _gate_cache(kernels, tmp_path, ratio=1.6)   # slower than eager on the compile host
     a, b = _add_call()
     expected = torch.add(a, b, alpha=2)
-    with install(cache_dir=str(cache.root), ops=OPS, on_miss="ignore", route="servable", serve="faster") as hook:
+    with install(cache_dir=str(cache.root), ops=OPS, on_miss="ignore", serve="faster") as hook:   # the default
         assert hook.ops == [] and hook.stats()["routed_ops"] == 0
         before = hook.stats()
         got = [torch.add(a, b, alpha=2) for _ in range(3)] + [torch.mul(a, a)]
