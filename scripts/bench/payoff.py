@@ -373,6 +373,7 @@ def measure(items: list, device: str, cache_dir: str, rounds: int, batch_ms: flo
         ratios = [h / e for h, e in zip(d["hook"], d["eager"])]
         out[name] = {"eager_us": round(statistics.median(d["eager"]), 2), "hook_us": round(statistics.median(d["hook"]), 2),
                      "ratio": round(statistics.median(ratios), 3), "ratios": [round(x, 3) for x in ratios],
+                     "eager_us_rounds": [round(x, 2) for x in d["eager"]], "hook_us_rounds": [round(x, 2) for x in d["hook"]],
                      "served": d["hits"] > 0, "gated": d["gated"] > 0, "calls_per_batch": d["n"]}
     return {"items": out, "hook": hook_info}
 
