@@ -55,7 +55,13 @@ def parallel_like_eager(min_work: int | None):
     parallel where each of 64 threads gets at least a chunk), so the generated code does
     not depend on the builder and small kernels run inline, like eager.  Everything else
     stays dynamic (``#pragma omp parallel`` without a count, buffers sized by
-    ``omp_get_max_threads()``).  An Inductor without this method compiles unchanged."""
+    ``omp_get_max_threads()``).  An Inductor without this method compiles unchanged.
+
+    Patch of a torch internal: ``torch._inductor.codegen.cpp.CppKernel.decide_parallel_depth``
+    (its ``(max_parallel_depth, threads)`` form), replaced while the block runs; checked
+    against torch 2.11 and 2.13.0.  Why: Inductor has no option for a parallel threshold
+    independent of the builder's thread count under ``cpp.dynamic_threads``.  It can go when
+    Inductor offers one (or stops forcing a parallel loop under dynamic threads)."""
     if not min_work:
         yield False
         return

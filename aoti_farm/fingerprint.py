@@ -161,7 +161,13 @@ def _checks(cpu_vec_isa, record: dict | None = None, replay: dict | None = None)
     """Within this block, Inductor's ISA check builds (``VecISA.check_build``: a g++
     build and a loader subprocess, under a per-check file lock) are recorded into
     ``record``, or answered from ``replay`` (a recorded answer of this host, torch build
-    and compiler); a check without a recorded answer runs for real."""
+    and compiler); a check without a recorded answer runs for real.
+
+    Patch of a torch internal: ``torch._inductor.cpu_vec_isa.VecISA.check_build``, replaced
+    while the block runs (and ``valid_vec_isa_list``'s cache read); checked against torch
+    2.11 and 2.13.0.  Why: every process re-runs these checks, serialised by a host-wide
+    lock, and Inductor offers no way to seed them.  It can go when Inductor caches its ISA
+    answer across processes.  ``AOTI_FARM_ISA_REPLAY=0`` turns the replay off."""
     orig = cpu_vec_isa.VecISA.check_build
 
     def check_build(self, code):

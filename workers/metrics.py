@@ -119,7 +119,12 @@ def observe_scheduler(sched, final: bool = False) -> None:
 
 
 def ray_metrics_port() -> int | None:
-    """The port where this Ray node's metrics agent serves Prometheus text (None if unknown)."""
+    """The port where this Ray node's metrics agent serves Prometheus text (None if unknown).
+
+    Ray internal: ``ray._private.worker._global_node.metrics_export_port`` (checked against
+    Ray 2.60.0), because Ray has no public API for its own metrics port; it only names the
+    port in the log line of ``serve --metrics-port`` and can go with a public API (or the
+    log line).  Any failure reads as unknown."""
     try:
         import ray
 

@@ -55,6 +55,8 @@ _EMBEDDED_ENV: dict | None = None
 #: Ray's notices, by logger, that a user of the embedded one-run Ray cannot act on: it
 #: turns token authentication on for a new local cluster and says so at WARNING level on
 #: every run.  Only these exact messages are dropped; every other warning still shows.
+#: The logger is Ray-internal (checked against Ray 2.60.0); a Ray that renames it or drops
+#: the notice makes this a no-op.  It can go when Ray stops announcing it at WARNING level.
 EMBEDDED_RAY_NOTICES = {
     "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled for this Ray cluster",),
 }
@@ -85,7 +87,12 @@ def stop_ray(ray) -> None:
     """``ray.shutdown()`` of a Ray this process started.  Ray stops the node's processes
     one by one, each with a grace period, and its autoscaler monitor only exits on its next
     1 s tick; on the embedded one-node Ray the monitor has nothing to save, so it is killed
-    first (1.4 s -> 0.35 s here).  A driver of a cluster (--address) only disconnects."""
+    first (1.4 s -> 0.35 s here).  A driver of a cluster (--address) only disconnects.
+
+    Ray internal: ``ray._private.worker._global_node.all_processes["monitor"]`` (checked
+    against Ray 2.60.0).  Why: Ray has no public way to stop its monitor first.  It can go
+    when ``ray.shutdown()`` stops the monitor without waiting for its tick; any Ray that
+    lacks these internals gets a plain ``ray.shutdown()``."""
     try:
         node = ray._private.worker._global_node
         if node is not None and node.head:
