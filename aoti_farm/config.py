@@ -81,6 +81,17 @@ class HookConfig:
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
 
 
+#: What the hook does with a miss.
+ON_MISS = ("compile", "queue", "ignore")
+
+
+def check_on_miss(value) -> str:
+    """The one check of ``on_miss`` (the config path and ``install()``'s argument)."""
+    if value not in ON_MISS:
+        raise UserError(f"on_miss: {value!r} is not one of {', '.join(ON_MISS)}")
+    return value
+
+
 # --- settings of one process that are not a config table's -----------------------------------
 
 
@@ -275,8 +286,8 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
                 raise UserError(f"option {k}: unknown")
             values[k] = _coerce(cls, k, v, f"option --{k.replace('_', '-')}")
     cfg = cls(**values)
-    if isinstance(cfg, HookConfig) and cfg.on_miss not in ("compile", "queue", "ignore"):
-        raise UserError(f"on_miss: {cfg.on_miss!r} is not one of compile, queue, ignore")
+    if isinstance(cfg, HookConfig):
+        check_on_miss(cfg.on_miss)
     if isinstance(cfg, HookConfig) and cfg.serve not in ("faster", "always"):
         raise UserError(f"serve: {cfg.serve!r} is not one of faster, always; fix --serve, "
                         f"AOTI_FARM_SERVE or [hook] serve")
