@@ -17,11 +17,19 @@ Wrapped numbers: a Python number that a C++ caller passed as a Tensor (``x * 2.5
 gives the same result dtype and the same value as the wrapped number would (see
 :func:`_scalar_tensor`).
 
+Private torch APIs used here (checked against torch 2.13.0; each goes when torch offers a
+public equivalent): ``Library._destroy()`` (torch.library has no public way to remove one
+library's registrations and restore the kernels they replaced),
+``torch._C._dispatch_get_all_op_names`` (no public list of registered operators) and
+``torch._C._dispatch_has_kernel_for_dispatch_key`` (no public "has a kernel at this key";
+``torch.library.get_kernel`` raises instead).  None of them patches torch: they read the
+dispatcher or undo our own registrations.
+
 ``ops=None`` means every aten op whose ``op_info(op).ineligible`` is None, that has a
 kernel at the key, takes a tensor (no factories: ``empty``, ``zeros``...) and is not tagged
 ``nondeterministic_bitwise`` (about 480 ops on CPU with torch 2.13).  Enumerating them costs about
 150 ms the first time per torch build, so the list of names is memoised on disk
-(``$XDG_CACHE_HOME/aoti-farm/ops-<torch git>.json``); after that registering all of them
+(``fsutil.memo_dir()/ops-<torch git>.json``); after that registering all of them
 costs about 25 ms (see ``Registration.install_seconds``).
 """
 
@@ -37,6 +45,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from aoti_farm import signature as S
+from aoti_farm.fsutil import memo_dir
 
 #: handler(info, device, orig, keyset, args, kwargs) -> result
 Handler = Callable[[S.OpInfo, str, Any, Any, tuple, dict], Any]
@@ -48,8 +57,7 @@ KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 
 
 def _memo_path() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "aoti-farm", f"ops-v3-{torch.version.git_version[:12]}-{torch.__version__}.json")
+    return os.path.join(memo_dir(), f"ops-v3-{torch.version.git_version[:12]}-{torch.__version__}.json")
 
 
 _TENSOR_KINDS = ("tensor", "opt_tensor", "tensor_list", "opt_tensor_list")

@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 
 log = logging.getLogger("aoti_farm.metrics")
 
 #: miss -> hit latency buckets, seconds (a compile takes 3-60 s; a queue can wait minutes)
 LATENCY_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
-DEFAULT_PORT_RANGE = 64
 PREFIX = "aoti_farm_hook"
 
 
@@ -151,7 +149,7 @@ def register(hook, registry=None):
     return c
 
 
-from aoti_farm.exposition import Exporter, parse_port, serve_http  # noqa: E402,F401 -- shared with `serve`
+from aoti_farm.exposition import Exporter, serve_http  # noqa: E402 -- shared with `serve`
 
 
 def start_for_hook(hook, endpoint) -> Exporter | None:
@@ -173,15 +171,6 @@ def start_for_hook(hook, endpoint) -> Exporter | None:
 
 
 # --- what the hook calls (never raising into a serving process) ---------------------------------
-
-
-def port_setting(metrics_port) -> int | None:
-    """``aoti-farm serve``'s metrics port: ``--metrics-port`` or ``AOTI_FARM_METRICS_PORT``;
-    None: no endpoint.  (The hook's is resolved in ``runtime/settings.py``.)"""
-    v = metrics_port if metrics_port is not None else os.environ.get("AOTI_FARM_METRICS_PORT")
-    if v is None or v == "":
-        return None
-    return parse_port(v, "metrics_port" if metrics_port is not None else "AOTI_FARM_METRICS_PORT")
 
 
 def with_miss_reasons(s: dict, exporter: Exporter | None) -> dict:

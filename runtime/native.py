@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from aoti_farm.fsutil import memo_dir
 from aoti_farm.runtime.room import lowest_priority
 
 SOURCE = Path(__file__).with_name("fastpath.cpp")
@@ -71,11 +72,10 @@ def build_id() -> str:
 
 
 def native_dir() -> Path:
-    d = os.environ.get("AOTI_FARM_NATIVE_DIR")
+    d = os.environ.get("AOTI_FARM_NATIVE_DIR")   # a documented low-level switch (runtime/settings.py)
     if d:
         return Path(d)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "aoti-farm" / "native"
+    return Path(memo_dir()) / "native"
 
 
 def library_path() -> Path:

@@ -19,9 +19,9 @@ variable                       ``install()`` arg   when unset
 =============================  ==================  ============================
 
 Low-level switches, documented in the README, read where they act:
-``AOTI_FARM_NATIVE=0`` and ``AOTI_FARM_NATIVE_DIR`` (``runtime/native.py``, with ``CXX``
-and ``XDG_CACHE_HOME``), ``XDG_CACHE_HOME`` for the op-list memo (``runtime/dispatch.py``),
-``AOTI_FARM_PRELOAD_LIBSTDCXX`` (``aoti_farm/loadenv.py``).  ``runtime/launch.py`` reads
+``AOTI_FARM_NATIVE=0`` and ``AOTI_FARM_NATIVE_DIR`` (``runtime/native.py``, with ``CXX``),
+``XDG_CACHE_HOME`` for host memos (``aoti_farm/fsutil.py``'s ``memo_dir``: the op-list memo,
+the native build), ``AOTI_FARM_PRELOAD_LIBSTDCXX`` (``aoti_farm/loadenv.py``).  ``runtime/launch.py`` reads
 ``AOTI_FARM_HOOK``, ``AOTI_FARM_HOOK_STATS`` and ``AOTI_FARM_RECORD_DIR`` (its child's side)
 and :func:`aoti_farm.runtime.supervisor.worker_env` builds a compile worker's environment.
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from aoti_farm.cache import load_signing_key
 from aoti_farm.errors import UserError
 from aoti_farm.runtime.gate import POLICIES
-from aoti_farm.runtime.metrics import DEFAULT_PORT_RANGE, parse_port
+from aoti_farm.exposition import DEFAULT_PORT_RANGE, parse_port
 
 _OFF = ("0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on")

@@ -194,6 +194,8 @@ class UpstreamBackend:
         """Unregister this backend (holders registered meanwhile keep their kernels)."""
         from torch._inductor import aoti_eager
 
+        # torch 2.13.0 has register_aoti_compile_backend but no unregister: remove our entry
+        # from its private table (only if it is still ours); goes when torch has one
         backends = getattr(aoti_eager, "_aoti_compile_backends", {})
         for d in self._registered:
             b = backends.get(d)
