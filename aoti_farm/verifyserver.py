@@ -102,8 +102,9 @@ def _drop_locked() -> int | None:
 
 def request(req: dict, timeout: float = 600.0) -> tuple[dict | None, int | None, str]:
     """Send one request; ``(answer, None, "")``, or ``(None, returncode, stderr tail)``
-    when the child died (a negative code: killed by that signal).  Raises
-    ``subprocess.TimeoutExpired`` (the child is killed) after ``timeout`` seconds."""
+    when the child died with the request (a negative code: killed by that signal).  Raises
+    ``subprocess.TimeoutExpired`` (the child is killed) after ``timeout`` seconds, and
+    RuntimeError when the child was gone before the request reached it."""
     global _buf
     with _lock:
         _start_locked()
@@ -112,8 +113,9 @@ def request(req: dict, timeout: float = 600.0) -> tuple[dict | None, int | None,
         try:
             p.stdin.write((json.dumps(req) + "\n").encode())
             p.stdin.flush()
-        except OSError:
-            pass   # it died: read the end below
+        except OSError as e:   # it died before this kernel reached it: the host's failure, not the kernel's
+            rc = _drop_locked()
+            raise RuntimeError(f"verification child gone before the request (exit {rc}): {e}") from None
         deadline = time.monotonic() + timeout
         fd = p.stdout.fileno()
         while True:
