@@ -333,45 +333,6 @@ class Cache:
         finally:
             os.close(dfd)
 
-    def unsafe_dirs(self) -> list[str]:
-        """Problems with the directories of the cache itself: the root's ancestors (the ssh
-        StrictModes rule), the root, each namespace, ``entries/`` and its shards (owner,
-        writable by others, links).  Empty when safe (or ``allow_insecure``)."""
-        if self.allow_insecure:
-            return []
-        out: list[str] = []
-        uids = safeio.allowed_uids()
-        root = os.path.realpath(self.root)
-        try:
-            safeio.check_ancestors(root)
-        except UnsafeFile as e:
-            out.append(str(e))
-        try:
-            root_fd = safeio.open_dir(root, uids=uids)
-        except UnsafeFile as e:
-            return out + ([] if e.kind == "missing" else [str(e)])
-        try:
-            for fp_id in self.fingerprint_ids():
-                for parts in ((fp_id,), (fp_id, "entries")):
-                    try:
-                        os.close(safeio.walk(root_fd, parts, uids=uids, base=str(self.root)))
-                    except UnsafeFile as e:
-                        if e.kind != "missing":
-                            out.append(str(e))
-                try:
-                    shards = sorted(os.listdir(self.ns(fp_id) / "entries"))
-                except OSError:
-                    continue
-                for sh in shards:
-                    try:
-                        os.close(safeio.walk(root_fd, (fp_id, "entries", sh), uids=uids, base=str(self.root)))
-                    except UnsafeFile as e:
-                        if e.kind != "missing":
-                            out.append(str(e))
-        finally:
-            os.close(root_fd)
-        return out
-
     def list_keys(self, fp_id: str) -> set[str]:
         base = self.ns(fp_id) / "entries"
         out: set[str] = set()

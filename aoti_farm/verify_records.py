@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import stat
 
-from aoti_farm import failrec, leases, missq, records
+from aoti_farm import failrec, leases, missq, records, safeio
 from aoti_farm.cache import Cache
 from aoti_farm.errors import FarmError
 from aoti_farm.records import BadRecord
+from aoti_farm.safeio import UnsafeFile
 
 
 def check(cache: Cache, fp_id: str, *, repair: bool) -> list[dict]:
@@ -150,3 +151,43 @@ def fingerprint_summary(cache: Cache, fp_id: str) -> str:
     elif d.get("cpu_isa") is not None:
         parts.append(str(d.get("cpu_isa") or "no-vec"))
     return ", ".join(parts)
+
+
+def unsafe_dirs(cache) -> list[str]:
+    """``cache verify``: problems with the directories of ``cache`` (a Cache) itself: the root's ancestors (the ssh
+    StrictModes rule), the root, each namespace, ``entries/`` and its shards (owner,
+    writable by others, links).  Empty when safe (or ``allow_insecure``)."""
+    if cache.allow_insecure:
+        return []
+    out: list[str] = []
+    uids = safeio.allowed_uids()
+    root = os.path.realpath(cache.root)
+    try:
+        safeio.check_ancestors(root)
+    except UnsafeFile as e:
+        out.append(str(e))
+    try:
+        root_fd = safeio.open_dir(root, uids=uids)
+    except UnsafeFile as e:
+        return out + ([] if e.kind == "missing" else [str(e)])
+    try:
+        for fp_id in cache.fingerprint_ids():
+            for parts in ((fp_id,), (fp_id, "entries")):
+                try:
+                    os.close(safeio.walk(root_fd, parts, uids=uids, base=str(cache.root)))
+                except UnsafeFile as e:
+                    if e.kind != "missing":
+                        out.append(str(e))
+            try:
+                shards = sorted(os.listdir(cache.ns(fp_id) / "entries"))
+            except OSError:
+                continue
+            for sh in shards:
+                try:
+                    os.close(safeio.walk(root_fd, (fp_id, "entries", sh), uids=uids, base=str(cache.root)))
+                except UnsafeFile as e:
+                    if e.kind != "missing":
+                        out.append(str(e))
+    finally:
+        os.close(root_fd)
+    return out

@@ -235,7 +235,7 @@ def verify(ns) -> int:
     ok = 0
     # directories others can write (or links) let them swap entries under any check: not
     # repaired (the fix is the operator's: chmod o-w, chown, or another --cache-dir)
-    for problem in cache.unsafe_dirs():
+    for problem in verify_records.unsafe_dirs(cache):
         bad.append({"what": "directory", "kind": "insecure", "path": problem.split(":")[0],
                     "detail": f"{problem}; fix its owner/mode (chmod o-w) or use another --cache-dir"})
     for f in _fp_ids(cache):
