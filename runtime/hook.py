@@ -232,7 +232,7 @@ class Hook:
         """The pure-Python kernel (when the native hit path is not in use)."""
         self._room.follow()
         d = self._decide(info, args, kwargs)
-        if d[0] == "run":
+        if d[0] == "run" and not isinstance(d[2], tuple):   # (a native kernel: this registration is going)
             call, runner = d[1], d[2]
             try:
                 out = runner.run(call.gather(args, kwargs))
@@ -247,9 +247,14 @@ class Hook:
                 return out[0] if info.n_returns == 1 else tuple(out)
         return dispatch.call_original(info, orig, keyset, args, kwargs)
 
-    def _native_decide(self, info: S.OpInfo, device: str, args: tuple, kwargs: dict) -> int:
-        """The native path's question about a call it has not seen (see runtime.native)."""
-        return native_code(self._routes.nreg.mod, self._decide(info, args, kwargs), self._ineligible_ids)
+    def _native_decide(self, nreg, info: S.OpInfo, device: str, args: tuple, kwargs: dict) -> int:
+        """Native registration ``nreg``'s question about a call it has not seen (see
+        runtime.native): one of its own kernel ids, or an eager code."""
+        d = self._decide(info, args, kwargs)
+        if d[0] == "run":
+            h = d[2]   # (registration, id); another registration's id is not this one's
+            return h[1] if isinstance(h, tuple) and h[0] is nreg else nreg.mod.EAGER_ONCE
+        return native_code(nreg.mod, d, self._ineligible_ids)
 
     # -- background ------------------------------------------------------------------------------
     def _queued(self, call: Call, explain) -> None:

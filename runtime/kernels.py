@@ -34,7 +34,7 @@ def runner_device(device: str) -> str:
 
 
 class KernelTable:
-    """``runners``: key -> loaded runner (or native kernel id); ``bad``: key -> (device,
+    """``runners``: key -> loaded runner (or ``(native registration, kernel id)``); ``bad``: key -> (device,
     entry stamp) of refused or failing entries.  ``native`` is the native registration
     while it serves (set by the hook), else None."""
 
@@ -52,12 +52,19 @@ class KernelTable:
                                  "kernel_errors", "integrity_failures", "foreign",
                                  integrity_failures_by_kind={})
 
+    def _serves(self, h) -> bool:
+        """Whether handle ``h`` belongs to the registration serving now: a Python runner
+        while no native one does, else ``(registration, kernel id)`` of that very
+        registration (kernel ids mean nothing to another one)."""
+        native = self.native
+        if native is None:
+            return not isinstance(h, tuple)
+        return isinstance(h, tuple) and h[0] is native
+
     def current(self, key: str):
         """The loaded handle of ``key`` for the path that serves now, or None."""
         h = self.runners.get(key)
-        if h is None or isinstance(h, int) != (self.native is not None):
-            return None
-        return h
+        return h if h is not None and self._serves(h) else None
 
     def load(self, call):
         """Verify and load the kernel of ``call`` (once; concurrent callers wait)."""
@@ -66,7 +73,7 @@ class KernelTable:
         with lk:
             nreg = self.native
             runner = self.runners.get(call.key)
-            if runner is not None and isinstance(runner, int) == (nreg is not None):
+            if runner is not None and self._serves(runner):
                 return runner
             if call.key in self.bad:
                 return None   # refused while this thread waited: not verified again
@@ -88,7 +95,8 @@ class KernelTable:
                 return None
             device = runner_device(call.device)
             try:
-                runner = nreg.load(entry.load_path, device) if nreg is not None else load_runner(entry.load_path, device)
+                runner = ((nreg, nreg.load(entry.load_path, device)) if nreg is not None
+                          else load_runner(entry.load_path, device))
             except Exception as e:  # noqa: BLE001
                 log.warning("cannot load kernel %s: %s", call.key[:12], e)
                 self.counters.inc("load_errors")
@@ -151,19 +159,19 @@ class KernelTable:
             self.bad[key] = (device, self.entry_stamp(device, key) if device else None)
         self.release(handle)
 
-    def native_failed(self, kernel_id: int, message: str) -> None:
+    def native_failed(self, nreg, kernel_id: int, message: str) -> None:
         """The native path's report of a kernel that raised (the call got eager's result)."""
         with self._lock:
-            key = next((k for k, h in self.runners.items() if h == kernel_id and isinstance(h, int)), None)
+            key = next((k for k, h in self.runners.items() if h == (nreg, kernel_id)), None)
         if key is not None:
             self.failed(key, RuntimeError(message))
-        elif self.native is not None:
-            self.native.unload(kernel_id)
+        else:
+            self.release((nreg, kernel_id))
 
     def release(self, handle) -> None:
-        if isinstance(handle, int) and self.native is not None:
+        if isinstance(handle, tuple):
             try:
-                self.native.unload(handle)
+                handle[0].unload(handle[1])
             except Exception:  # noqa: BLE001
                 pass
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Callable
 
 from aoti_farm.errors import UserError
@@ -28,6 +29,8 @@ from aoti_farm.runtime.room import ThreadRoom
 
 log = logging.getLogger("aoti_farm.hook")
 
+#: Seconds an op stays routed after it lost its last servable entry (see Routes.route).
+DROP_AFTER_S = 30.0
 #: Native counters that describe the registration now, not a count (not summed over registrations).
 _GAUGES = ("remembered", "kernels", "containers")
 
@@ -74,11 +77,8 @@ def cannot_load_reason() -> str | None:
 
 
 def native_code(mod, d: tuple, ineligible_ids: dict) -> int:
-    """The native path's code for the hook's decision ``d`` (see ``Hook._decide``): a
-    kernel id, or an eager code, remembered natively where the decision cannot change
-    until the index does."""
-    if d[0] == "run":
-        return d[2]
+    """The native path's code for the hook's eager decision ``d`` (see ``Hook._decide``),
+    remembered natively where the decision cannot change until the index does."""
     if d[0] == "gated" and d[2] and hasattr(mod, "EAGER_GATED"):
         return mod.EAGER_GATED   # remembered: later calls run eager without asking
     if d[0] == "fallback" and len(d) > 2 and hasattr(mod, "EAGER_INELIGIBLE_BASE"):
@@ -113,6 +113,7 @@ class Routes:
         self._past: dict | None = None         # counters of native registrations that went
         self.routed = None                     # the ops routed now (None: every requested op)
         self._requested: set[str] | None = None
+        self._left_out: dict[str, float] = {}   # routed op -> when it was first left out
 
     # -- set-up ------------------------------------------------------------------------------
     def start(self, ops) -> None:
@@ -160,8 +161,14 @@ class Routes:
         else:
             target = ops if ops is not None else self.ops_arg
             if self._mod is not None:
+                # each native registration asks with itself named: its kernel ids mean
+                # nothing to another one (calls in flight across a re-registration)
+                me: list = []
                 try:
-                    nreg = native_mod.NativeRegistration(self._mod, target, self._decide, self._on_error, self.devices)
+                    nreg = native_mod.NativeRegistration(
+                        self._mod, target, lambda *a: self._decide(me[0], *a),
+                        lambda kid, msg: self._on_error(me[0], kid, msg), self.devices)
+                    me.append(nreg)
                 except ValueError:
                     raise
                 except Exception as e:  # noqa: BLE001 -- never leave the ops unserved
@@ -190,11 +197,25 @@ class Routes:
         return self._requested
 
     # -- changes -----------------------------------------------------------------------------
-    def route(self, ops) -> bool:
+    def route(self, ops, now: float | None = None) -> bool:
         """Register for ``ops`` (a list of op names; None: every requested op) if that is
-        not what is registered; True when it changed."""
+        not what is registered; True when it changed.  An op added is routed at once; an
+        op dropped stays routed until it has been left out for :data:`DROP_AFTER_S`
+        (entries replaced by gc, republishing or ``verify --repair`` come back quickly, and
+        every re-registration costs the loaded kernels)."""
+        if ops is not None and self.routed is not None:
+            now = time.monotonic() if now is None else now
+            keep = set(ops)
+            for op in set(self.routed) - keep:
+                if now - self._left_out.setdefault(op, now) < DROP_AFTER_S:
+                    keep.add(op)
+            for op in list(self._left_out):
+                if op in ops or op not in self.routed:
+                    del self._left_out[op]
+            ops = sorted(keep)
         if ops == self.routed or (ops is not None and self.routed is not None and sorted(ops) == sorted(self.routed)):
             return False
+        self._left_out = {op: t for op, t in self._left_out.items() if ops is None or op in ops}
         self._unregister()
         self._register(ops)
         return True

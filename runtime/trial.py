@@ -19,7 +19,7 @@ def request(gate: Gate, cache, fp, call, handle, bypassed) -> None:
     """Have ``gate`` decide ``call.key`` in its thread; ``bypassed()`` is the context in
     which the hook lets this thread's calls through to eager."""
     opened: list = []
-    native = isinstance(handle, int)
+    native = isinstance(handle, tuple)   # (native registration, kernel id)
 
     def speed():
         e = cache.open_entry(fp, call.key, private=native)
