@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 
 from aoti_farm.cache import load_signing_key
+from aoti_farm.config import check_on_miss
 from aoti_farm.errors import UserError
 from aoti_farm.runtime.gate import POLICIES
 from aoti_farm.exposition import DEFAULT_PORT_RANGE, parse_port
@@ -89,14 +90,13 @@ def check_arguments(on_miss: str, poll_interval, devices, native: str, route: st
     """``install()``'s other arguments, checked (UserError naming the argument); returns
     the routing policy (``route``: None is "servable" with ``on_miss="ignore"``, else
     "all")."""
+    check_on_miss(on_miss)   # the one check, shared with config.resolve
     route = route or ("servable" if on_miss == "ignore" else "all")
     if route not in ("all", "servable") or (route == "servable" and on_miss != "ignore"):
         raise UserError(f"route: {route!r} is not 'all', or 'servable' with on_miss='ignore' "
                         "(a miss must be seen to be queued)")
     if native not in ("auto", "off", "require"):
         raise UserError(f"native: {native!r} is not one of auto, off, require")
-    if on_miss not in ("compile", "queue", "ignore"):
-        raise UserError(f"on_miss: {on_miss!r} is not one of compile, queue, ignore")
     if not poll_interval or poll_interval <= 0:
         raise UserError(f"poll_interval: {poll_interval!r} must be a positive number of seconds")
     bad = [d for d in devices if d not in ("cpu", "cuda")]
