@@ -340,7 +340,7 @@ def measure(items: list, device: str, cache_dir: str, rounds: int, batch_ms: flo
                                 for _ in range(5):
                                     fn()
                         # trials may run in the background (Gate.wait: public, for tests and benchmarks)
-                        gate = getattr(hook, "gate", None) or getattr(hook, "_gate", None)
+                        gate = getattr(hook, "gate", None)
                         if gate is not None and hasattr(gate, "wait"):
                             settled.append(gate.wait(600))
                         if route == "servable":   # one poll: ops whose every entry was declined leave the hook
