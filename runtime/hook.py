@@ -22,15 +22,16 @@ the same code for both paths):
 Hot reload: the poller (``runtime/poller.py``) refreshes the index every
 ``poll_interval`` seconds, at once when this hook's worker reports an outcome.
 
-**What is routed.**  With ``on_miss="ignore"`` a call can only be served or run eager, so by
-default (``route="servable"``) only ops with at least one servable entry are registered:
-published, not refused or failing here, and (under ``serve="faster"``) faster than eager
-on the compile host and not declined by this host's trial.  Every other op costs exactly
-eager: the dispatcher never enters the hook (and its calls are not counted).  The set is
-recomputed after each poll and re-registered when it changes.  With ``"compile"`` or
-``"queue"`` (or ``route="all"``) every requested op is routed: a miss of a signature not
-compiled yet must be seen to be queued.  A process that cannot load kernels at all (the
-libstdc++ trap, ``aoti_farm/loadenv.py``) registers nothing.
+**What is routed.**  Every requested op (``route="all"``, the default), except that a
+process that cannot load kernels at all (the libstdc++ trap, ``aoti_farm/loadenv.py``)
+registers nothing and costs exactly eager.  With ``on_miss="ignore"`` a call can only be
+served or run eager, so ``route="servable"`` (opt-in) registers only ops with at least one
+servable entry: published, not refused or failing here, and (under ``serve="faster"``)
+faster than eager on the compile host and not declined by this host's trial; every other
+op never enters the hook.  The set is recomputed after each poll and the dispatcher
+re-registered when it changes (an op that lost its last servable entry stays routed for
+``routes.DROP_AFTER_S``).  It is opt-in because torch does not promise that replacing a
+kernel registration is safe while another thread is inside it.
 
 Nothing the cache, the queue or a kernel does raises into the caller: every such error is
 counted and the call returns eager's result.  Counters: :meth:`Hook.stats`.

@@ -88,10 +88,12 @@ def resolve(*, serve: str | None = None, yield_core: bool | None = None, metrics
 
 def check_arguments(on_miss: str, poll_interval, devices, native: str, route: str | None) -> str:
     """``install()``'s other arguments, checked (UserError naming the argument); returns
-    the routing policy (``route``: None is "servable" with ``on_miss="ignore"``, else
-    "all")."""
+    the routing policy (``route``: None is "all").  "servable" (only with
+    ``on_miss="ignore"``) is opt-in: it re-registers the dispatcher whenever the set of
+    servable ops changes, and torch does not promise that replacing a kernel is safe while
+    another thread is inside it, so the default never re-registers after the start."""
     check_on_miss(on_miss)   # the one check, shared with config.resolve
-    route = route or ("servable" if on_miss == "ignore" else "all")
+    route = route or "all"
     if route not in ("all", "servable") or (route == "servable" and on_miss != "ignore"):
         raise UserError(f"route: {route!r} is not 'all', or 'servable' with on_miss='ignore' "
                         "(a miss must be seen to be queued)")

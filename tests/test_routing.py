@@ -1,5 +1,5 @@
 """Issue 13: a hook that cannot serve an op costs nothing for it.  With ``on_miss="ignore"``
-(``route="servable"``, its default) only ops with a servable entry are registered:
+and ``route="servable"`` (opt-in) only ops with a servable entry are registered:
 an op whose only entry the speed gate declines on the compile host is never routed through
 the hook (asserted on the registration and on the counters: nothing reaches it), the same
 entry under ``serve="always"`` is, and an op whose first servable entry is published later
@@ -25,7 +25,7 @@ def test_an_op_whose_only_entry_is_gated_is_not_routed(kernels, tmp_path):
     cache = _gate_cache(kernels, tmp_path, ratio=1.6)   # slower than eager on the compile host
     a, b = _add_call()
     expected = torch.add(a, b, alpha=2)
-    with install(cache_dir=str(cache.root), ops=OPS, on_miss="ignore", serve="faster") as hook:   # the default
+    with install(cache_dir=str(cache.root), ops=OPS, on_miss="ignore", route="servable", serve="faster") as hook:
         assert hook.ops == [] and hook.stats()["routed_ops"] == 0
         before = hook.stats()
         got = [torch.add(a, b, alpha=2) for _ in range(3)] + [torch.mul(a, a)]
@@ -56,6 +56,8 @@ def test_an_op_is_routed_once_its_first_servable_entry_is_published(kernels, tmp
     assert torch.equal(got, torch.add(a, b, alpha=2))
 
 
-def test_servable_routing_needs_on_miss_ignore(tmp_path):
+def test_servable_routing_needs_on_miss_ignore_and_is_not_the_default(tmp_path):
+    with install(cache_dir=str(tmp_path), ops=OPS, on_miss="ignore") as hook:
+        assert sorted(hook.ops) == sorted(OPS)     # the default routes every requested op
     with pytest.raises(UserError, match="route"):
         install(cache_dir=str(tmp_path), on_miss="queue", route="servable")
