@@ -32,8 +32,8 @@ planning checks the inputs alone (a lower bound, no meta run: the first one impo
 torch._dynamo, ~3.5 s); the whole estimate is checked where the compile happens.
 
 **The budget** is per compile: ``memory_budget`` in ``[farm]``, ``AOTI_FARM_MEMORY_BUDGET``
-(also read by the hook's compile worker and the Ray actors, which inherit ``warm``'s
-environment) or ``--memory-budget`` on ``warm``, ``serve``, ``compile-one`` and
+(resolved by the command layer; the hook's compile worker gets it from its hook as
+``--memory-budget``, the Ray actors from ``warm``'s config) or ``--memory-budget`` on ``warm``, ``serve``, ``compile-one`` and
 ``trace validate``; sizes like ``6G``, ``512M`` or bytes.  Default: a quarter of the
 host's memory (MemTotal in /proc/meminfo): 5.9 GiB on this host (MemTotal 23.5 GiB).
 """
@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from aoti_farm.counters import Counters
+
 INPUT_BYTES_PER_ELEMENT = 16
 OUTPUT_BYTES_PER_ELEMENT = 64
 #: the default budget is this fraction of the host's memory
@@ -54,7 +56,7 @@ DEFAULT_FRACTION = 0.25
 FALLBACK_BUDGET = 4 << 30
 ENV = "AOTI_FARM_MEMORY_BUDGET"
 #: named counters of this process: compiles refused by compile_and_publish
-COUNTERS = {"refused": 0}
+COUNTERS = Counters("refused")
 FIX = ("raise the budget (--memory-budget, AOTI_FARM_MEMORY_BUDGET or memory_budget in [farm]) "
        "or drop the entry")
 
@@ -106,17 +108,12 @@ def default_budget() -> int:
 
 
 def current(explicit: int | None = None) -> tuple[int, str]:
-    """(budget in bytes, where it came from): ``explicit`` (a resolved config value), else
-    ``$AOTI_FARM_MEMORY_BUDGET``, else the host default.  A bad environment value falls
-    back to the default here (the CLI refuses it earlier, through the config)."""
+    """(budget in bytes, where it came from): ``explicit`` (a value resolved by a command
+    layer: ``config.resolve``'s ``memory_budget``, ``config.memory_budget``), else the host
+    default.  No environment here: ``AOTI_FARM_MEMORY_BUDGET`` is resolved by the command
+    layer (the hook's compile worker gets it as ``--memory-budget``)."""
     if explicit:
         return int(explicit), "configured"
-    env = os.environ.get(ENV, "").strip()
-    if env:
-        try:
-            return parse_size(env), ENV
-        except ValueError:
-            pass
     return default_budget(), "a quarter of this host's memory"
 
 

@@ -64,10 +64,13 @@ _SHARDED = {"entries": "entries", "failed": "failed"}   # Cache.shard_stamps / s
 class Cache:
     """One cache directory.  Cheap to construct; creates nothing until written to."""
 
-    def __init__(self, root: str | os.PathLike | None = None, *, signing_key: bytes | str | None = None,
+    def __init__(self, root: str | os.PathLike | None, *, signing_key: bytes | str | None = None,
                  allow_insecure: bool = False):
-        """``signing_key``: the key's bytes (``aoti_farm.config.signing_key`` resolves the
-        configured one), or None to sign and check nothing."""
+        """``root``: the cache directory, resolved by the caller (``aoti_farm.config.cache_dir``
+        resolves ``--cache-dir`` / ``AOTI_FARM_CACHE_DIR``); None is ``~/.cache/aoti-farm``
+        (:func:`aoti_farm.fsutil.default_cache_dir`, never the environment).  ``signing_key``:
+        the key's bytes (``aoti_farm.config.signing_key`` resolves the configured one), or
+        None to sign and check nothing."""
         self.root = Path(root or default_cache_dir()).absolute()
         # an empty key is an error (UserError), never "no signing"
         self.signing_key = None if signing_key is None else load_signing_key(signing_key)

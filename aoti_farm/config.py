@@ -76,6 +76,8 @@ class HookConfig:
     inductor_options: dict = field(default_factory=dict)
     yield_core: bool = True               # fewer serving intra-op threads while compiling
     serve: str = "faster"                 # faster: only kernels faster than eager (runtime/gate.py) | always
+    explain_misses: bool = False          # explain each miss once (aoti_farm/explain.py)
+    memory_budget: int | None = None      # the compile worker's budget per compile; None: budget.py's default
 
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
@@ -90,6 +92,42 @@ def check_on_miss(value) -> str:
     if value not in ON_MISS:
         raise UserError(f"on_miss: {value!r} is not one of {', '.join(ON_MISS)}")
     return value
+
+
+def check_serve(value) -> str:
+    """The one check of ``serve`` (the config path and ``install()``'s argument)."""
+    if value not in ("faster", "always"):
+        raise UserError(f"serve: {value!r} is not one of faster, always; fix --serve, "
+                        f"AOTI_FARM_SERVE or [hook] serve")
+    return value
+
+
+def from_env(cls: type, name: str, env: Mapping[str, str] | None = None) -> Any:
+    """One field of ``cls`` from its variable ``AOTI_FARM_<NAME>``, coerced (a bad value is a
+    UserError naming the variable); None when unset or empty.  :func:`resolve` and the
+    serving process's settings (``runtime/settings.py``) both read the environment here."""
+    env = os.environ if env is None else env
+    var = f"AOTI_FARM_{name.upper()}"
+    v = env.get(var)
+    return None if v is None or v == "" else _coerce(cls, name, v, f"environment {var}")
+
+
+def cache_dir(explicit: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The shared kernel cache: ``explicit``, else ``AOTI_FARM_CACHE_DIR``, else
+    ``~/.cache/aoti-farm`` (:func:`aoti_farm.fsutil.default_cache_dir`)."""
+    from aoti_farm.fsutil import default_cache_dir
+
+    if explicit:
+        return os.fspath(explicit)
+    return from_env(HookConfig, "cache_dir", env) or default_cache_dir()
+
+
+def memory_budget(explicit: int | str | None = None, env: Mapping[str, str] | None = None) -> int | None:
+    """The memory budget per compile in bytes: ``explicit`` (a size), else
+    ``AOTI_FARM_MEMORY_BUDGET``; None: budget.py's host default."""
+    if explicit is not None:
+        return _coerce(HookConfig, "memory_budget", explicit, "memory_budget")
+    return from_env(HookConfig, "memory_budget", env)
 
 
 # --- settings of one process that are not a config table's -----------------------------------
@@ -277,9 +315,9 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
                 raise UserError(f"config {path}: [{section}] has unknown key {k!r}; valid keys: {', '.join(names)}")
             values[k] = _coerce(cls, k, v, f"config {path} [{section}]")
     for k in names:
-        ev = env.get(f"AOTI_FARM_{k.upper()}")
-        if ev is not None and ev != "":
-            values[k] = _coerce(cls, k, ev, f"environment AOTI_FARM_{k.upper()}")
+        ev = from_env(cls, k, env)
+        if ev is not None:
+            values[k] = ev
     for k, v in (cli or {}).items():
         if v is not None:
             if k not in names:
@@ -288,9 +326,8 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
     cfg = cls(**values)
     if isinstance(cfg, HookConfig):
         check_on_miss(cfg.on_miss)
-    if isinstance(cfg, HookConfig) and cfg.serve not in ("faster", "always"):
-        raise UserError(f"serve: {cfg.serve!r} is not one of faster, always; fix --serve, "
-                        f"AOTI_FARM_SERVE or [hook] serve")
+    if isinstance(cfg, HookConfig):
+        check_serve(cfg.serve)
     if isinstance(cfg, FarmConfig) and cfg.dynamic not in ("auto", "off"):
         raise UserError(f"dynamic: {cfg.dynamic!r} is not one of auto, off; fix --dynamic, AOTI_FARM_DYNAMIC or [farm] dynamic")
     if isinstance(cfg, FarmConfig) and cfg.lease_ttl > 3600:   # leases.MAX_TTL: a longer one reads as expired

@@ -42,7 +42,7 @@ class Outcome:
 def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: Signature, *,
                         owner: str, attempts: int = 1, lease_ttl: float = leases.DEFAULT_TTL,
                         workroot: str | None = None, on_start=None, memory_budget: int | None = None) -> Outcome:
-    """``memory_budget``: bytes (None: ``$AOTI_FARM_MEMORY_BUDGET``, else a quarter of
+    """``memory_budget``: bytes (None: a quarter of
     this host's memory).  A signature over it is refused before anything is compiled or
     allocated: a ``failed`` outcome whose evidence says ``refused: memory_budget``, with
     no failure record (the budget is this host's, another may compile it); see
@@ -58,7 +58,7 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
         return Outcome(key, FAILED, worker=worker, error=rec.get("reason"), evidence=rec.get("evidence") or {})
     over = budget.refusal(sig, memory_budget, outputs=False)
     if over is not None:
-        budget.COUNTERS["refused"] += 1
+        budget.COUNTERS.inc("refused")
         return Outcome(key, FAILED, worker=worker, error=over[0], evidence=over[1])
     cache.ensure(fp)
     lease = leases.try_acquire(cache, fp.id, key, owner, lease_ttl)
@@ -72,7 +72,7 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
             return Outcome(key, CACHED, worker=worker)
         over = budget.refusal(sig, memory_budget)
         if over is not None:
-            budget.COUNTERS["refused"] += 1
+            budget.COUNTERS.inc("refused")
             return Outcome(key, FAILED, worker=worker, error=over[0], evidence=over[1])
         if on_start is not None:
             on_start()   # the compile begins (the serving hook makes room for it)

@@ -13,7 +13,9 @@ done), ``compile`` (a compile begins), ``outcome`` / ``error`` (it ended), ``bad
 ``idle-exit``.  A bad queue item (unsafe, oversized, garbage, wrong schema; see
 :mod:`aoti_farm.missq`) is one ``bad-item`` event, skipped, never fatal.  Exit status: 0
 when idle, 2 on bad arguments (an empty signing key too) or a fingerprint that is not
-this host's.
+this host's.  Its settings are its arguments (``--memory-budget``: the hook's resolved
+budget), except the signing key, which its hook puts in its environment
+(``runtime/supervisor.py``'s ``worker_env``) so that it never appears on a command line.
 """
 
 from __future__ import annotations
@@ -78,12 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=float, default=20.0, help="exit after this many idle seconds")
     p.add_argument("--inductor-options", default="{}", help="JSON object")
     p.add_argument("--allow-insecure", action="store_true")
+    p.add_argument("--memory-budget", default=None,
+                   help="bytes per compile (6G, 512M); unset: a quarter of the host's memory")
     ns = p.parse_args(argv)
 
     import warnings
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     from aoti_farm import job, leases, missq, records
+    from aoti_farm.budget import parse_size
     from aoti_farm.cache import Cache, load_signing_key
     from aoti_farm.compiler import AOTICompiler
     from aoti_farm.errors import FarmError, UserError
@@ -94,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         assert isinstance(opts, dict)
     except (ValueError, AssertionError):
         print(f"compile_worker: --inductor-options {ns.inductor_options!r} is not a JSON object", file=sys.stderr)
+        return 2
+    try:
+        memory_budget = parse_size(ns.memory_budget) if ns.memory_budget is not None else None
+    except ValueError as e:
+        print(f"compile_worker: --memory-budget: {e}", file=sys.stderr)
         return 2
     fp = fingerprint(ns.device, opts)
     if fp.id != ns.fp_id:
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 retry_at[key] = time.monotonic() + BAD_ITEM_RETRY
                 continue
             try:
-                out = job.compile_and_publish(cache, compiler, fp, sig, owner=owner,
+                out = job.compile_and_publish(cache, compiler, fp, sig, owner=owner, memory_budget=memory_budget,
                                               on_start=lambda k=key: _out({"event": "compile", "key": k}))
             except Exception as e:  # noqa: BLE001 -- infrastructure trouble: retry later
                 _out({"event": "error", "key": key, "error": f"{type(e).__name__}: {e}"})

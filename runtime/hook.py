@@ -85,7 +85,8 @@ class Hook:
         route = settings_mod.check_arguments(on_miss, poll_interval, devices, native, route)
         self.on_miss = on_miss
         self.inductor_options = dict(inductor_options or {})
-        self.cache = Cache(cache_dir, signing_key=settings.signing_key, allow_insecure=allow_insecure)
+        self.cache = Cache(cache_dir or settings.cache_dir, signing_key=settings.signing_key,
+                           allow_insecure=allow_insecure)
         self.worker_log = worker_log or os.path.join(tempfile.gettempdir(), f"aoti-farm-worker-{os.getpid()}.log")
         try:   # serve a kernel only where it is faster than eager (runtime/gate.py)
             self.gate = gate_mod.Gate(settings.serve)
@@ -116,7 +117,7 @@ class Hook:
         self._writer.wake = wake
         self._kernels = KernelTable(self.cache, self.fps, self._index, self._writer.report, self._writer.submit)
         self._workers = WorkerSupervisor(self.cache, self.fps, self.inductor_options, self.worker_log, worker_idle,
-                                         self._room, wake)
+                                         self._room, wake, settings.memory_budget)
         self._shapes = ShapeIndex(self.cache, self.fps, Call, gated=self.gate.active)   # runtime/shapeserve.py
         for d in self._index:
             self._refresh(d)
@@ -350,11 +351,13 @@ def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = N
             devices: Iterable[str] = ("cpu", "cuda"), on_miss: str = "compile", poll_interval: float = 1.0,
             signing_key: bytes | str | None = None, allow_insecure: bool = False,
             inductor_options: dict | None = None, *, serve: str | None = None, yield_core: bool | None = None,
-            metrics_port: int | None = None, explain_misses: bool | None = None, **kw) -> Hook:
+            metrics_port: int | None = None, explain_misses: bool | None = None,
+            memory_budget: int | str | None = None, **kw) -> Hook:
     """Install the serving hook; see the module docstring.  ``uninstall()`` or use as a
     context manager.  Settings left None come from the environment (``runtime/settings.py``);
     bad arguments raise :class:`UserError`."""
     settings = settings_mod.resolve(serve=serve, yield_core=yield_core, metrics_port=metrics_port,
-                                    explain_misses=explain_misses, signing_key=signing_key)
+                                    explain_misses=explain_misses, signing_key=signing_key,
+                                    cache_dir=cache_dir, memory_budget=memory_budget)
     return Hook(cache_dir, ops, tuple(devices), on_miss, poll_interval, settings, allow_insecure,
                 inductor_options, **kw)

@@ -154,7 +154,7 @@ from aoti_farm.exposition import Exporter, serve_http  # noqa: E402 -- shared wi
 
 def start_for_hook(hook, endpoint) -> Exporter | None:
     """The hook's own endpoint (``install(metrics_port=...)``; ``endpoint`` a
-    :class:`aoti_farm.runtime.settings.MetricsEndpoint`); never raises: a port that
+    :class:`aoti_farm.exposition.Endpoint`); never raises: a port that
     cannot be had is logged and the hook serves without metrics."""
     try:
         from prometheus_client import CollectorRegistry

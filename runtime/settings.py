@@ -1,5 +1,5 @@
-"""A serving process's settings: the one place in ``runtime/`` that reads them from the
-environment.
+"""A serving process's settings: the one place in ``runtime/`` that resolves them, through
+:mod:`aoti_farm.config` (which reads the environment).
 
 ``install()`` (the Python entry point of a serving process) resolves here what its caller
 left unset (None); ``aoti-farm run``'s child (``runtime/launch.py``, the command layer of
@@ -16,6 +16,8 @@ variable                       ``install()`` arg   when unset
 ``AOTI_FARM_EXPLAIN_MISSES``   ``explain_misses``  off
 ``AOTI_FARM_SIGNING_KEY``,     ``signing_key``     no signing
 ``AOTI_FARM_SIGNING_KEY_FILE``
+``AOTI_FARM_CACHE_DIR``        ``cache_dir``       ``~/.cache/aoti-farm``
+``AOTI_FARM_MEMORY_BUDGET``    ``memory_budget``   a quarter of host memory
 =============================  ==================  ============================
 
 Low-level switches, documented in the README, read where they act:
@@ -28,62 +30,47 @@ and :func:`aoti_farm.runtime.supervisor.worker_env` builds a compile worker's en
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from aoti_farm.cache import load_signing_key
-from aoti_farm.config import check_on_miss
+from aoti_farm import config
+from aoti_farm.config import HookConfig, check_on_miss
 from aoti_farm.errors import UserError
-from aoti_farm.runtime.gate import POLICIES
-from aoti_farm.exposition import DEFAULT_PORT_RANGE, parse_port
-
-_OFF = ("0", "false", "no", "off")
-_ON = ("1", "true", "yes", "on")
-
-
-@dataclass(frozen=True)
-class MetricsEndpoint:
-    """Where a hook serves its metrics (``runtime/metrics.py``'s ``serve_http``)."""
-
-    port: int
-    addr: str = "0.0.0.0"
-    span: int = DEFAULT_PORT_RANGE
-    sd_dir: str | None = None
+from aoti_farm.exposition import Endpoint
 
 
 @dataclass(frozen=True)
 class HookSettings:
     serve: str
     yield_core: bool
-    metrics: MetricsEndpoint | None
+    metrics: Endpoint | None
     explain_misses: bool
     signing_key: bytes | None
+    cache_dir: str = ""                   # the cache directory (config.cache_dir)
+    memory_budget: int | None = None      # bytes per compile for the compile worker; None: its default
 
 
 def resolve(*, serve: str | None = None, yield_core: bool | None = None, metrics_port=None,
             explain_misses: bool | None = None, signing_key: bytes | str | None = None,
-            env=None) -> HookSettings:
-    """Explicit values as given; unset ones from ``env`` (default ``os.environ``).  A bad
-    value is a UserError naming the argument or the variable."""
-    env = os.environ if env is None else env
+            cache_dir=None, memory_budget=None, env=None) -> HookSettings:
+    """Explicit values as given; unset ones from ``env`` (default ``os.environ``), through
+    :mod:`aoti_farm.config`'s resolution (``config.from_env``: the variables, their parsing
+    and ``HookConfig``'s defaults exist once).  A bad value is a UserError naming the
+    argument or the variable."""
     if serve is None:
-        v = env.get("AOTI_FARM_SERVE", "").strip().lower()
-        serve = v if v in POLICIES else "faster"
+        serve = config.from_env(HookConfig, "serve", env) or HookConfig.serve
+    config.check_serve(serve)
     if yield_core is None:
-        yield_core = env.get("AOTI_FARM_YIELD_CORE", "1").strip().lower() not in _OFF
+        yield_core = config.from_env(HookConfig, "yield_core", env)
+        yield_core = HookConfig.yield_core if yield_core is None else yield_core
     if explain_misses is None:
-        explain_misses = env.get("AOTI_FARM_EXPLAIN_MISSES", "").strip().lower() in _ON
-    metrics = None
-    raw = metrics_port if metrics_port is not None else env.get("AOTI_FARM_METRICS_PORT")
-    if raw is not None and raw != "":
-        port = parse_port(raw, "metrics_port" if metrics_port is not None else "AOTI_FARM_METRICS_PORT")
-        span = int(env.get("AOTI_FARM_METRICS_PORTS", DEFAULT_PORT_RANGE) or DEFAULT_PORT_RANGE)
-        metrics = MetricsEndpoint(port, env.get("AOTI_FARM_METRICS_ADDR", "0.0.0.0"), span,
-                                  env.get("AOTI_FARM_METRICS_SD_DIR") or None)
+        explain_misses = config.from_env(HookConfig, "explain_misses", env)
+        explain_misses = HookConfig.explain_misses if explain_misses is None else explain_misses
+    metrics = config.metrics_endpoint(metrics_port, env)
     # explicit, else AOTI_FARM_SIGNING_KEY(_FILE); an empty or unreadable one is an error,
     # never "no signing"
-    key = load_signing_key(signing_key)
-    return HookSettings(serve, bool(yield_core), metrics, bool(explain_misses), key)
+    key = config.load_signing_key(signing_key, env=env)
+    return HookSettings(serve, bool(yield_core), metrics, bool(explain_misses), key,
+                        config.cache_dir(cache_dir, env), config.memory_budget(memory_budget, env))
 
 
 def check_arguments(on_miss: str, poll_interval, devices, native: str, route: str | None) -> str:

@@ -57,8 +57,9 @@ class WorkerSupervisor:
     """The compile workers of one hook, per device, and the log they write."""
 
     def __init__(self, cache: Cache, fps: dict, inductor_options: dict, log_path: str, idle: float,
-                 room: ThreadRoom, wake: threading.Event):
+                 room: ThreadRoom, wake: threading.Event, memory_budget: int | None = None):
         self.cache, self.fps, self.inductor_options = cache, fps, inductor_options
+        self.memory_budget = memory_budget   # bytes per compile (the worker's --memory-budget); None: its default
         self.log_path, self.idle, self.room, self.wake = log_path, idle, room, wake
         self.last: subprocess.Popen | None = None          # the worker last started
         self._workers: dict[str, subprocess.Popen] = {}    # per device
@@ -79,13 +80,20 @@ class WorkerSupervisor:
                 return  # the last start failed: not more often than every RETRY_SECONDS
             self._start(device)
 
-    def _start(self, device: str) -> None:
-        fp = self.fps[device]
+    def command(self, device: str) -> list[str]:
+        """The command line of a compile worker for ``device``: the hook's resolved settings
+        as arguments (the signing key goes in :func:`worker_env`)."""
         cmd = [sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", str(self.cache.root),
-               "--device", device, "--fp-id", fp.id, "--idle", str(self.idle),
+               "--device", device, "--fp-id", self.fps[device].id, "--idle", str(self.idle),
                "--inductor-options", json.dumps(self.inductor_options)]
         if self.cache.allow_insecure:
             cmd.append("--allow-insecure")
+        if self.memory_budget:
+            cmd += ["--memory-budget", str(int(self.memory_budget))]
+        return cmd
+
+    def _start(self, device: str) -> None:
+        cmd = self.command(device)
         try:
             logf = open(self.log_path, "ab")
             try:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from aoti_farm import job, leases
+from aoti_farm import config, job, leases
 from aoti_farm import signature as S
 from aoti_farm import upstream as U
 from aoti_farm.cache import BadEntry, Cache, load_signing_key
@@ -52,12 +52,13 @@ class UpstreamBackend:
     """The registered backend; ``stats()``, ``disable()``."""
 
     def __init__(self, cache: Cache, *, devices: tuple[str, ...], inductor_options: dict | None,
-                 compile: bool, wait_s: float, compiler: Any = None):
+                 compile: bool, wait_s: float, compiler: Any = None, memory_budget: int | None = None):
         from aoti_farm.compiler import AOTICompiler
 
         self.cache = cache
         self.devices = devices
         self.compiler = compiler or AOTICompiler(inductor_options)
+        self.memory_budget = memory_budget   # bytes per compile; None: budget.py's default
         self.compile = compile
         self.wait_s = wait_s
         self.owner = leases.new_owner("upstream-backend")
@@ -158,7 +159,8 @@ class UpstreamBackend:
         delay, waited = 0.05, False
         while True:
             if self.compile:
-                out = job.compile_and_publish(self.cache, self.compiler, fp, sig, owner=self.owner)
+                out = job.compile_and_publish(self.cache, self.compiler, fp, sig, owner=self.owner,
+                                              memory_budget=self.memory_budget)
                 status = out.status
             else:
                 status = job.CACHED if self.cache.has_entry(fp.id, sig.key) else job.BUSY
@@ -229,10 +231,12 @@ def enable_upstream_backend(cache_dir: str | os.PathLike | None = None, *, devic
     for d in devices:
         if d not in U.DEVICES:
             raise UserError(f"enable_upstream_backend(devices=...): {d!r} is not 'cpu' or 'cuda'")
-    cache = Cache(cache_dir, signing_key=load_signing_key(signing_key), allow_insecure=allow_insecure)
+    # a serving process's entry point: unset settings resolved like install()'s (config.py)
+    cache = Cache(config.cache_dir(cache_dir), signing_key=load_signing_key(signing_key),
+                  allow_insecure=allow_insecure)
     cache.check_version()
     backend = UpstreamBackend(cache, devices=tuple(devices), inductor_options=inductor_options,
-                              compile=compile, wait_s=wait_s)
+                              compile=compile, wait_s=wait_s, memory_budget=config.memory_budget())
     for d in devices:
         aoti_eager.register_aoti_compile_backend(d, backend.compile_fn, backend.load)
         backend._registered.append(d)

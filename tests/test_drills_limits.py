@@ -248,9 +248,13 @@ def test_default_budget_is_a_quarter_of_memtotal(monkeypatch):
     assert budget.default_budget() == int(total * budget.DEFAULT_FRACTION)
     monkeypatch.delenv(budget.ENV, raising=False)
     assert budget.current() == (budget.default_budget(), "a quarter of this host's memory")
+    # the environment is the command layer's (config.memory_budget), never read here
     monkeypatch.setenv(budget.ENV, "512M")
-    assert budget.current() == (512 << 20, budget.ENV)
+    assert budget.current() == (budget.default_budget(), "a quarter of this host's memory")
     assert budget.current(1 << 30) == (1 << 30, "configured")
+    from aoti_farm import config
+
+    assert config.memory_budget() == 512 << 20 and config.memory_budget("1G") == 1 << 30
 
 
 def test_budget_config(tmp_path):
@@ -338,18 +342,18 @@ def test_compile_and_publish_refuses_before_lease_and_compile(tmp_path):
     c = Cache(tmp_path / "c", signing_key=None)
     fp = fingerprint("cpu")
     sig = _relu(1 << 16)                 # ~5 MB estimated
-    n0 = budget.COUNTERS["refused"]
+    n0 = budget.COUNTERS.get("refused")
     out = job.compile_and_publish(c, AOTICompiler(), fp, sig, owner="t", memory_budget=1 << 20)
     assert out.status == job.FAILED and out.evidence["refused"] == "memory_budget", out
-    assert "memory budget" in out.error and budget.COUNTERS["refused"] == n0 + 1
+    assert "memory budget" in out.error and budget.COUNTERS.get("refused") == n0 + 1
     assert not c.has_entry(fp.id, sig.key) and c.failure(fp.id, sig.key) is None
     leases_dir = c.ns(fp.id) / "leases"
     assert not leases_dir.exists() or not any(leases_dir.iterdir())
 
 
 def test_hook_worker_refuses_over_budget_end_to_end(tmp_path):
-    """The hook's real background compile worker, given AOTI_FARM_MEMORY_BUDGET=1M in
-    its environment (as the hook starts it), drains a queued relu[2**16] without
+    """The hook's real background compile worker, given ``--memory-budget 1M`` (as the hook
+    starts it, from its resolved AOTI_FARM_MEMORY_BUDGET), drains a queued relu[2**16] without
     compiling: a failed outcome naming the budget, the item done, nothing published."""
     from aoti_farm import missq
 
@@ -358,10 +362,11 @@ def test_hook_worker_refuses_over_budget_end_to_end(tmp_path):
     c.ensure(fp)
     sig = _relu(1 << 16)
     assert missq.enqueue(c, fp.id, sig)
-    env = {**os.environ, budget.ENV: "1M"}
+    env = {k: v for k, v in os.environ.items() if k != budget.ENV}
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", str(c.root),
-                        "--fp-id", fp.id, "--idle", "1"], capture_output=True, text=True, env=env, timeout=300)
+                        "--fp-id", fp.id, "--idle", "1", "--memory-budget", "1M"],
+                       capture_output=True, text=True, env=env, timeout=300)
     events = [json.loads(line) for line in p.stdout.splitlines() if line.startswith('{"event"')]
     outcomes = [e for e in events if e["event"] == "outcome"]
     assert p.returncode == 0, p.stderr[-2000:]

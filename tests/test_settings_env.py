@@ -1,8 +1,8 @@
 """Settings are resolved once, by the command layer (``aoti_farm/cli/``, through
 ``aoti_farm/config.py``): no module below it reads the environment, except where it builds a
 child process's environment, reads a documented low-level switch (``config.SWITCHES``), or
-is the settings layer of a process of its own (the hook's ``runtime/settings.py``, the
-launcher's child side).  Read from the sources (AST): every ``os.environ`` / ``os.getenv``
+is the command layer of a process of its own (``aoti-farm run``'s launcher and its child
+side).  A serving process's ``runtime/settings.py`` resolves through ``config.py`` too.  Read from the sources (AST): every ``os.environ`` / ``os.getenv``
 outside a write (``os.environ[k] = v``, ``.setdefault``, ``.update``, ``.pop``: this process
 telling torch or a child something) counts as a read.
 """
@@ -37,14 +37,10 @@ ALLOWED = {
     ("runtime/native.py", "disabled"): "switch AOTI_FARM_NATIVE",
     ("runtime/native.py", "compiler"): "switch CXX",
     ("runtime/native.py", "native_dir"): "switch AOTI_FARM_NATIVE_DIR, XDG_CACHE_HOME",
-    # the settings layer of a process that has no command line of aoti-farm's
-    ("runtime/settings.py", "resolve"): "install()'s settings: the runtime's one place",
+    # the launched program's side (its own command layer)
     ("runtime/launch.py", "run_command"): "`aoti-farm run`: a command",
     ("runtime/launch.py", "boot"): "the launched program's side of `aoti-farm run`/`record`",
     ("runtime/_site/sitecustomize.py", "<module>"): "the launched program's side of `aoti-farm run`/`record`",
-    # not moved yet (see the issue 14 reports): settings still defaulted below the command layer
-    ("aoti_farm/fsutil.py", "default_cache_dir"): "AOTI_FARM_CACHE_DIR: Cache(None) and install(cache_dir=None)",
-    ("aoti_farm/budget.py", "current"): "AOTI_FARM_MEMORY_BUDGET: the hook's compile worker's budget",
 }
 
 
@@ -103,3 +99,53 @@ def test_every_switch_is_listed_in_one_place():
     named = {v.strip(",") for why in ALLOWED.values() if "switch " in why
              for v in why.split("switch ", 1)[1].replace(",", " ").split()}
     assert named == set(SWITCHES), (named ^ set(SWITCHES))
+
+
+def test_a_serving_process_resolves_its_settings_through_config(tmp_path):
+    """install()'s unset settings come from config.py's resolution (one set of variable
+    names, parsers and defaults); an explicit argument wins; a bad value names its variable."""
+    import pytest
+
+    from aoti_farm.config import HookConfig
+    from aoti_farm.errors import UserError
+    from aoti_farm.exposition import Endpoint
+    from aoti_farm.fsutil import default_cache_dir
+    from aoti_farm.runtime.settings import resolve
+
+    env = {"AOTI_FARM_CACHE_DIR": str(tmp_path), "AOTI_FARM_MEMORY_BUDGET": "6G", "AOTI_FARM_SERVE": "always",
+           "AOTI_FARM_YIELD_CORE": "0", "AOTI_FARM_EXPLAIN_MISSES": "1", "AOTI_FARM_METRICS_PORT": "0",
+           "AOTI_FARM_METRICS_PORTS": "3"}
+    s = resolve(env=env)
+    assert (s.cache_dir, s.memory_budget, s.serve, s.yield_core, s.explain_misses) == (
+        str(tmp_path), 6 << 30, "always", False, True)
+    assert s.metrics == Endpoint(0, span=3)
+    s = resolve(env=env, cache_dir=tmp_path / "x", memory_budget="1M", serve="faster", yield_core=True,
+                explain_misses=False, metrics_port=9000)
+    assert (s.cache_dir, s.memory_budget, s.serve, s.yield_core, s.explain_misses, s.metrics.port) == (
+        str(tmp_path / "x"), 1 << 20, "faster", True, False, 9000)
+    s = resolve(env={})
+    assert (s.cache_dir, s.memory_budget, s.serve, s.yield_core, s.explain_misses, s.metrics, s.signing_key) == (
+        default_cache_dir(), None, HookConfig.serve, HookConfig.yield_core, HookConfig.explain_misses, None, None)
+    for var, bad in (("AOTI_FARM_MEMORY_BUDGET", "lots"), ("AOTI_FARM_SERVE", "sometimes"),
+                     ("AOTI_FARM_YIELD_CORE", "maybe"), ("AOTI_FARM_EXPLAIN_MISSES", "perhaps"),
+                     ("AOTI_FARM_METRICS_PORT", "http")):
+        with pytest.raises(UserError, match=var):
+            resolve(env={var: bad})
+
+
+def test_the_compile_worker_gets_its_hooks_budget_as_an_argument(tmp_path):
+    import threading
+    from types import SimpleNamespace
+
+    from aoti_farm.cache import Cache
+    from aoti_farm.runtime.room import ThreadRoom
+    from aoti_farm.runtime.supervisor import WorkerSupervisor
+
+    def command(budget):
+        sup = WorkerSupervisor(Cache(tmp_path), {"cpu": SimpleNamespace(id="0" * 24)}, {}, str(tmp_path / "log"),
+                               1.0, ThreadRoom(False), threading.Event(), budget)
+        return sup.command("cpu")
+
+    cmd = command(6 << 30)
+    assert cmd[cmd.index("--memory-budget") + 1] == str(6 << 30)
+    assert "--memory-budget" not in command(None)
