@@ -29,22 +29,20 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import threading
 import time
 import warnings
 
-_lock = threading.Lock()
-_counters = {"prepared": 0, "skipped_done": 0, "skipped_busy": 0, "failed": 0}
+from aoti_farm.counters import Counters
+
+_counters = Counters("prepared", "skipped_done", "skipped_busy", "failed")
 
 
 def stats() -> dict:
-    with _lock:
-        return dict(_counters)
+    return _counters.snapshot()
 
 
 def _count(name: str) -> None:
-    with _lock:
-        _counters[name] += 1
+    _counters.inc(name)
 
 
 def _marker(fp_id: str) -> str:

@@ -13,9 +13,9 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import TextIO
 
+from aoti_farm.counters import Counters
 from aoti_farm.fsutil import atomic_write
 from aoti_farm.errors import UserError
 
@@ -32,14 +32,20 @@ def process_start_time() -> float | None:
         return None
 
 
-@dataclass
 class Tally:
-    total: int = 0
-    compiled: int = 0
-    cached: int = 0
-    failed: int = 0
-    in_flight: int = 0
-    retried: int = 0
+    """The display's numbers: gauges ``total`` (signatures to do) and ``in_flight`` (set by
+    the events), and the counters ``counts`` (compiled, cached, failed, retried), read as
+    attributes."""
+
+    def __init__(self, total: int = 0):
+        self.total = total
+        self.in_flight = 0
+        self.counts = Counters("compiled", "cached", "failed", "retried")
+
+    compiled = property(lambda self: self.counts.get("compiled"))
+    cached = property(lambda self: self.counts.get("cached"))
+    failed = property(lambda self: self.counts.get("failed"))
+    retried = property(lambda self: self.counts.get("retried"))
 
     @property
     def finished(self) -> int:
@@ -64,7 +70,7 @@ class Progress:
             r = data["result"]
             if r.attempts and t.in_flight:
                 t.in_flight -= 1
-            setattr(t, r.status, getattr(t, r.status) + 1)
+            t.counts.inc(r.status)
             if r.status == "compiled":
                 self.compile_seconds += r.seconds
             if not self.tty or r.status == "failed":
@@ -74,7 +80,7 @@ class Progress:
             if t.in_flight:
                 t.in_flight -= 1
             if kind == "retry":
-                t.retried += 1
+                t.counts.inc("retried")
                 self._log(f"retry    {data['key'][:16]} ({data['reason']})")
         elif kind == "worker_lost":
             self._log(f"worker lost ({data['reason']}); Ray restarts it")

@@ -29,12 +29,12 @@ import os
 import re
 import shutil
 import stat
-import threading
 from typing import Any, Callable, Iterable
 
 import msgpack
 
 from aoti_farm import safeio
+from aoti_farm.counters import Counters
 from aoti_farm.errors import FarmError
 
 RECORD_MAX = safeio.RECORD_MAX
@@ -52,20 +52,17 @@ class BadRecord(FarmError):
         self.kind = kind
 
 
-_counts: dict[str, int] = {}
-_counts_lock = threading.Lock()
+_counts = Counters()   # names "<what>/<kind>", created on their first increment
 
 
 def count_bad(what: str, kind: str) -> None:
     """Count one bad record seen by this process (``what``: queue-item, lease, ...)."""
-    with _counts_lock:
-        k = f"{what}/{kind}"
-        _counts[k] = _counts.get(k, 0) + 1
+    _counts.inc(f"{what}/{kind}")
 
 
 def bad_counts() -> dict[str, int]:
-    with _counts_lock:
-        return dict(_counts)
+    """``{"<what>/<kind>": n}`` of the bad records this process has seen."""
+    return _counts.snapshot()
 
 
 def _uids(cache) -> frozenset[int] | None:

@@ -58,6 +58,8 @@ from pathlib import Path
 
 import torch
 
+from aoti_farm.counters import Counters
+
 EXPLICIT = "template class torch::aot_inductor::AOTInductorModelBase<torch::aot_inductor::AOTInductorModel>;"
 EXTERN = "extern " + EXPLICIT
 ENV = "AOTI_FARM_SPLIT_WRAPPER"
@@ -66,9 +68,9 @@ _tls = threading.local()
 _lock = threading.Lock()
 _patched = 0
 _orig_build = None
-_counters = {"split": 0, "whole": 0, "common_built": 0, "common_reused": 0, "common_waited": 0, "common_busy": 0,
-             "fallback_no_interface": 0, "fallback_common_failed": 0, "fallback_model_failed": 0,
-             "fallback_join_failed": 0, "fallback_unsupported": 0, "common_damaged": 0}
+_counters = Counters("split", "whole", "common_built", "common_reused", "common_waited", "common_busy",
+                     "fallback_no_interface", "fallback_common_failed", "fallback_model_failed",
+                     "fallback_join_failed", "fallback_unsupported", "common_damaged")
 _failed_keys: set[str] = set()
 #: How long a compile waits for another process's build of the common object (its own
 #: model half compiles meanwhile) before it builds its wrapper whole.
@@ -81,13 +83,11 @@ def enabled() -> bool:
 
 def stats() -> dict:
     """Named counters of this process's wrapper builds."""
-    with _lock:
-        return dict(_counters)
+    return _counters.snapshot()
 
 
 def _count(name: str) -> None:
-    with _lock:
-        _counters[name] = _counters.get(name, 0) + 1
+    _counters.inc(name)
 
 
 def last_build() -> dict:

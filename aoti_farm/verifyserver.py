@@ -34,6 +34,8 @@ import tempfile
 import threading
 import time
 
+from aoti_farm.counters import Counters
+
 #: Marks the answer line (anything else the child writes to stdout is skipped).
 REPLY = "aoti-farm-verify: "
 
@@ -44,13 +46,12 @@ _lock = threading.Lock()
 _proc: subprocess.Popen | None = None
 _err = None
 _buf = b""
-_counters = {"started": 0, "requests": 0, "crashed": 0}
+_counters = Counters("started", "requests", "crashed")
 
 
 def stats() -> dict:
     """``started`` children, ``requests`` answered or failed, ``crashed`` (killed by a signal)."""
-    with _lock:
-        return dict(_counters)
+    return _counters.snapshot()
 
 
 def _alive() -> bool:
@@ -67,7 +68,7 @@ def _start_locked() -> None:
     _buf = b""
     _proc = subprocess.Popen(CHILD, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=_err, env=loadenv.child_env())
-    _counters["started"] += 1
+    _counters.inc("started")
 
 
 def prestart() -> None:
@@ -108,7 +109,7 @@ def request(req: dict, timeout: float = 600.0) -> tuple[dict | None, int | None,
     global _buf
     with _lock:
         _start_locked()
-        _counters["requests"] += 1
+        _counters.inc("requests")
         p = _proc
         try:
             p.stdin.write((json.dumps(req) + "\n").encode())
@@ -139,7 +140,7 @@ def request(req: dict, timeout: float = 600.0) -> tuple[dict | None, int | None,
             if not chunk:   # EOF: the child died (a crashing kernel, or worse)
                 rc = _drop_locked()
                 if rc is not None and rc < 0:
-                    _counters["crashed"] += 1
+                    _counters.inc("crashed")
                 return None, rc, _stderr_tail()
             _buf += chunk
 

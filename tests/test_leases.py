@@ -14,10 +14,12 @@ import time
 
 import pytest
 
-from aoti_farm import leases
+from aoti_farm import leases, records
 from aoti_farm.cache import Cache
 from aoti_farm.errors import FarmError
 from aoti_farm.records import BadRecord
+
+from _counters import assert_delta
 
 FP = "f" * 24
 KEY = "ab" * 32
@@ -152,14 +154,17 @@ def test_heartbeat_keeps_a_lease_fresh_and_notices_loss(cache):
     '["not", "an", "object"]',
 ])
 def test_a_bad_lease_counts_as_expired(cache, body):
-    """Fresh by its mtime, but it breaks the schema: it can never block the key."""
+    """Fresh by its mtime, but it breaks the schema: it can never block the key; the
+    taker counts it once as a corrupt lease (records.bad_counts)."""
     _plant(cache, body)
+    before = records.bad_counts()
     st = leases.inspect(cache, FP, KEY)
     assert st.stale and isinstance(st.problem, BadRecord)
     assert leases.holder_info(cache, FP, KEY) is None
     lease = leases.try_acquire(cache, FP, KEY, "b")
     assert lease is not None and lease.holder() == "b"
     lease.release()
+    assert_delta(before, records.bad_counts(), {"lease/corrupt": 1})
 
 
 @pytest.mark.parametrize("kind", ["dir", "fifo", "symlink"])

@@ -13,7 +13,7 @@
     the scheduler);
 
 * for **`aoti-farm serve --metrics-port P`**: a ``prometheus_client`` endpoint in the serve
-  process whose :class:`PoolCollector` reads the scheduler's ``PoolCounters`` at scrape
+  process whose :class:`PoolCollector` reads the scheduler's ``stats()`` at scrape
   time (``aoti_farm_pool_*``), so the numbers equal what ``serve`` prints at exit.
 
 Nothing here raises into the scheduler or the actor: without Ray (unit tests with a test
@@ -25,14 +25,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict
 
 log = logging.getLogger("aoti_farm.farm_metrics")
 
 #: Seconds between two mirrors of the scheduler's counters into Ray's.
 OBSERVE_INTERVAL = 1.0
 COMPILE_BUCKETS = [0.5, 1, 2, 3, 5, 8, 13, 20, 30, 60, 120, 300, 600]
-#: PoolCounters field -> (Ray counter name, help)
+#: scheduler counter (POOL_COUNTERS) -> (Ray counter name, help)
 _COUNTERS = {
     "dispatched": ("dispatched", "compile calls sent to actors"),
     "compiled": ("compiled", "signatures compiled, verified and published"),
@@ -106,7 +105,7 @@ def observe_scheduler(sched, final: bool = False) -> None:
         if not final and now - last.get("_t", -1e9) < OBSERVE_INTERVAL:
             return
         last["_t"] = now
-        c = asdict(sched.counters)
+        c = sched.stats()
         for field in _COUNTERS:
             d = c.get(field, 0) - last.get(field, 0)
             if d > 0:
@@ -138,7 +137,7 @@ def ray_metrics_port() -> int | None:
 
 
 class PoolCollector:
-    """``aoti_farm_pool_*`` from a scheduler's PoolCounters, read at scrape time."""
+    """``aoti_farm_pool_*`` from a scheduler's stats(), read at scrape time."""
 
     def __init__(self, get_sched, get_pending=None):
         self.get_sched, self.get_pending = get_sched, get_pending
@@ -152,7 +151,7 @@ class PoolCollector:
         sched = self.get_sched()
         if sched is None:
             return
-        c = asdict(sched.counters)
+        c = sched.stats()
         for field, v in c.items():
             if field == "peak_in_flight":
                 g = GaugeMetricFamily("aoti_farm_pool_peak_in_flight", "most compile calls in flight at once")

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from aoti_farm import leases
 from aoti_farm.cache import Cache
+from aoti_farm.counters import Counters
 from aoti_farm.errors import FarmError
 from aoti_farm.signature import Signature
 from aoti_farm.workers import metrics as farm_metrics
@@ -76,20 +77,10 @@ class Result:
         return asdict(self)
 
 
-@dataclass
-class PoolCounters:
-    dispatched: int = 0
-    compiled: int = 0
-    cached: int = 0
-    failed: int = 0
-    retried: int = 0
-    timeouts: int = 0
-    actor_losses: int = 0
-    actors_started: int = 0
-    actors_replaced: int = 0
-    busy_parks: int = 0
-    leases_broken: int = 0
-    peak_in_flight: int = 0
+#: The pool's counters (:class:`aoti_farm.counters.Counters`); :meth:`Scheduler.stats` adds
+#: the gauge ``peak_in_flight`` (a running maximum, kept as a plain attribute: not a count).
+POOL_COUNTERS = ("dispatched", "compiled", "cached", "failed", "retried", "timeouts", "actor_losses",
+                 "actors_started", "actors_replaced", "busy_parks", "leases_broken")
 
 
 @dataclass
@@ -117,7 +108,8 @@ class Scheduler:
         self.max_in_flight = max(1, max_in_flight if max_in_flight else 2 * max(1, n))
         self.depth = max(1, min(2, math.ceil(self.max_in_flight / max(1, n))))
         self.on_event = on_event or (lambda kind, data: None)
-        self.counters = PoolCounters()
+        self.counters = Counters(*POOL_COUNTERS)
+        self.peak_in_flight = 0          # gauge: most compile calls in flight at once
         self.results: dict[str, Result] = {}
         self.ready: deque[Task] = deque()
         self.parked: list[Task] = []
@@ -155,6 +147,11 @@ class Scheduler:
 
     def done(self) -> bool:
         return not self.tasks
+
+    def stats(self) -> dict:
+        """The pool's counters (``POOL_COUNTERS``) and the gauge ``peak_in_flight``: the
+        report's ``pool``, ``serve``'s log line and the metrics read this."""
+        return {**self.counters.snapshot(), "peak_in_flight": self.peak_in_flight}
 
     def in_flight(self) -> int:
         return sum(len(w.queue) for w in self.workers)
@@ -217,7 +214,7 @@ class Scheduler:
         w = Worker(self.make_actor(kind), kind, started=time.monotonic())
         w.warm_ref = w.handle.warmup.remote()
         self.workers.append(w)
-        self.counters.actors_started += 1
+        self.counters.inc("actors_started")
         return w
 
     def _kill(self, w: Worker, restart: bool) -> None:
@@ -231,9 +228,9 @@ class Scheduler:
     def _replace(self, w: Worker, reason: str) -> None:
         self._kill(w, restart=False)
         self.workers.remove(w)
-        self.counters.actors_replaced += 1
+        self.counters.inc("actors_replaced")
         self.on_event("worker_replaced", {"kind": w.kind, "reason": reason, "info": w.info})
-        if self.counters.actors_replaced <= self.max_replacements:
+        if self.counters.get("actors_replaced") <= self.max_replacements:
             self._start_worker(w.kind)
         if not any(x.kind == w.kind for x in self.workers):
             for t in [t for t in self.ready if t.kind == w.kind] + [t for t in self.parked if t.kind == w.kind]:
@@ -242,7 +239,7 @@ class Scheduler:
     def _lose_worker(self, w: Worker, reason: str, *, timed_out: bool = False) -> None:
         """The actor died or was killed: break its leases, requeue its calls (the head one
         counts an infrastructure failure) and let Ray restart it; warm it up again."""
-        self.counters.actor_losses += 1
+        self.counters.inc("actor_losses")
         queued = list(w.queue)
         w.queue.clear()
         for i, (_, task) in enumerate(queued):
@@ -266,7 +263,7 @@ class Scheduler:
         if info and info.get("owner") == owner:
             try:   # through the leases/ directory's descriptor: never a link
                 if leases.remove(self.cache, fp_id, f"{task.key}.lease"):
-                    self.counters.leases_broken += 1
+                    self.counters.inc("leases_broken")
             except (OSError, FarmError) as e:
                 log.warning("cannot break the lease of %s: %s", task.key[:12], e)
 
@@ -312,8 +309,8 @@ class Scheduler:
             if not w.queue:
                 w.head_since = now
             w.queue.append((w.handle.compile.remote(task.sig.to_obj(), task.attempts), task))
-            self.counters.dispatched += 1
-            self.counters.peak_in_flight = max(self.counters.peak_in_flight, self.in_flight())
+            self.counters.inc("dispatched")
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight())
             self.on_event("dispatch", {"key": task.key, "attempt": task.attempts, "worker": dict(w.info)})
         self.ready = pending
 
@@ -358,7 +355,7 @@ class Scheduler:
             if task.busy_since is None:
                 task.busy_since = now
             task.attempts -= 1  # nothing was attempted
-            self.counters.busy_parks += 1
+            self.counters.inc("busy_parks")
             task.not_before = now + max(0.2, self.lease_ttl / 4)
             self.parked.append(task)
             self.on_event("busy", {"key": task.key})
@@ -371,7 +368,7 @@ class Scheduler:
         if task.infra_failures > self.retries:
             self._finish(task, "failed", error=f"{reason} (gave up after {task.infra_failures} attempts)")
             return
-        self.counters.retried += 1
+        self.counters.inc("retried")
         self.on_event("retry", {"key": task.key, "reason": reason, "attempt": task.infra_failures})
         self.ready.appendleft(task)
 
@@ -405,7 +402,7 @@ class Scheduler:
     def _check_timeouts(self, now: float) -> None:
         for w in list(self.workers):
             if w.state == "ready" and w.queue and now - w.head_since > self.timeout:
-                self.counters.timeouts += 1
+                self.counters.inc("timeouts")
                 self._lose_worker(w, f"timed out after {self.timeout:g}s", timed_out=True)
 
     def _next_wake(self, now: float) -> float:
@@ -421,7 +418,7 @@ class Scheduler:
         r = Result(task.key, task.sig.op, status, seconds, worker, task.attempts, error, evidence or {}, task.fp_id,
                    span, phases or {}, build or {})
         self.results[task.key] = r
-        setattr(self.counters, status, getattr(self.counters, status) + 1)
+        self.counters.inc(status)
         self.on_event("done", {"result": r})
 
 

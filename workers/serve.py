@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import threading
-from dataclasses import asdict
 from typing import Callable, TextIO
 
 from aoti_farm.config import FarmConfig
@@ -77,10 +76,11 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
                     sched.step(cfg.poll_interval)
         finally:
             sched.shutdown()
-            progress._log(f"stopped: compiled {sched.counters.compiled}, cached {sched.counters.cached}, "
-                          f"failed {sched.counters.failed}, bad queue items skipped {bad.count}")
+            c = sched.stats()
+            progress._log(f"stopped: compiled {c['compiled']}, cached {c['cached']}, "
+                          f"failed {c['failed']}, bad queue items skipped {bad.count}")
             if exporter is not None:
-                progress._log("counters " + json.dumps(asdict(sched.counters)))
+                progress._log("counters " + json.dumps(c))
                 exporter.close()
     finally:
         if started:

@@ -285,8 +285,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         timeline["planned"] = time.time()
         results = {r.key: r for r in p.done}
         for r in p.done:
-            progress.tally.cached += r.status == "cached"
-            progress.tally.failed += r.status == "failed"
+            if r.status in ("cached", "failed"):
+                progress.tally.counts.inc(r.status)
         if p.todo:
             if ray is None:
                 ray, started = start_ray(cfg)
@@ -306,7 +306,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
                 sched.add(t)
             sched.run()
             results.update(sched.results)
-            counters = sched.counters
+            counters = sched.stats()
     finally:
         if sched is not None:
             timeline["scheduler_done"] = time.time()
@@ -333,13 +333,9 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     if line:
         progress._log(line)
     if counters_out is not None and counters is not None:
-        from dataclasses import asdict
-
-        counters_out.update(asdict(counters))
+        counters_out.update(counters)
     if report:
-        from dataclasses import asdict
-
         timeline["end"] = time.time()
         write_report(report, rows, {"cache_dir": str(cache.root), "models": list(models),
-                                    "pool": asdict(counters) if counters else None, "timeline": timeline})
+                                    "pool": counters, "timeline": timeline})
     return 1 if any(r["status"] == "failed" for r in rows) else 0
