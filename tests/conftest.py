@@ -61,6 +61,15 @@ class Kernels:
 
 
 @pytest.fixture(scope="session")
+def regular_install(tmp_path_factory):
+    """(python, console script) of a fresh venv with a regular (non-editable) install of
+    this checkout (tests/_install.py); shared by the install test and the benchmark smoke."""
+    from _install import regular_install as build
+
+    return build(tmp_path_factory.mktemp("install"))
+
+
+@pytest.fixture(scope="session")
 def kernels(tmp_path_factory):
     return Kernels(tmp_path_factory.mktemp("session-cache"))
 
