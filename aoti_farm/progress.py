@@ -21,14 +21,17 @@ from aoti_farm.errors import UserError
 
 
 def process_start_time() -> float | None:
-    """Wall-clock time this process started (Linux /proc), for the report's timeline."""
+    """Wall-clock time this process started (Linux /proc), for the report's timeline: now
+    minus the process's age, both read from the boot clock (``/proc/uptime`` and the start
+    time in ``/proc/self/stat``), so no whole-second rounding of ``btime``."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        now = time.time()
+        return now - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return None
 
 

@@ -83,3 +83,16 @@ def test_startup_line_names_the_slowest_phase():
     assert "Ray up at 16.7s" in line and "2 actor(s) ready 32.3-35.5s (18.8s after Ray's start)" in line
     assert "first compile at 32.3s" in line and "longest phase: import 18.0s" in line
     assert startup_line({"process_start": 1.0, "workers": []}) is None
+
+
+def test_process_start_time_is_the_process_age_from_boot():
+    """The timeline's zero: a process 1.5 s old says so (its age counted from boot)."""
+    import subprocess
+    import sys
+
+    code = ("import time; time.sleep(1.5)\n"
+            "from aoti_farm.progress import process_start_time\n"
+            "print(time.time() - process_start_time())")
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    assert 1.4 <= age < 10, age
