@@ -126,20 +126,35 @@ def test_dynamic_mode_is_validated(monkeypatch):
 
 
 def test_a_class_that_cannot_be_exported_dynamically_falls_back_to_exact(tmp_path):
+    from aoti_farm import dynwarm
+    from aoti_farm.workers.classtasks import ClassWork
+    from aoti_farm.workers.scheduler import Result
+
     # _unsafe_view to [-1, 64] needs s0 * 16 % 64 == 0: export refuses symbolic s0
     sigs = [S.Signature("aten::_unsafe_view", (T((n, 16)), ("il", (-1, 64)))) for n in (4, 8, 12)]
     cls = SH.classes(sigs)[0][0]
     cache = Cache(tmp_path / "c")
-    comp = dyncompile.ClassCompiler()
-    fp = fingerprint("cpu", comp.options())
-    out = dyncompile.compile_and_publish_class(cache, comp, fp, cls, owner="pytest")
-    assert out.status == "failed" and "export with symbolic sizes failed" in out.error
+    fp = fingerprint("cpu", dyncompile.ClassCompiler().options())
+    out = dynwarm.compile_class(cache, cls, {}, None, owner="pytest")     # what the pool's actor runs
+    assert out["status"] == "failed" and "export with symbolic sizes failed" in out["error"]
     assert not cache.has_entry(fp.id, cls.key)
 
+    # the driver: the class is one pool task; refused, its members become exact tasks on the same pool
     class Cfg:
-        inductor_options, cpu_workers, memory_budget = {}, 1, None
-    left, rows = __import__("aoti_farm.dynwarm", fromlist=["x"]).warm_classes(Cfg, sigs, cache, open(os.devnull, "w"))
-    assert [s.key for s in left] == [s.key for s in sigs]          # all compiled exactly
+        inductor_options, memory_budget = {}, None
+
+    class Sched:
+        added = []
+        add = added.append
+
+    work = ClassWork(Cfg, cache, open(os.devnull, "w"))
+    assert work.split(sigs) == []                                   # members leave the exact plan
+    work.start(Sched, None)
+    assert [(t.key, t.method) for t in Sched.added] == [(cls.key, "compile_class")]
+    assert work.event("done", {"result": Result(cls.key, cls.op, out["status"], error=out["error"])})
+    assert [(t.key, t.method) for t in Sched.added[1:]] == [(s.key, "compile") for s in sigs]   # compiled exactly
+    assert [s.key for s in work.fallback] == [s.key for s in sigs]
+    rows = work.rows()
     assert rows[0]["status"] == "fallback" and "export" in rows[0]["error"]
 
 
@@ -164,11 +179,9 @@ def warmed(tmp_path_factory):
     rc = main(["warm", "--model", str(trace), "--dynamic", "auto", "--cache-dir", str(d / "cache"),
                "--cpu-workers", "1", "--report", str(report)])
     assert rc == 0
-    rows = json.loads(report.read_text())
-    rows = rows["signatures"]
     cache = Cache(d / "cache")
     fp = fingerprint("cpu")
-    return cache, fp, rows
+    return cache, fp, json.loads(report.read_text())
 
 
 def _class_key(cache, fp):
@@ -180,15 +193,19 @@ def _class_key(cache, fp):
 
 
 def test_warm_dynamic_auto_publishes_one_class_kernel_for_three_lengths(warmed):
-    cache, fp, rows = warmed
+    cache, fp, report = warmed
     assert len(cache.list_keys(fp.id)) == 1                       # one kernel, not three
     k = _class_key(cache, fp)
     m = cache.open_entry(fp, k).manifest
     assert SH.parse_class(m["shape_class"]).ranges == (("s0", 8, 40),)
     assert m["verification"]["samples"] >= 5
     assert {8, 40} <= {s["at"]["s0"] for s in m["speed_samples"]}
-    row = next(r for r in rows if r.get("kind") == "shape_class")
+    row = next(r for r in report["signatures"] if r.get("kind") == "shape_class")
     assert row["status"] == "compiled" and row["ranges"] == {"s0": [8, 40]}
+    # compiled on the farm's Ray pool: one task dispatched to a compile actor, not in this process
+    assert report["pool"]["dispatched"] == 1 and report["pool"]["compiled"] == 1
+    assert row["worker"] and row["worker"].rsplit(":", 1)[1] != str(os.getpid())
+    assert m["worker"] == row["worker"]
 
 
 def test_unseen_length_inside_the_range_is_a_hit_equal_to_eager(warmed, tmp_path):

@@ -199,3 +199,9 @@ class CompileActor:
         out["actor"] = self.info()
         farm_metrics.record_compile(self.device, out)
         return out
+
+    def compile_class(self, class_obj: dict, attempts: int = 1) -> dict:
+        """A shape class's kernel, as :meth:`compile` (see aoti_farm/workers/classtasks.py)."""
+        from aoti_farm.workers.classtasks import compile_in_actor
+
+        return compile_in_actor(self, class_obj, attempts)

@@ -52,6 +52,7 @@ class Task:
     busy_since: float | None = None
     not_before: float = 0.0
     last_error: str | None = None
+    method: str = "compile"         # the actor's method: "compile_class" for a shape class (workers/classtasks.py)
 
     @property
     def key(self) -> str:
@@ -308,7 +309,7 @@ class Scheduler:
             task.attempts += 1
             if not w.queue:
                 w.head_since = now
-            w.queue.append((w.handle.compile.remote(task.sig.to_obj(), task.attempts), task))
+            w.queue.append((getattr(w.handle, task.method).remote(task.sig.to_obj(), task.attempts), task))
             self.counters.inc("dispatched")
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight())
             self.on_event("dispatch", {"key": task.key, "attempt": task.attempts, "worker": dict(w.info)})

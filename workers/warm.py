@@ -246,11 +246,12 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     sigs = load_signatures(models)
     cache = open_farm_cache(cfg, signing_key)
-    class_rows: list = []
-    if getattr(cfg, "dynamic", "off") == "auto":   # shape-general kernels first (aoti_farm/dynwarm.py)
-        from aoti_farm.dynwarm import warm_classes
+    classes = None
+    if getattr(cfg, "dynamic", "off") == "auto":   # class compiles on the same pool (workers/classtasks.py)
+        from aoti_farm.workers.classtasks import ClassWork
 
-        sigs, class_rows = warm_classes(cfg, sigs, cache, stream)
+        classes = ClassWork(cfg, cache, stream)
+        sigs = classes.split(sigs)   # the members of classes to compile leave the exact plan
     timeline["loaded"] = time.time()
     progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
 
@@ -262,7 +263,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
                                         "phases": i.get("warmup_phases"), "host_steps": i.get("host_steps")})
         elif kind == "dispatch" and "first_dispatch" not in timeline:
             timeline["first_dispatch"] = time.time()
-        progress.event(kind, data)
+        if classes is None or not classes.event(kind, data):   # a class task's events: classtasks.py
+            progress.event(kind, data)
         if on_event:
             on_event(kind, data)
 
@@ -287,7 +289,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         for r in p.done:
             if r.status in ("cached", "failed"):
                 progress.tally.counts.inc(r.status)
-        if p.todo:
+        if p.todo or (classes is not None and classes.tasks):
             if ray is None:
                 ray, started = start_ray(cfg)
                 timeline["ray_started"] = time.time()
@@ -295,13 +297,15 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
 
             sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
                                gpus_per_worker=cfg.gpus_per_worker,
-                               n_cpu_tasks=sum(t.kind == "cpu" for t in p.todo),
-                               n_gpu_tasks=sum(t.kind == "gpu" for t in p.todo))
+                               n_cpu_tasks=sum(t.kind == "cpu" for t in p.todo) + (classes.n_tasks["cpu"] if classes else 0),
+                               n_gpu_tasks=sum(t.kind == "gpu" for t in p.todo) + (classes.n_tasks["gpu"] if classes else 0))
             if sched is None:
                 sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
                 timeline["actors_requested"] = time.time()
             else:
                 sched.ensure_workers(sizes)   # the early pool was sized for the sure part only
+            if classes is not None:
+                classes.start(sched, progress)   # first: the long compiles; a fallback adds its members
             for t in p.todo:
                 sched.add(t)
             sched.run()
@@ -317,12 +321,15 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         if prep is not None:
             prep.join(timeout=120)   # one compile, normally long done; never leave it half-way
     rows = []
+    if classes is not None:
+        results.update(classes.fallback_done)
+        sigs = sigs + classes.fallback
     for s in sigs:
         r = results[s.key].to_dict()
         r["description"] = describe(s)
         r["device"] = s.device
         rows.append(r)
-    rows += class_rows
+    rows += classes.rows() if classes is not None else []
     from aoti_farm.progress import attach_speed
 
     attach_speed(rows, cache, cfg.inductor_options)   # each kernel's measured speed-up
