@@ -19,6 +19,10 @@ needs one of its products before it is ready waits on that product's own lock, e
 as it would without this module.  So this changes only *when* the work is done and *how
 often*, never what a compile uses.
 
+:func:`prepare_in_child` runs it in a child process (``python -m aoti_farm.hostprep``),
+which is how ``warm`` uses it: in a thread of the driver, its imports and its compile
+held the driver's interpreter lock while ``ray.init`` and the actors' creation needed it.
+
 Once per host, toolchain and Inductor cache: a marker ``prep-<fingerprint id>.json`` in
 the split build's directory of the Inductor cache records it (a marker that lies only
 costs a first compile its usual work).  :func:`stats` counts the runs in this process.
@@ -104,3 +108,41 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict
         _count("failed")
         return {"status": "failed", "seconds": time.perf_counter() - t0,
                 "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+
+
+def prepare_in_child(inductor_options: dict | None = None, timeout: float = 900.0) -> dict:
+    """:func:`prepare` in a child process (this interpreter, this environment); the same
+    answer, plus ``"child": True``.  Never raises: a child that fails or says nothing is
+    ``{"status": "failed", "error": ...}``."""
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-m", "aoti_farm.hostprep", json.dumps(inductor_options or {})],
+                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        for line in reversed(p.stdout.splitlines()):
+            if line.startswith(_REPLY):
+                out = json.loads(line[len(_REPLY):])
+                out["child"] = True
+                return out
+        why = f"exit {p.returncode}: {' '.join((p.stderr or '').split())[-200:]}"
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return {"status": "failed", "seconds": time.perf_counter() - t0, "error": why, "child": True}
+
+
+#: Marks the child's answer line (anything else it prints is skipped).
+_REPLY = "aoti-farm-hostprep: "
+
+
+def _main(argv: list[str]) -> int:
+    opts = json.loads(argv[0]) if argv else {}
+    print(_REPLY + json.dumps(prepare(opts or None), default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

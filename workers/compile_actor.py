@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
+import threading
 import time
 import warnings
 from typing import Callable
@@ -114,6 +116,7 @@ class CompileActor:
                 "fp_id": self._fp.id, "fingerprint": self._fp.as_dict(),
                 "warmup_seconds": self.warmup_seconds, "created_at": self.created_at,
                 "warmup_span": self.warmup_span, "warmup_phases": self.warmup_phases,
+                "verifier_started": self.verifier_started,
                 "host_steps": _host_steps()}
 
     def warmup(self) -> dict:
@@ -133,6 +136,9 @@ class CompileActor:
         if start is not None:
             phases["boot"] = [start, self.created_at]
         light = self.warmup_level in ("light", "compile") and self.compiler_factory is None
+        pre = sys.modules.get("aoti_farm.workers.actor_preload")   # Ray's worker imported it (raysetup)
+        if pre is not None and getattr(pre, "SPAN", None):
+            phases["preload"] = list(pre.SPAN)
         if light:
             s = time.time()
             import torch
@@ -170,10 +176,49 @@ class CompileActor:
                     torch.export.export(_OpModule(sig, args, kwargs), tuple(flat_tensors(sig, args, kwargs)),
                                         strict=False)
                 phases["export"] = [s, time.time()]
+        if light and self.device == "cpu":
+            self._verifier_when_needed()
         self.warmup_seconds = time.perf_counter() - t0
         self.warmup_span = (w0, time.time())
         self.warmup_phases = phases
         return self.info()
+
+    #: How long, after its warm-up, an actor watches for the host's loader memo (below).
+    LOADER_WATCH_S = 120.0
+
+    def _verifier_when_needed(self) -> None:
+        """Start this process's verification child (:mod:`aoti_farm.verifyserver`) as soon
+        as it is known to be needed, not when the first kernel is waiting for it.
+
+        Needed where kernels cannot be loaded here (:func:`aoti_farm.loadenv.load_safe`).
+        On a fresh host nobody knows yet: the answer comes from the loader probe of the
+        first kernel built here (the driver's host preparation, or a first compile), written
+        to the host's memo.  So while no memo exists, a daemon thread looks for it every
+        0.2 s (for at most :attr:`LOADER_WATCH_S`) and starts the child the moment it says
+        so; the child's torch import then overlaps this actor's first compile instead of
+        following it.  Starts nothing where kernels load in-process."""
+        from aoti_farm import loadenv, verifyserver
+
+        if not loadenv.load_safe():
+            verifyserver.prestart()
+            self.verifier_started = "at warm-up"
+            return
+        if not loadenv.needs_probe():
+            return   # known: this process loads kernels itself
+
+        def watch() -> None:
+            end = time.monotonic() + self.LOADER_WATCH_S
+            while time.monotonic() < end:
+                if not loadenv.needs_probe():
+                    if not loadenv.load_safe():
+                        verifyserver.prestart()
+                        self.verifier_started = "when the loader memo appeared"
+                    return
+                time.sleep(0.2)
+
+        threading.Thread(target=watch, name="aoti-farm-loader-watch", daemon=True).start()
+
+    verifier_started: str | None = None
 
     def pid(self) -> int:
         return os.getpid()

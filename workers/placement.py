@@ -74,3 +74,17 @@ def pool_sizes(resources: dict, *, cpu_workers: int | None, gpu_workers: int | N
     c = cpu_workers if cpu_workers is not None else max(1, cpus - g)
     c = min(c, n_cpu_tasks)
     return {CPU: max(0, c), GPU: max(0, g)}
+
+
+def embedded_cpus(host_cpus: int, *, cpu_workers: int | None, n_cpu_sigs: int, n_gpu_sigs: int) -> int | None:
+    """How many CPUs an embedded Ray should advertise, sized from the work: the CPU actors
+    the job can use (``cpu_workers`` when given, never more than its CPU signatures), at
+    most the host's cores.  Ray starts one worker process per advertised CPU and holds
+    ``ray.init`` until they have started, so a job of 1 actor on a 16-core host would
+    otherwise start 16.  ``n_cpu_sigs`` is an upper bound (planning only drops work), so
+    the pool is never smaller than :func:`pool_sizes` would make it.  None (Ray's
+    default: every core) when the job has GPU signatures, whose actors take CPUs too."""
+    if n_gpu_sigs or n_cpu_sigs <= 0:
+        return None
+    want = n_cpu_sigs if cpu_workers is None else min(cpu_workers, n_cpu_sigs)
+    return max(1, min(int(host_cpus), int(want)))

@@ -14,8 +14,23 @@ from aoti_farm.config import FarmConfig
 from aoti_farm.errors import UserError
 
 
-def start_ray(cfg: FarmConfig):
-    """(ray, started_here).  Reuses an already initialised Ray (tests, notebooks)."""
+#: Ray's switch (read by its raylet from the environment) naming the modules each new
+#: worker process imports before it accepts work (Ray 2.60.0: ``preload_python_modules``,
+#: an experimental RayConfig entry; a Ray without it ignores the variable).
+RAY_PRELOAD_VAR = "RAY_preload_python_modules"
+#: The actors' imports (:mod:`aoti_farm.workers.actor_preload`).
+PRELOAD_MODULE = "aoti_farm.workers.actor_preload"
+
+
+def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = False):
+    """(ray, started_here).  Reuses an already initialised Ray (tests, notebooks).
+
+    For an embedded Ray only: ``num_cpus`` (None: every core) is the CPUs it advertises
+    (sized from the work: :func:`aoti_farm.workers.placement.embedded_cpus`; Ray starts a
+    worker process per CPU and ``ray.init`` waits for them), and ``preload`` has those
+    prestarted workers import the compile actors' modules as soon as they start
+    (:mod:`aoti_farm.workers.actor_preload`), while Ray finishes starting and the
+    actors are created.  Both are ignored when joining a cluster (``--address``)."""
     import logging
 
     import ray
@@ -38,11 +53,18 @@ def start_ray(cfg: FarmConfig):
         from aoti_farm.workers.placement import worker_env
 
         os.environ.update({k: v for k, v in worker_env().items() if k != "LD_PRELOAD"})
+        if num_cpus is not None:
+            kw["num_cpus"] = int(num_cpus)
+        if preload:   # read by the raylet when it starts; taken out of this process again below
+            os.environ[RAY_PRELOAD_VAR] = PRELOAD_MODULE
     try:
         ray.init(**kw)
     except ConnectionError as e:
         raise UserError(f"--address {address}: no Ray cluster there ({' '.join(str(e).split())[:160]}); "
                         f"start one with `ray start --head` or leave --address/RAY_ADDRESS unset") from None
+    finally:
+        if address is None and preload:
+            os.environ.pop(RAY_PRELOAD_VAR, None)
     _EMBEDDED_ENV = dict(os.environ) if address is None else None
     return ray, True
 

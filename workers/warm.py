@@ -157,7 +157,7 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
                     compiler_factory: Callable | None) -> threading.Thread | None:
     """Build this host's per-host compile products (:mod:`aoti_farm.hostprep`: ISA
     probe, precompiled headers, the split build's common object, the loader probe) in a
-    thread of the driver, while Ray and the actors start, so that no actor's first
+    child process watched by a thread of the driver, while Ray and the actors start, so that no actor's first
     compile builds them and the others queue behind it.  Only for an embedded Ray (the
     actors run on this host) with at least two CPU signatures to compile, and the real
     compiler; nothing waits for it (compiles wait on each product's own lock)."""
@@ -169,13 +169,43 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
         from aoti_farm import hostprep
 
         t0 = time.time()
-        out = hostprep.prepare(cfg.inductor_options)
+        out = hostprep.prepare_in_child(cfg.inductor_options)   # a child: not under this interpreter's lock
         timeline["host_prep"] = {"span": [t0, time.time()], **{k: out.get(k) for k in ("status", "build", "error")
                                                                 if out.get(k) is not None}}
 
     th = threading.Thread(target=run, name="aoti-farm-hostprep", daemon=True)
     th.start()
     return th
+
+
+def embedded_ray_args(cfg: FarmConfig, sigs: list, compiler_factory: Callable | None) -> dict:
+    """:func:`start_ray`'s sizing of an embedded Ray for ``sigs`` (all of the job's
+    signatures, or what the plan left): as many CPUs as the pool can use
+    (:func:`aoti_farm.workers.placement.embedded_cpus`), and, when Ray is so sized and the
+    actors run the real compiler with a warm-up, Ray's prestarted workers import the
+    actors' modules (:mod:`aoti_farm.workers.actor_preload`).  Nothing for a cluster."""
+    if cfg.address:
+        return {}
+    from aoti_farm.workers.placement import CPU, embedded_cpus, route
+
+    n_cpu = sum(route(s) == CPU for s in sigs)
+    cores = _host_cpus()
+    n = embedded_cpus(cores, cpu_workers=cfg.cpu_workers, n_cpu_sigs=n_cpu, n_gpu_sigs=len(sigs) - n_cpu)
+    # below PREP_MIN_CORES start-up is CPU-bound: the workers' imports would only take the
+    # CPU from the planner's ISA probe and Ray's own start (the 2-core VM keeps its path)
+    preload = (n is not None and cores >= PREP_MIN_CORES and compiler_factory is None
+               and cfg.warmup != "none")
+    return {"num_cpus": n, "preload": preload}
+
+
+def _host_cpus() -> int:
+    """The CPUs Ray would advertise here by default (it honours cgroup limits)."""
+    try:
+        from ray._private.utils import get_num_cpus   # Ray internal (2.60.0); else os.cpu_count()
+
+        return max(1, int(get_num_cpus()))
+    except Exception:  # noqa: BLE001 -- a Ray without it
+        return os.cpu_count() or 1
 
 
 def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict, event: Callable,
@@ -208,7 +238,7 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
         import ray as _ray  # noqa: F401 -- timed apart from ray.init
 
         timeline["ray_imported"] = time.time()
-        ray, started = start_ray(cfg)
+        ray, started = start_ray(cfg, **embedded_ray_args(cfg, sigs, compiler_factory))
         timeline["ray_started"] = time.time()
         if not planned.is_set():
             from aoti_farm.workers.placement import pool_sizes
@@ -291,7 +321,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
                 progress.tally.counts.inc(r.status)
         if p.todo or (classes is not None and classes.tasks):
             if ray is None:
-                ray, started = start_ray(cfg)
+                ray, started = start_ray(cfg, **embedded_ray_args(cfg, [t.sig for t in p.todo], compiler_factory))
                 timeline["ray_started"] = time.time()
             from aoti_farm.workers.placement import pool_sizes
 
