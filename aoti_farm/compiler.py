@@ -274,7 +274,9 @@ class AOTICompiler:
         t0 = time.perf_counter()
         timing: dict = {}
         if loadenv.needs_probe():
-            loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
+            with _probe_lock():   # one prober per host: the others wait for its memo
+                if loadenv.needs_probe():
+                    loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
             timing["probe"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         if not loadenv.load_safe():
@@ -389,6 +391,32 @@ COMPILE_PATH_MODULES = (
     "torch._inductor.codegen.cpp_wrapper_cpu", "torch._inductor.cpp_builder",
     "torch._inductor.async_compile", "torch.utils.cpp_extension", "aoti_farm.job",
 )
+
+
+@contextlib.contextmanager
+def _probe_lock(timeout: float = 300.0):
+    """Held while this host's loader probe runs (:func:`aoti_farm.loadenv.probe`: two
+    children that import torch): when 16 actors verify their first kernels on a fresh
+    host at once, one of them probes and the rest read its memo, instead of 32 children
+    importing torch together.  Without the lock (no filelock, a read-only home, a
+    timeout), each probes as before."""
+    lock = None
+    try:
+        from filelock import FileLock
+
+        from aoti_farm.fsutil import memo_dir
+
+        path = os.path.join(memo_dir(), "loadenv-probe.lock")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock = FileLock(path, timeout=timeout)
+        lock.acquire()
+    except Exception:  # noqa: BLE001 -- probe without it
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def import_compile_path() -> None:

@@ -96,3 +96,184 @@ def test_process_start_time_is_the_process_age_from_boot():
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                check=True).stdout.strip())
     assert 1.4 <= age < 10, age
+
+
+# --- start-up sized from the work, imports in Ray's prestarted workers (run 10) -------------
+
+
+def test_embedded_ray_is_sized_from_the_work():
+    """An embedded Ray advertises as many CPUs as the pool can use (Ray starts a worker
+    process per CPU and ray.init waits for them): W when given, never more than the CPU
+    signatures or the host's cores; every core where GPU signatures need actors too."""
+    from aoti_farm.workers.placement import embedded_cpus, pool_sizes
+
+    assert embedded_cpus(16, cpu_workers=1, n_cpu_sigs=85, n_gpu_sigs=0) == 1
+    assert embedded_cpus(16, cpu_workers=None, n_cpu_sigs=85, n_gpu_sigs=0) == 16
+    assert embedded_cpus(16, cpu_workers=None, n_cpu_sigs=3, n_gpu_sigs=0) == 3
+    assert embedded_cpus(16, cpu_workers=32, n_cpu_sigs=85, n_gpu_sigs=0) == 16
+    assert embedded_cpus(16, cpu_workers=8, n_cpu_sigs=5, n_gpu_sigs=0) == 5
+    assert embedded_cpus(16, cpu_workers=None, n_cpu_sigs=85, n_gpu_sigs=2) is None
+    assert embedded_cpus(16, cpu_workers=None, n_cpu_sigs=0, n_gpu_sigs=0) is None
+    # the pool sized from such a cluster is the one asked for
+    for w, n in ((1, 85), (None, 85), (None, 3), (8, 5)):
+        cpus = embedded_cpus(16, cpu_workers=w, n_cpu_sigs=n, n_gpu_sigs=0)
+        assert pool_sizes({"CPU": cpus}, cpu_workers=w, gpu_workers=None, gpus_per_worker=0.25,
+                          n_cpu_tasks=n, n_gpu_tasks=0)["cpu"] == min(w or 16, n, 16)
+
+
+def test_warm_preloads_only_for_the_real_compiler_on_a_many_core_host(monkeypatch):
+    from aoti_farm import signature as S
+    from aoti_farm.config import FarmConfig
+    from aoti_farm.workers import warm
+
+    import torch
+
+    sigs = [S.from_call(torch.ops.aten.relu.default, (torch.empty(n),), {}) for n in (4, 8, 16)]
+    monkeypatch.setattr(warm, "_host_cpus", lambda: 16)
+    assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None) == {"num_cpus": 3, "preload": True}
+    assert warm.embedded_ray_args(FarmConfig(cpu_workers=1), sigs, None) == {"num_cpus": 1, "preload": True}
+    assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, object())["preload"] is False   # a test double
+    assert warm.embedded_ray_args(FarmConfig(warmup="none"), sigs, None)["preload"] is False
+    assert warm.embedded_ray_args(FarmConfig(address="auto"), sigs, None) == {}                       # a cluster
+    monkeypatch.setattr(warm, "_host_cpus", lambda: 2)
+    assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None) == {"num_cpus": 2, "preload": False}
+
+
+def test_prestarted_workers_import_the_actors_modules(monkeypatch):
+    """start_ray(num_cpus=1, preload=True): the embedded Ray advertises one CPU, and the
+    worker Ray prestarted had imported aoti_farm.workers.actor_preload (torch, Inductor,
+    the compile path) before the actor was created on it; the driver's environment no
+    longer names the preload afterwards.  Without the preload the actor's process has
+    not imported it."""
+    import sys
+
+    import ray
+
+    from aoti_farm.config import FarmConfig
+    from aoti_farm.workers.raysetup import PRELOAD_MODULE, RAY_PRELOAD_VAR, start_ray, stop_ray
+
+    class Probe:
+        def __init__(self):
+            self.seen_at_init = PRELOAD_MODULE in sys.modules
+
+        def report(self):
+            mod = sys.modules.get(PRELOAD_MODULE)
+            return {"at_init": self.seen_at_init, "span": getattr(mod, "SPAN", None),
+                    "error": getattr(mod, "ERROR", None), "inductor": "torch._inductor.compile_fx" in sys.modules}
+
+    for k in ("RAY_ADDRESS", "AOTI_FARM_ADDRESS"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore")
+    for preload in (True, False):
+        ray_, started = start_ray(FarmConfig(), num_cpus=1, preload=preload)
+        try:
+            assert started and ray_.cluster_resources()["CPU"] == 1
+            assert RAY_PRELOAD_VAR not in __import__("os").environ
+            got = ray_.get(ray_.remote(Probe).options(num_cpus=1).remote().report.remote(), timeout=300)
+        finally:
+            stop_ray(ray_)
+        if preload:
+            assert got["at_init"] and got["span"] and got["error"] is None and got["inductor"], got
+        else:
+            assert not got["at_init"] and got["span"] is None, got
+    assert not ray.is_initialized()
+
+
+def test_host_prep_in_a_child_answers_its_status():
+    """hostprep.prepare_in_child: the child's answer line comes back as prepare()'s dict
+    (here a failure: Inductor options this torch does not know), marked as from a child."""
+    from aoti_farm import hostprep
+
+    out = hostprep.prepare_in_child({"no_such_inductor_option": 1}, timeout=300)
+    assert out["child"] is True and out["status"] == "failed", out
+    assert "no_such_inductor_option" in out["error"], out
+
+
+def test_actor_starts_its_verification_child_when_the_loader_memo_appears(tmp_path, monkeypatch):
+    """On a fresh host (no loader memo) an actor's warm-up leaves a watcher: when the
+    memo appears and says this process cannot load kernels (the libstdc++ trap), the
+    verification child is started then, before any kernel waits for it.  Where kernels
+    load in-process, none is started."""
+    import time
+
+    from aoti_farm import loadenv, verifyserver
+    from aoti_farm.workers.compile_actor import CompileActor
+
+    if not loadenv.system_libstdcxx() or loadenv.preloaded():
+        import pytest
+
+        pytest.skip("needs a system libstdc++ not preloaded into this process")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("AOTI_FARM_PRELOAD_LIBSTDCXX", raising=False)
+    with verifyserver._lock:
+        verifyserver._drop_locked()
+
+    def watch_then(needs_preload: bool) -> int:
+        a = CompileActor(str(tmp_path / "cache"))
+        started = verifyserver.stats()["started"]
+        assert loadenv.needs_probe()
+        a._verifier_when_needed()
+        time.sleep(0.5)
+        assert verifyserver.stats()["started"] == started     # nothing known yet: nothing started
+        loadenv.remember({"needs_preload": needs_preload, "plain_rc": -11, "preload_rc": 0,
+                          "preload": loadenv.system_libstdcxx()})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and a.verifier_started is None:
+            time.sleep(0.1)
+        if not needs_preload:
+            time.sleep(0.6)
+        return verifyserver.stats()["started"] - started, a.verifier_started
+
+    try:
+        assert watch_then(True) == (1, "when the loader memo appeared")
+        with verifyserver._lock:
+            verifyserver._drop_locked()
+        import os
+
+        os.remove(loadenv._memo_path())
+        assert watch_then(False) == (0, None)
+    finally:
+        with verifyserver._lock:
+            verifyserver._drop_locked()
+
+
+def test_loader_probe_runs_once_when_first_verifications_start_together(kernels, tmp_path, monkeypatch):
+    """On a fresh host (no loader memo), three first verifications at once: exactly one
+    runs the loader probe (two children importing torch each, for real); the others wait
+    for its memo and verify without probing."""
+    import threading
+
+    from conftest import sig_add_alpha
+
+    from aoti_farm import loadenv
+    from aoti_farm.compiler import AOTICompiler
+
+    sig = sig_add_alpha()
+    kernels.ensure(sig)
+    path = kernels.cache.open_entry(kernels.fp, sig.key).kernel_path
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("AOTI_FARM_PRELOAD_LIBSTDCXX", raising=False)
+    assert loadenv.needs_probe()
+    real, calls = loadenv.probe, []
+
+    def counted(*a, **k):
+        calls.append(threading.get_ident())
+        return real(*a, **k)
+
+    monkeypatch.setattr(loadenv, "probe", counted)
+    results, errors = [], []
+
+    def verify():
+        try:
+            results.append(AOTICompiler(measure_speed=False).verify(sig, path))
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=verify) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors and len(results) == 3, errors
+    assert len(calls) == 1, calls
+    assert not loadenv.needs_probe()
