@@ -78,6 +78,7 @@ class HookConfig:
     serve: str = "faster"                 # faster: only kernels faster than eager (runtime/gate.py) | always
     explain_misses: bool = False          # explain each miss once (aoti_farm/explain.py)
     memory_budget: int | None = None      # the compile worker's budget per compile; None: budget.py's default
+    widen: str = "auto"                   # a miss outside every shape class's range queues: auto | always | off (widen.py)
 
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
@@ -99,6 +100,17 @@ def check_serve(value) -> str:
     if value not in ("faster", "always"):
         raise UserError(f"serve: {value!r} is not one of faster, always; fix --serve, "
                         f"AOTI_FARM_SERVE or [hook] serve")
+    return value
+
+
+#: What a miss outside every shape class's range queues (aoti_farm/widen.py).
+WIDEN = ("auto", "always", "off")
+
+
+def check_widen(value) -> str:
+    if value not in WIDEN:
+        raise UserError(f"widen: {value!r} is not one of auto, always, off; fix install(widen=...), "
+                        f"AOTI_FARM_WIDEN or [hook] widen")
     return value
 
 
@@ -328,6 +340,7 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
         check_on_miss(cfg.on_miss)
     if isinstance(cfg, HookConfig):
         check_serve(cfg.serve)
+        check_widen(cfg.widen)
     if isinstance(cfg, FarmConfig) and cfg.dynamic not in ("auto", "off"):
         raise UserError(f"dynamic: {cfg.dynamic!r} is not one of auto, off; fix --dynamic, AOTI_FARM_DYNAMIC or [farm] dynamic")
     if isinstance(cfg, FarmConfig) and cfg.lease_ttl > 3600:   # leases.MAX_TTL: a longer one reads as expired

@@ -39,11 +39,17 @@ def queue_dir(cache: Cache, fp_id: str) -> Path:
     return cache.ns(fp_id) / "queue"
 
 
-def enqueue(cache: Cache, fp_id: str, sig: Signature) -> bool:
-    """True if this call added it, False if it was already queued."""
+def enqueue(cache: Cache, fp_id: str, sig: Signature, widen: dict | None = None) -> bool:
+    """True if this call added it, False if it was already queued.  ``widen``: a shape
+    class (``ShapeClass.to_obj()``) to compile instead, when it covers ``sig`` (the miss
+    policy of :mod:`aoti_farm.widen`; an optional field: drainers that ignore it compile
+    the exact signature)."""
     key = check_key(sig.key)
     name = f"{key}{SUFFIX}"
-    data = msgpack.packb({"signature": sig.to_obj(), "key": key, "time": time.time()}, use_bin_type=True)
+    item = {"signature": sig.to_obj(), "key": key, "time": time.time()}
+    if widen is not None:
+        item["widen"] = widen
+    data = msgpack.packb(item, use_bin_type=True)
     fd = records.open_subdir(cache, fp_id, "queue", create=True)
     try:
         try:
@@ -88,6 +94,12 @@ def pending(cache: Cache, fp_id: str) -> list[str]:
 def read(cache: Cache, fp_id: str, key: str) -> Signature:
     """The queued signature; FileNotFoundError if it is gone, :class:`BadRecord` if the
     item is unsafe or breaks the schema, FarmError for a name that is no key."""
+    return read_item(cache, fp_id, key)[0]
+
+
+def read_item(cache: Cache, fp_id: str, key: str) -> tuple[Signature, dict | None]:
+    """(the queued signature, its ``widen`` request or None), as :func:`read`; the request
+    is not checked here (:func:`aoti_farm.widen.parse_request` does, and ignores a bad one)."""
     check_key(key)
     what = f"queue item {queue_dir(cache, fp_id) / (key + SUFFIX)}"
     fd = records.open_subdir(cache, fp_id, "queue")
@@ -104,7 +116,8 @@ def read(cache: Cache, fp_id: str, key: str) -> Signature:
         raise BadRecord("corrupt", f"{what}: bad signature ({type(e).__name__}: {e})") from None
     if sig.key != key:
         raise BadRecord("corrupt", f"{what}: holds another signature")
-    return sig
+    w = obj.get("widen")
+    return sig, (w if isinstance(w, dict) else None)
 
 
 def done(cache: Cache, fp_id: str, key: str) -> bool:

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    from aoti_farm import job, leases, missq, records
+    from aoti_farm import job, leases, missq, records, widen
     from aoti_farm.budget import parse_size
     from aoti_farm.cache import Cache, load_signing_key
     from aoti_farm.compiler import AOTICompiler
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for key in todo:
             try:
-                sig = missq.read(cache, fp.id, key)
+                sig, wid = missq.read_item(cache, fp.id, key)   # wid: a widened class asked for (aoti_farm/widen.py)
             except FileNotFoundError:
                 continue
             except Exception as e:  # noqa: BLE001 -- unreadable/hostile item: skipped, looked at again later
@@ -173,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
                 retry_at[key] = time.monotonic() + BAD_ITEM_RETRY
                 continue
             try:
-                out = job.compile_and_publish(cache, compiler, fp, sig, owner=owner, memory_budget=memory_budget,
-                                              on_start=lambda k=key: _out({"event": "compile", "key": k}))
+                out = widen.compile_queued(cache, compiler, fp, sig, wid, inductor_options=opts, owner=owner,
+                                           memory_budget=memory_budget,
+                                           on_start=lambda k=key: _out({"event": "compile", "key": k}))
             except Exception as e:  # noqa: BLE001 -- infrastructure trouble: retry later
                 _out({"event": "error", "key": key, "error": f"{type(e).__name__}: {e}"})
                 retry_at[key] = time.monotonic() + 30

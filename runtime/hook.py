@@ -118,7 +118,9 @@ class Hook:
         self._kernels = KernelTable(self.cache, self.fps, self._index, self._writer.report, self._writer.submit)
         self._workers = WorkerSupervisor(self.cache, self.fps, self.inductor_options, self.worker_log, worker_idle,
                                          self._room, wake, settings.memory_budget)
-        self._shapes = ShapeIndex(self.cache, self.fps, Call, gated=self.gate.active)   # runtime/shapeserve.py
+        self._shapes = ShapeIndex(self.cache, self.fps, Call, gated=self.gate.active,   # runtime/shapeserve.py
+                                  widen=settings.widen)
+        self._writer.widen_of = self._shapes.widen_request   # a miss outside every range (aoti_farm/widen.py)
         for d in self._index:
             self._refresh(d)
         self._routes = Routes(ops, served, self._handle, self._native_decide, self._kernels.native_failed,
@@ -352,12 +354,12 @@ def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = N
             signing_key: bytes | str | None = None, allow_insecure: bool = False,
             inductor_options: dict | None = None, *, serve: str | None = None, yield_core: bool | None = None,
             metrics_port: int | None = None, explain_misses: bool | None = None,
-            memory_budget: int | str | None = None, **kw) -> Hook:
+            memory_budget: int | str | None = None, widen: str | None = None, **kw) -> Hook:
     """Install the serving hook; see the module docstring.  ``uninstall()`` or use as a
     context manager.  Settings left None come from the environment (``runtime/settings.py``);
     bad arguments raise :class:`UserError`."""
     settings = settings_mod.resolve(serve=serve, yield_core=yield_core, metrics_port=metrics_port,
                                     explain_misses=explain_misses, signing_key=signing_key,
-                                    cache_dir=cache_dir, memory_budget=memory_budget)
+                                    cache_dir=cache_dir, memory_budget=memory_budget, widen=widen)
     return Hook(cache_dir, ops, tuple(devices), on_miss, poll_interval, settings, allow_insecure,
                 inductor_options, **kw)

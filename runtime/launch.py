@@ -180,7 +180,8 @@ def boot() -> None:
         hook = install(cache_dir=cfg.cache_dir, ops=cfg.ops, devices=cfg.devices, on_miss=cfg.on_miss,
                        poll_interval=cfg.poll_interval, allow_insecure=cfg.allow_insecure,
                        inductor_options=cfg.inductor_options, yield_core=cfg.yield_core, serve=cfg.serve,
-                       explain_misses=cfg.explain_misses, memory_budget=cfg.memory_budget, signing_key=key)
+                       explain_misses=cfg.explain_misses, memory_budget=cfg.memory_budget, signing_key=key,
+                       widen=cfg.widen)
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
         def _stop() -> None:

@@ -48,6 +48,7 @@ class MissWriter:
         self.cache, self.fps = cache, fps
         self.enabled = enabled                  # on_miss != "ignore"
         self._on_queued = on_queued             # (call) -> None, in the writer thread
+        self.widen_of: Callable = lambda call: None   # (call) -> a widened class to queue or None (aoti_farm/widen.py)
         self._pending: queue.Queue = queue.Queue(maxsize=PENDING_LIMIT)
         self._lock = threading.Lock()
         self._reported: set[str] = set()        # keys handed to the writer
@@ -119,7 +120,7 @@ class MissWriter:
         try:
             if not self.cache.root.is_dir():
                 raise FileNotFoundError(f"cache {self.cache.root} is gone")
-            added = missq.enqueue(self.cache, fp.id, call.sig)
+            added = missq.enqueue(self.cache, fp.id, call.sig, widen=self.widen_of(call))
         except Exception as e:  # noqa: BLE001 -- read-only, full or vanished cache
             log.debug("cannot queue %s: %s", call.key[:12], e)
             self.counters.inc("queue_errors")

@@ -9,7 +9,9 @@ range check (:meth:`aoti_farm.shapes.ShapeClass.bind`: fixed dims equal, tied di
 agree, every symbol in its range).  Under the speed gate (``serve="faster"``) a class
 serves only inside its ``speed["serve_range"]`` (where it beat eager at every sampled
 shape, :meth:`aoti_farm.dyncompile.ClassCompiler.gate`).  A call outside every range is a
-miss, as before: it queues its exact signature.
+miss, as before; what it queues is the ``widen`` policy (:mod:`aoti_farm.widen`): its exact
+signature, or (``auto``, the default, when the call is near a range) a class kernel with
+the range widened to cover it (:meth:`widen_request`, read by the miss writer).
 
 A class is read from its manifest and kept only when it hashes to the key it is
 published under, so the class matched is the one :meth:`aoti_farm.cache.Cache.open_entry`
@@ -24,6 +26,7 @@ import logging
 import threading
 
 from aoti_farm import shapes as SH
+from aoti_farm import widen as W
 from aoti_farm.counters import Counters
 from aoti_farm.dyncompile import hinted_keys
 
@@ -34,9 +37,11 @@ MEMO_LIMIT = 65536
 
 
 class ShapeIndex:
-    def __init__(self, cache, fps: dict, make_call, gated: bool = True):
+    def __init__(self, cache, fps: dict, make_call, gated: bool = True, widen: str = "auto"):
         self.cache, self.fps, self._make_call = cache, fps, make_call
         self.gated = gated        # serve="faster": a class serves only inside its speed["serve_range"]
+        self.widen = W.check_policy(widen)   # what a call outside every range queues (aoti_farm/widen.py)
+        self._widen: dict[str, dict] = {}           # exact key -> the widened class to queue (to_obj form)
         self._lock = threading.Lock()
         self._gen = 0
         self._memo: dict[str, tuple] = {}            # exact key -> (generation, class call or None)
@@ -44,8 +49,9 @@ class ShapeIndex:
         self._parsed: dict[str, object] = {}         # class key -> ShapeClass | None (unreadable)
         self._serve: dict[str, object] = {}          # class key -> serve_range ({symbol: [lo, hi]}) or None
         # matched: exact signatures served by a class entry; outside: signatures of a group
-        # with class entries, outside every range; errors: unreadable hints or manifests (skipped)
-        self.counters = Counters("matched", "outside", "errors")
+        # with class entries, outside every range; widen_requests: of those, the ones whose
+        # miss asks for a widened class; errors: unreadable hints or manifests (skipped)
+        self.counters = Counters("matched", "outside", "widen_requests", "errors")
 
     def changed(self) -> None:
         """The index changed: every answer is decided again."""
@@ -101,7 +107,16 @@ class ShapeIndex:
                 return cls
         if cands:
             self.counters.inc("outside")
+            w = W.request(self.widen, cands, sig)
+            if w is not None and len(self._widen) < MEMO_LIMIT:
+                self._widen[call.key] = w.to_obj()
+                self.counters.inc("widen_requests")
         return None
+
+    def widen_request(self, call) -> dict | None:
+        """The widened class a miss of ``call`` queues (``ShapeClass.to_obj()``), or None
+        (its exact signature); asked by the miss writer's thread.  Never raises."""
+        return self._widen.get(call.key)
 
     def _read(self, fp_id: str, key: str):
         try:

@@ -147,7 +147,9 @@ def test_a_class_that_cannot_be_exported_dynamically_falls_back_to_exact(tmp_pat
         added = []
         add = added.append
 
-    work = ClassWork(Cfg, cache, open(os.devnull, "w"))
+    from aoti_farm.workers.warm import plan
+
+    work = ClassWork(Cfg, cache, open(os.devnull, "w"), plan)
     assert work.split(sigs) == []                                   # members leave the exact plan
     work.start(Sched, None)
     assert [(t.key, t.method) for t in Sched.added] == [(cls.key, "compile_class")]
@@ -336,3 +338,103 @@ def test_cache_ls_shows_ranges_and_export_upstream_skips_class_entries(warmed, t
     assert rep["exported"] == []
     assert [s["key"] for s in rep["skipped"]] == [_class_key(cache, fp)]
     assert "shape-general" in rep["skipped"][0]["reason"]
+
+
+# --- the miss policy: widen the range (aoti_farm/widen.py) -------------------------------------------
+
+
+def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed, tmp_path):
+    from aoti_farm import missq, widen
+    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.runtime import install
+
+    cache, fp, _ = warmed
+    c2 = Cache(tmp_path / "c")
+    shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
+    x60, x200 = torch.randn(60, 64), torch.randn(200, 64)
+    with install(c2.root, ops=["aten::gelu"], on_miss="queue", serve="always") as h:   # widen="auto": the default
+        torch.ops.aten.gelu.default(x60)      # outside 8..40, within twice it: asks for s0 = 8..64
+        torch.ops.aten.gelu.default(x200)     # far outside: its exact signature
+        h.flush()
+        st = h.stats()
+    assert st["misses"] == 2 and st["shape_classes"]["widen_requests"] == 1
+    s60 = S.from_call(torch.ops.aten.gelu.default, (x60,), {})
+    s200 = S.from_call(torch.ops.aten.gelu.default, (x200,), {})
+    sig, w = missq.read_item(c2, fp.id, s60.key)
+    assert sig == s60 and SH.parse_class(w).ranges == (("s0", 8, 64),)
+    assert missq.read_item(c2, fp.id, s200.key) == (s200, None)
+
+    # what the drainers run (the hook's compile worker, serve's actors): a real class compile
+    out = widen.compile_queued(c2, AOTICompiler(), fp, sig, w, inductor_options={}, owner="pytest")
+    wkey = SH.parse_class(w).key
+    assert out.status == "compiled" and out.evidence["widened"] == {
+        "key": wkey, "ranges": {"s0": [8, 64]}, "status": "compiled",
+        **({"outside_serve_range": True} if "outside_serve_range" in out.evidence["widened"] else {})}
+    assert c2.has_entry(fp.id, wkey) and wkey in dyncompile.hinted_keys(c2, fp.id, SH.parse_class(w).group_key)
+    x50 = torch.randn(50, 64)                 # never compiled exactly, inside the widened range only
+    want = torch.ops.aten.gelu.default(x50)
+    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", serve="always") as h:
+        got = torch.ops.aten.gelu.default(x50)
+        st = h.stats()
+    assert st["hits"] == 1 and st["shape_classes"]["matched"] == 1
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+    with install(c2.root, ops=["aten::gelu"], on_miss="queue", serve="always", widen="off") as h:
+        torch.ops.aten.gelu.default(torch.randn(100, 64))    # outside 8..64, within twice it; policy off
+        h.flush()
+        assert h.stats()["shape_classes"]["widen_requests"] == 0
+    s100 = S.from_call(torch.ops.aten.gelu.default, (torch.empty(100, 64),), {})
+    assert missq.read_item(c2, fp.id, s100.key) == (s100, None)
+
+
+def test_a_refused_widened_class_falls_back_to_the_exact_signature(warmed, tmp_path):
+    from aoti_farm import widen
+    from aoti_farm.compiler import AOTICompiler
+
+    cache, fp, _ = warmed
+    cls = SH.parse_class(cache.open_entry(fp, _class_key(cache, fp)).manifest["shape_class"])
+    sig = S.from_call(torch.ops.aten.gelu.default, (torch.empty(700, 64),), {})
+    w = widen.request("always", [cls], sig)
+    assert w.ranges == (("s0", 8, 1024),)
+    c2 = Cache(tmp_path / "c")
+    # a budget nothing fits: the class is refused (its widest shape), then the exact signature is tried
+    out = widen.compile_queued(c2, AOTICompiler(), fp, sig, w.to_obj(), inductor_options={}, owner="pytest",
+                               memory_budget=1)
+    assert out.status == "failed" and out.key == sig.key
+    assert out.evidence["widen_refused"]["key"] == w.key and "budget" in out.evidence["widen_refused"]["error"]
+    assert out.evidence.get("refused") == "memory_budget" or "budget" in (out.error or "")
+    assert w.key in widen._REFUSED and not c2.has_entry(fp.id, w.key)
+
+
+def test_serve_drains_a_widen_request_on_its_ray_pool(warmed, tmp_path):
+    import threading
+
+    from aoti_farm import missq, widen
+    from aoti_farm.config import FarmConfig, resolve
+    from aoti_farm.workers.serve import serve
+
+    cache, fp, _ = warmed
+    c2 = Cache(tmp_path / "c")
+    shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
+    cls = SH.parse_class(cache.open_entry(fp, _class_key(cache, fp)).manifest["shape_class"])
+    sig = S.from_call(torch.ops.aten.gelu.default, (torch.empty(90, 64),), {})
+    w = widen.request("always", [cls], sig)                       # s0 = 8..128
+    assert missq.enqueue(c2, fp.id, sig, widen=w.to_obj())
+    events, stop = [], threading.Event()
+    cfg = resolve(FarmConfig, cli={"cache_dir": str(c2.root), "cpu_workers": 1, "poll_interval": 0.2}, env={})
+    th = threading.Thread(target=serve, args=(cfg,), kwargs={"stop": stop, "stream": open(os.devnull, "w"),
+                                                             "on_event": lambda k, d: events.append((k, d))})
+    th.start()
+    try:
+        t0 = __import__("time").monotonic()
+        while missq.pending(c2, fp.id) and __import__("time").monotonic() - t0 < 300:
+            __import__("time").sleep(0.2)
+    finally:
+        stop.set()
+        th.join(120)
+    assert missq.pending(c2, fp.id) == []                          # the queue item is retired
+    assert c2.has_entry(fp.id, w.key)                             # the widened class, compiled by an actor
+    done = [d["result"] for k, d in events if k == "done"]
+    assert [(r.key, r.status) for r in done] == [(sig.key, "compiled")]
+    m = c2.open_entry(fp, w.key).manifest
+    assert m["worker"].rsplit(":", 1)[1] != str(os.getpid())

@@ -18,7 +18,7 @@ Driver side, :class:`ClassWork`:
 3. :meth:`ClassWork.event` takes the scheduler's events for class keys.  A class that
    gets no shape-general kernel (the compile path's ``failed``: export, Inductor or
    verification refused it, or its widest shape is over the memory budget) falls back:
-   its members are planned like any signature (:func:`aoti_farm.workers.warm.plan`) and
+   its members are planned like any signature (:func:`aoti_farm.workers.warm.plan`, passed in) and
    added to the same scheduler as exact tasks.  So exact compiles run beside class
    compiles, and a fallback's members start as soon as the class is refused.
 4. :meth:`ClassWork.rows` gives one report row per class (status compiled, cached or
@@ -27,6 +27,11 @@ Driver side, :class:`ClassWork`:
 The pool's counters (``Scheduler.stats()``) count a class as one task: a fallback is
 ``failed`` there; the report's row says ``fallback``, and only its members' own results
 decide the exit code.
+
+``aoti-farm serve``: a queue item that asks for a widened class (the miss policy of
+:mod:`aoti_farm.widen`) is a :class:`WidenJob` task (:func:`queued_task`) on the same
+method: the actor runs :func:`aoti_farm.widen.compile_queued` (the class, else the exact
+signature) and the task keeps the queue item's key.
 
 Actor side, :func:`compile_in_actor` (``CompileActor.compile_class``): never raises; a
 :class:`~aoti_farm.compiler.CompileInfraError` comes back as status ``error`` (the
@@ -39,7 +44,7 @@ import os
 import socket
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 from aoti_farm import dynwarm
 from aoti_farm import shapes as SH
@@ -64,6 +69,32 @@ class ClassJob:
         return {"shape_class": self.cls.to_obj(), "members": [m.to_obj() for m in self.cls.members]}
 
 
+class WidenJob:
+    """A queued miss that asks for a widened class (:mod:`aoti_farm.widen`): the task's key
+    is the queued signature's, so ``serve`` retires the queue item as for an exact task."""
+
+    def __init__(self, sig, widen_obj: dict):
+        self.sig, self.widen = sig, widen_obj
+
+    key = property(lambda self: self.sig.key)
+    op = property(lambda self: self.sig.op)
+    device = property(lambda self: self.sig.device)
+
+    def to_obj(self) -> dict:
+        return {"signature": self.sig.to_obj(), "widen": self.widen}
+
+
+def queued_task(sig, widen_obj, kind: str, fp_id: str | None):
+    """``aoti-farm serve``'s task for a queue item: a :class:`WidenJob` when the item asks for
+    a usable widened class, else the exact signature's task."""
+    from aoti_farm.widen import parse_request
+    from aoti_farm.workers.scheduler import Task
+
+    if parse_request(widen_obj, sig) is not None:
+        return Task(WidenJob(sig, widen_obj), kind, fp_id, method=METHOD)
+    return Task(sig, kind, fp_id)
+
+
 def parse_job(obj: dict) -> SH.ShapeClass:
     """Inverse of :meth:`ClassJob.to_obj` (ValueError naming the bad field)."""
     if not isinstance(obj, dict):
@@ -85,9 +116,18 @@ def compile_in_actor(actor, obj: dict, attempts: int = 1) -> dict:
     t0, w0 = time.perf_counter(), time.time()
     try:
         actor._setup()
-        cls = parse_job(obj)
-        out = dynwarm.compile_class(actor._cache, cls, actor.inductor_options, actor.memory_budget,
-                                    owner=actor._owner, lease_ttl=actor.lease_ttl)
+        if isinstance(obj, dict) and "signature" in obj:   # a queued miss asking for a widened class
+            from aoti_farm.widen import compile_queued
+
+            sig = S.parse_signature(obj["signature"])
+            out = compile_queued(actor._cache, actor._compiler, actor._fp, sig, obj.get("widen"),
+                                 inductor_options=actor.inductor_options, owner=actor._owner,
+                                 memory_budget=actor.memory_budget, lease_ttl=actor.lease_ttl,
+                                 attempts=attempts).to_dict()
+        else:
+            cls = parse_job(obj)
+            out = dynwarm.compile_class(actor._cache, cls, actor.inductor_options, actor.memory_budget,
+                                        owner=actor._owner, lease_ttl=actor.lease_ttl)
     except Exception as e:  # noqa: BLE001 -- CompileInfraError and anything unexpected: retried
         msg = " ".join(str(e).split())[:300] or type(e).__name__
         kind = "infrastructure" if isinstance(e, CompileInfraError) else type(e).__name__
@@ -105,8 +145,9 @@ def compile_in_actor(actor, obj: dict, attempts: int = 1) -> dict:
 
 
 class ClassWork:
-    def __init__(self, cfg, cache, stream: TextIO | None = None):
-        self.cfg, self.cache = cfg, cache
+    def __init__(self, cfg, cache, stream: TextIO | None = None, plan: Callable | None = None):
+        """``plan``: :func:`aoti_farm.workers.warm.plan` (passed in: warm imports this module)."""
+        self.cfg, self.cache, self._plan = cfg, cache, plan
         self.stream = stream or sys.stderr
         self.classes: dict[str, SH.ShapeClass] = {}   # class key -> class (of >= 2 shapes)
         self.tasks: list = []                         # scheduler Tasks still to run
@@ -193,10 +234,8 @@ class ClassWork:
 
     def _exact(self, sigs: list) -> None:
         """Members that no class kernel covers: planned like any signature, compiled exactly."""
-        from aoti_farm.workers.warm import plan
-
         self.fallback += sigs
-        p = plan(sigs, self.cache, self.cfg.inductor_options, self.cfg.memory_budget)
+        p = self._plan(sigs, self.cache, self.cfg.inductor_options, self.cfg.memory_budget)
         for r in p.done:
             self.fallback_done[r.key] = r
         if self._progress is not None:
@@ -233,4 +272,4 @@ def torch_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-__all__ = ["ClassJob", "ClassWork", "METHOD", "compile_in_actor", "parse_job"]
+__all__ = ["ClassJob", "ClassWork", "METHOD", "WidenJob", "compile_in_actor", "parse_job", "queued_task"]

@@ -134,7 +134,7 @@ def _enqueue_pending(cache, fp_id, kind, sched, bad, missq, Task, route) -> None
             if cache.has_entry(fp_id, key) or cache.failure(fp_id, key) is not None:
                 missq.done(cache, fp_id, key)
                 continue
-            sig = missq.read(cache, fp_id, key)
+            sig, wid = missq.read_item(cache, fp_id, key)   # wid: a widened class asked for (aoti_farm/widen.py)
             if route(sig) != kind:
                 continue
         except FileNotFoundError:
@@ -142,4 +142,6 @@ def _enqueue_pending(cache, fp_id, kind, sched, bad, missq, Task, route) -> None
         except Exception as e:  # noqa: BLE001 -- a bad item: counted, skipped, left for `cache verify --repair`
             bad.see(f"{fp_id}/queue", key, e)
             continue
-        sched.add(Task(sig, kind, fp_id))
+        from aoti_farm.workers.classtasks import queued_task
+
+        sched.add(queued_task(sig, wid, kind, fp_id))   # the exact Task, or a widened class's (classtasks.py)

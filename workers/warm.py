@@ -280,7 +280,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     if getattr(cfg, "dynamic", "off") == "auto":   # class compiles on the same pool (workers/classtasks.py)
         from aoti_farm.workers.classtasks import ClassWork
 
-        classes = ClassWork(cfg, cache, stream)
+        classes = ClassWork(cfg, cache, stream, plan)
         sigs = classes.split(sigs)   # the members of classes to compile leave the exact plan
     timeline["loaded"] = time.time()
     progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
@@ -321,7 +321,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
                 progress.tally.counts.inc(r.status)
         if p.todo or (classes is not None and classes.tasks):
             if ray is None:
-                ray, started = start_ray(cfg, **embedded_ray_args(cfg, [t.sig for t in p.todo], compiler_factory))
+                ray, started = start_ray(cfg, **embedded_ray_args(cfg, [t.sig for t in p.todo + (classes.tasks if classes
+                                                                                        else [])], compiler_factory))
                 timeline["ray_started"] = time.time()
             from aoti_farm.workers.placement import pool_sizes
 
