@@ -2,7 +2,7 @@
 """Shape-general kernels (issue 15): a transformer recorded at a few sequence lengths,
 warmed exact vs ``--dynamic auto``, replayed at lengths never recorded.
 
-    python scripts/bench/shapes.py [--workdir DIR] [--json out.json]
+    python scripts/bench/shapes.py [--workdir DIR] [--json out.json] [--device cuda --preload LIB]
 
 1. Record ``BertModel`` (transformers, random weights from a small ``BertConfig``; a
    benchmark-only dependency) at ``--lengths`` (batch 2) into a trace.
@@ -14,6 +14,12 @@ warmed exact vs ``--dynamic auto``, replayed at lengths never recorded.
 4. Per-call time at a recorded length (both caches have a kernel there): single ops and
    the whole model, eager vs exact hit vs shape-general hit, interleaved rounds in one
    process (hooks installed in turn); plus shape-general hits at an unseen length.
+
+``--device cuda`` runs the model, the trace, the kernels and the timing on the GPU (the warms
+use GPU compile actors; ``--gpu-workers``).  ``--preload LIB`` (a host whose AOTI libraries
+need libstdc++ preloaded, see docs) gives the replay and timing children ``LD_PRELOAD=LIB``
+and the warms ``AOTI_FARM_PRELOAD_LIBSTDCXX=1`` (their actors get it).  The JSON is
+rewritten after every step, so a run cut short keeps what it measured.
 
 Nothing asserts on time; the targets are printed with the measured values.
 """
@@ -36,6 +42,10 @@ from common import machine  # noqa: E402
 
 PY = sys.executable
 CLI = [PY, "-m", "aoti_farm"]
+#: --device (children get it as an environment variable)
+DEVICE = os.environ.get("AOTI_SHAPES_BENCH_DEVICE", "cpu")
+CHILD_ENV: dict = {}
+WARM_ENV: dict = {}
 
 
 def _model():
@@ -45,13 +55,20 @@ def _model():
     torch.manual_seed(0)
     cfg = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
                      vocab_size=1000, max_position_embeddings=256)
-    return BertModel(cfg).eval()
+    return BertModel(cfg).eval().to(DEVICE)
 
 
 def _ids(L: int, seed: int = 0):
     import torch
 
-    return torch.randint(0, 1000, (2, L), generator=torch.Generator().manual_seed(seed + L))
+    return torch.randint(0, 1000, (2, L), generator=torch.Generator().manual_seed(seed + L)).to(DEVICE)
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 # --- child modes -------------------------------------------------------------------------------
@@ -95,12 +112,14 @@ def _time(fn, n: int, reps: int = 5) -> float:
     import gc
 
     fn()
+    _sync()
     out = []
     for _ in range(reps):
         gc.disable()
         t = time.perf_counter()
         for _ in range(n):
             fn()
+        _sync()
         out.append((time.perf_counter() - t) / n)
         gc.enable()
     return statistics.median(out)
@@ -116,9 +135,9 @@ def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threa
 
     m = _model()
     g = torch.Generator().manual_seed(1)
-    x_ff = torch.randn(2, L, 512, generator=g)
-    x_h = torch.randn(2, L, 128, generator=g)
-    w, b = torch.randn(128, generator=g), torch.randn(128, generator=g)
+    x_ff = torch.randn(2, L, 512, generator=g).to(DEVICE)
+    x_h = torch.randn(2, L, 128, generator=g).to(DEVICE)
+    w, b = torch.randn(128, generator=g).to(DEVICE), torch.randn(128, generator=g).to(DEVICE)
     ids, ids_u = _ids(L), _ids(unseen_L)
     items = {
         f"gelu[2,{L},512]": (lambda: torch.ops.aten.gelu.default(x_ff), 2000),
@@ -161,18 +180,22 @@ def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threa
 
 
 def _child(mode: str, *args) -> dict:
-    r = subprocess.run([PY, __file__, "--child", mode, json.dumps(args)], capture_output=True, text=True)
+    r = subprocess.run([PY, __file__, "--child", mode, json.dumps(args)], capture_output=True, text=True,
+                       env={**os.environ, **CHILD_ENV, "AOTI_SHAPES_BENCH_DEVICE": DEVICE})
     line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("RESULT:")), None)
     if r.returncode != 0 or line is None:
         raise SystemExit(f"child {mode} failed ({r.returncode}): {r.stderr[-3000:]}")
     return json.loads(line[len("RESULT:"):])
 
 
-def _warm(trace: str, cache: str, dynamic: str, workers: int, log) -> dict:
+def _warm(trace: str, cache: str, dynamic: str, workers: int, log, gpu_workers: int | None = None) -> dict:
     report = cache + ".report.json"
     t0 = time.perf_counter()
+    extra = [] if gpu_workers is None else ["--gpu-workers", str(gpu_workers),
+                                            "--gpus-per-worker", str(round(1.0 / gpu_workers, 4))]
     r = subprocess.run(CLI + ["warm", "--model", trace, "--cache-dir", cache, "--dynamic", dynamic,
-                              "--cpu-workers", str(workers), "--report", report], capture_output=True, text=True)
+                              "--cpu-workers", str(workers), "--report", report] + extra, capture_output=True,
+                       text=True, env={**os.environ, **WARM_ENV})
     wall = time.perf_counter() - t0
     log.write(f"\n$ aoti-farm warm --dynamic {dynamic} (exit {r.returncode}, {wall:.1f}s)\n{r.stderr[-6000:]}\n")
     rows = json.loads(Path(report).read_text())["signatures"]
@@ -180,7 +203,7 @@ def _warm(trace: str, cache: str, dynamic: str, workers: int, log) -> dict:
     from aoti_farm.fingerprint import fingerprint
 
     c = Cache(cache)
-    fp = fingerprint("cpu")
+    fp = fingerprint("cuda:0" if DEVICE == "cuda" else "cpu")
     keys = c.list_keys(fp.id)
     classes = [r for r in rows if r.get("kind") == "shape_class"]
     return {"exit": r.returncode, "wall_s": round(wall, 1), "entries": len(keys),
@@ -205,9 +228,18 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="intra-op threads while timing (0: torch's default); 1 keeps a shared 2-core host's "
                          "scheduling noise out of eager's fork/join")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--gpu-workers", type=int, default=None, help="GPU compile actors (--device cuda)")
+    ap.add_argument("--preload", default=None, help="a libstdc++ to preload where AOTI libraries need it")
     ap.add_argument("--json", default=None)
     ap.add_argument("--log", default=None)
     ns = ap.parse_args()
+    global DEVICE
+    if not ns.child:
+        DEVICE = ns.device
+        if ns.preload:
+            CHILD_ENV["LD_PRELOAD"] = ns.preload
+            WARM_ENV["AOTI_FARM_PRELOAD_LIBSTDCXX"] = "1"
     if ns.child:
         a = json.loads(ns.args)
         fn = {"record": child_record, "replay": child_replay, "timing": child_timing}[ns.child]
@@ -219,19 +251,32 @@ def main() -> int:
     wd = Path(ns.workdir or tempfile.mkdtemp(prefix="aoti-shapes-"))
     wd.mkdir(parents=True, exist_ok=True)
     log = open(ns.log, "w") if ns.log else sys.stderr
-    out: dict = {"machine": machine(), "lengths": lengths, "unseen": unseen, "batch": 2,
+    out: dict = {"machine": machine(), "device": DEVICE, "lengths": lengths, "unseen": unseen, "batch": 2,
                  "model": "BertModel(hidden 128, 2 layers, 2 heads, ffn 512, vocab 1000)"}
+    if DEVICE == "cuda":
+        import torch
+
+        out["machine"]["gpu"] = torch.cuda.get_device_name(0)
+
+    def step(name, fn, *a):
+        t0 = time.perf_counter()
+        out[name] = fn(*a)
+        log.write(f"[shapes] {name} done in {time.perf_counter() - t0:.1f}s\n")
+        log.flush()
+        if ns.json:
+            Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")
+
     trace = str(wd / "trace.json")
     _child("record", trace, lengths)
     out["trace_signatures"] = len(json.loads(Path(trace).read_text())["entries"])
-    out["warm_exact"] = _warm(trace, str(wd / "exact"), "off", ns.cpu_workers, log)
-    out["warm_dynamic"] = _warm(trace, str(wd / "dyn"), "auto", ns.cpu_workers, log)
-    out["replay_exact"] = _child("replay", str(wd / "exact"), unseen)
-    out["replay_dynamic"] = _child("replay", str(wd / "dyn"), unseen)
-    out["replay_dynamic_gate"] = _child("replay", str(wd / "dyn"), unseen, "faster", 3)
+    step("warm_exact", _warm, trace, str(wd / "exact"), "off", ns.cpu_workers, log, ns.gpu_workers)
+    step("warm_dynamic", _warm, trace, str(wd / "dyn"), "auto", ns.cpu_workers, log, ns.gpu_workers)
+    step("replay_exact", _child, "replay", str(wd / "exact"), unseen)
+    step("replay_dynamic", _child, "replay", str(wd / "dyn"), unseen)
     mid = sorted(lengths)[len(lengths) // 2]
-    out["timing"] = _child("timing", str(wd / "exact"), str(wd / "dyn"), mid, unseen[len(unseen) // 2], ns.rounds,
-                           ns.threads)
+    step("timing", _child, "timing", str(wd / "exact"), str(wd / "dyn"), mid, unseen[len(unseen) // 2], ns.rounds,
+         ns.threads)
+    step("replay_dynamic_gate", _child, "replay", str(wd / "dyn"), unseen, "faster", 3)
     e, d = out["warm_exact"], out["warm_dynamic"]
     rd = out["replay_dynamic"]
     t = out["timing"]["items"]
