@@ -40,6 +40,7 @@ def merged_stats(hook) -> dict:
     s["gate_trials"], s["gated_signatures"], s["gate_errors"] = g["gate_trials"], g["gated_signatures"], g["gate_errors"]
     s["serving"] = hook._not_serving is None   # False: nothing intercepted (see Hook)
     s["routed_ops"] = len(hook.ops)
+    s["route"] = hook.route
     s["shape_classes"] = hook._shapes.stats()
     routes = hook._routes
     n = routes.native_stats()

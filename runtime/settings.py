@@ -78,17 +78,27 @@ def resolve(*, serve: str | None = None, yield_core: bool | None = None, metrics
                         config.cache_dir(cache_dir, env), config.memory_budget(memory_budget, env), widen)
 
 
+#: The hook's routing policies (see check_arguments).
+ROUTES = ("all", "servable-at-install", "servable")
+
+
 def check_arguments(on_miss: str, poll_interval, devices, native: str, route: str | None) -> str:
     """``install()``'s other arguments, checked (UserError naming the argument); returns
-    the routing policy (``route``: None is "all").  "servable" (only with
-    ``on_miss="ignore"``) is opt-in: it re-registers the dispatcher whenever the set of
-    servable ops changes, and torch does not promise that replacing a kernel is safe while
-    another thread is inside it, so the default never re-registers after the start."""
+    the routing policy (``route``: None is the default: "servable-at-install" with
+    ``on_miss="ignore"``, else "all").
+
+    * "all": every requested op (a miss must be seen to be queued);
+    * "servable-at-install" (only with ``on_miss="ignore"``): the ops with a servable entry
+      when ``install()`` runs; the registration never changes afterwards;
+    * "servable" (only with ``on_miss="ignore"``; opt-in): the same set, re-registered
+      whenever it changes.  torch does not promise that replacing a kernel is safe while
+      another thread is inside it, so only this opt-in re-registers after the start."""
     check_on_miss(on_miss)   # the one check, shared with config.resolve
-    route = route or "all"
-    if route not in ("all", "servable") or (route == "servable" and on_miss != "ignore"):
-        raise UserError(f"route: {route!r} is not 'all', or 'servable' with on_miss='ignore' "
-                        "(a miss must be seen to be queued)")
+    if route is None:
+        route = "servable-at-install" if on_miss == "ignore" else "all"
+    if route not in ROUTES or (route != "all" and on_miss != "ignore"):
+        raise UserError(f"route: {route!r} is not 'all', or 'servable-at-install' / 'servable' with "
+                        "on_miss='ignore' (a miss must be seen to be queued)")
     if native not in ("auto", "off", "require"):
         raise UserError(f"native: {native!r} is not one of auto, off, require")
     if not poll_interval or poll_interval <= 0:

@@ -166,7 +166,7 @@ def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_pa
     results = {}
     for side in ("eager", "kernel"):
         cache = _gate_cache(kernels, tmp_path / side, ratio=0.5)
-        with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", native=native,
+        with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=native,
                      serve="faster") as hook:
             hook.gate.measure = _penalised(side)
             got = [torch.add(a, b, alpha=2)]      # starts the trial in the gate's thread
@@ -185,7 +185,7 @@ def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_pa
 def test_serve_always_keeps_todays_behaviour(kernels, tmp_path):
     cache = _gate_cache(kernels, tmp_path, ratio=3.0)
     a, b = _add_call()
-    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", serve="always") as hook:
+    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all", serve="always") as hook:
         before = hook.stats()
         for _ in range(3):
             torch.add(a, b, alpha=2)

@@ -31,7 +31,7 @@ def test_cuda_compile_verify_publish_and_serve(tmp_path):
     expected = torch.add(a, b, alpha=2)
     c, d = torch.randn(3, 5, device="cuda"), torch.randn(3, 5, device="cuda")
     miss_expected = torch.add(c, d)
-    with install(cache_dir=cache.root, ops=["aten::add.Tensor"], on_miss="ignore") as hook:
+    with install(cache_dir=cache.root, ops=["aten::add.Tensor"], on_miss="ignore", route="all") as hook:
         got = torch.add(a, b, alpha=2)
         miss = torch.add(c, d)
         st = hook.stats()

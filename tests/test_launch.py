@@ -75,4 +75,4 @@ def test_hook_that_cannot_load_kernels_intercepts_nothing(kernels, monkeypatch):
     assert st["serving"] is False and "LD_PRELOAD" in st["native"]["reason"], st
     assert st["calls"] == 0 and st["hits"] == 0 and st["kernels_loaded"] == 0, st
     with pytest.raises(UserError, match="ops"):
-        install(cache_dir=kernels.cache.root, ops=["aten::no_such_op"], on_miss="ignore")
+        install(cache_dir=kernels.cache.root, ops=["aten::no_such_op"], on_miss="ignore", route="all")

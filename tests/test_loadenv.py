@@ -48,7 +48,7 @@ def test_unsafe_host_verifies_in_a_preloaded_child_and_hook_stays_eager(kernels,
     assert res.get("in_child") is True and res["ok"] is True
     a, b = torch.randn(8, 16), torch.randn(16)
     expected = torch.add(a, b, alpha=2)
-    with install(cache_dir=kernels.cache.root, ops=["aten::add.Tensor"], on_miss="ignore") as hook:
+    with install(cache_dir=kernels.cache.root, ops=["aten::add.Tensor"], on_miss="ignore", route="all") as hook:
         got = torch.add(a, b, alpha=2)
         st = hook.stats()
     assert torch.equal(got, expected)

@@ -174,7 +174,7 @@ def test_metrics_port_setting_bad_value(cache):
     from aoti_farm.runtime import install
 
     with pytest.raises(UserError, match="metrics_port"):
-        install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", metrics_port="http")
+        install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all", metrics_port="http")
 
 
 _bad = S.from_call(torch.ops.aten.mm.default, (torch.empty(3, 4), torch.empty(4, 5)), {}).to_obj()

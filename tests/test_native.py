@@ -37,7 +37,7 @@ def add_cache(kernels, tmp_path):
 def test_native_serves_hits_without_asking_python_again(add_cache):
     a, b = _add_inputs()
     expected = torch.add(a, b, alpha=2)
-    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore",
+    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
                  native="require") as hook:
         got = [torch.add(a, b, alpha=2) for _ in range(50)]
         a2, b2 = _add_inputs(seed=7)                      # same metadata, other values
@@ -60,7 +60,7 @@ def test_native_key_separates_what_the_signature_separates(add_cache):
         "float64": (a.double(), b.double(), 2),
         "offset view, same strides": (torch.randn(9, 16)[1:], b, 2),
     }
-    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore",
+    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
                  native="require") as hook:
         expected = torch.add(a.clone(), b.clone(), alpha=2)            # a hit
         results = {k: torch.add(x, y, alpha=al) for k, (x, y, al) in variants.items()}
@@ -117,7 +117,7 @@ def test_kernel_that_raises_is_dropped_and_eager_serves(kernels, tmp_path, mode)
     wrong = kernels.cache.open_entry(kernels.fp, where.key)
     cache.publish(kernels.fp, sig_add_alpha(), {"kernel.so": wrong.kernel_path}, {"note": "wrong kernel"})
     a, b = _add_inputs()
-    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", native=mode) as hook:
+    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=mode) as hook:
         got = [torch.add(a, b, alpha=2) for _ in range(3)]
         st = hook.stats()
     assert all(same(g, torch.add(a, b, alpha=2)) for g in got)
@@ -138,7 +138,7 @@ def test_threads_share_the_native_path(add_cache):
             if not torch.equal(torch.add(x, b, alpha=2), x + 2 * b):
                 bad.append("miss")
 
-    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore",
+    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
                  native="require") as hook:
         run_threads(4, work)
         st = hook.stats()
@@ -186,7 +186,7 @@ def test_threads_run_a_kernel_at_once_each_with_its_own_container(big_add, tmp_p
         if not same(torch.add(a, b, alpha=2), expected):
             bad.append(1)
 
-    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", native=mode,
+    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=mode,
                  serve="always") as hook:
         _overlapping_calls(call)
         st = hook.stats()
@@ -266,7 +266,7 @@ def test_hook_builds_the_native_path_in_the_background_and_switches(add_cache, t
     monkeypatch.setattr(native, "_loaded", None)           # this process must load the new build
     a, b = _add_inputs()
     expected = torch.add(a, b, alpha=2)
-    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore",
+    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
                  poll_interval=0.2) as hook:
         assert same(torch.add(a, b, alpha=2), expected)
         st = hook.stats()
@@ -283,7 +283,7 @@ def test_native_off_and_env_switch(add_cache, monkeypatch):
     a, b = _add_inputs()
     expected = torch.add(a, b, alpha=2)
     monkeypatch.setenv("AOTI_FARM_NATIVE", "0")
-    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore") as hook:
+    with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all") as hook:
         assert same(torch.add(a, b, alpha=2), expected)
         st = hook.stats()
     assert st["hits"] == 1 and not st["native"]["active"], st

@@ -82,7 +82,7 @@ def test_record_mlp_warm_then_serve_all_hits(kernels, tmp_path):
     for e in trace:                                         # warm: real compiles, fleet rules
         out = kernels.ensure(e.sig)
         assert out.status in ("compiled", "cached"), (e.sig.op, out.error, out.evidence)
-    with install(cache_dir=str(kernels.cache.root), on_miss="ignore") as hook, torch.no_grad():
+    with install(cache_dir=str(kernels.cache.root), on_miss="ignore", route="all") as hook, torch.no_grad():
         got = [model(b) for b in batches]
         st = hook.stats()
     served = {e.sig.op for e in trace}

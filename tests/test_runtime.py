@@ -83,7 +83,7 @@ def test_hit_equals_eager_exactly(kernels, name):
     out = kernels.ensure(sig)
     assert out.status in ("compiled", "cached"), f"{name}: {out.status}: {out.error} {out.evidence}"
     expected = _public(op, args, kwargs)                 # eager, before any hook
-    hook = install(cache_dir=str(kernels.cache.root), on_miss="ignore")
+    hook = install(cache_dir=str(kernels.cache.root), on_miss="ignore", route="all")
     try:
         got = [_public(op, args, kwargs) for _ in range(3)]
         st = hook.stats()
@@ -146,7 +146,7 @@ def test_numbers_passed_as_tensors_stay_exact():
 def test_uninstall_restores_eager_and_allclose_works(kernels, tmp_path):
     kernels.ensure(sig_add_alpha())
     x = torch.randn(8, 16, generator=_g())
-    hook = install(cache_dir=str(kernels.cache.root), on_miss="ignore")
+    hook = install(cache_dir=str(kernels.cache.root), on_miss="ignore", route="all")
     assert torch.allclose(x, x.clone()) and not torch.allclose(x, x + 1)
     torch.add(x, x[0], alpha=2)
     calls = hook.stats()["calls"]
@@ -162,7 +162,7 @@ def test_requires_grad_is_eager(kernels):
     kernels.ensure(sig_add_alpha())
     a = torch.randn(8, 16, requires_grad=True)
     b = torch.randn(16)
-    with install(cache_dir=str(kernels.cache.root), on_miss="ignore") as hook:
+    with install(cache_dir=str(kernels.cache.root), on_miss="ignore", route="all") as hook:
         y = torch.add(a, b, alpha=2)
         y.sum().backward()
         with torch.no_grad():

@@ -217,7 +217,7 @@ def test_unseen_length_inside_the_range_is_a_hit_equal_to_eager(warmed, tmp_path
     xs = {n: torch.randn(n, 64) for n in (17, 8, 40, 41, 7)}
     xs["t"] = torch.randn(64, 17).t()                               # another layout class: a miss
     want = {n: torch.ops.aten.gelu.default(x) for n, x in xs.items()}
-    with install(cache.root, ops=["aten::gelu"], on_miss="ignore", serve="always") as h:
+    with install(cache.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="always") as h:
         got = {n: torch.ops.aten.gelu.default(x) for n, x in xs.items()}
         st = h.stats()
     for n in xs:
@@ -236,7 +236,7 @@ def test_exact_kernel_wins_over_the_class(warmed, tmp_path):
     shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
     sig16 = S.from_call(torch.ops.aten.gelu.default, (torch.empty(16, 64),), {})
     assert compile_and_publish(c2, AOTICompiler(), fp, sig16, owner="pytest").status == "compiled"
-    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", serve="always") as h:
+    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="always") as h:
         torch.ops.aten.gelu.default(torch.randn(16, 64))   # exact entry
         torch.ops.aten.gelu.default(torch.randn(17, 64))   # class entry
         st = h.stats()
@@ -314,13 +314,13 @@ def test_under_the_speed_gate_a_class_serves_only_inside_its_serve_range(warmed,
     m["speed"]["serve_range"] = {"s0": [8, 20]}        # as if it lost to eager above 20
     os.chmod(p, 0o644)
     p.write_bytes(msgpack.packb(m, use_bin_type=True))
-    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", serve="faster") as h:
+    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="faster") as h:
         torch.ops.aten.gelu.default(torch.randn(30, 64))   # verified range, outside serve_range: a miss
         torch.ops.aten.gelu.default(torch.randn(17, 64))   # inside: the class (hit, gated or pending the gate)
         st = h.stats()
     assert st["misses"] == 1 and st["shape_classes"]["matched"] == 1
     assert st["hits"] + st["gated"] + st.get("gate_pending", 0) == 1, json.dumps(st, default=str)
-    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", serve="always") as h:
+    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="always") as h:
         torch.ops.aten.gelu.default(torch.randn(30, 64))   # serve="always": the whole verified range
         assert h.stats()["hits"] == 1
 
@@ -373,7 +373,7 @@ def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed
     assert c2.has_entry(fp.id, wkey) and wkey in dyncompile.hinted_keys(c2, fp.id, SH.parse_class(w).group_key)
     x50 = torch.randn(50, 64)                 # never compiled exactly, inside the widened range only
     want = torch.ops.aten.gelu.default(x50)
-    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", serve="always") as h:
+    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="always") as h:
         got = torch.ops.aten.gelu.default(x50)
         st = h.stats()
     assert st["hits"] == 1 and st["shape_classes"]["matched"] == 1

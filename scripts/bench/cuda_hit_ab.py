@@ -79,7 +79,7 @@ def main() -> int:
             # which upstream's holder mis-serves ("expected inputs vector size to be 1")
             ok["upstream"] &= bool(torch.allclose(got, expected))
             for mode, nat in (("hook", "require"), ("hook-py", "off")):
-                with install(cache_dir=root, ops=["aten::add.Tensor"], on_miss="ignore", native=nat) as h:
+                with install(cache_dir=root, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=nat) as h:
                     got = f()
                     per[mode].append(per_call_us(f))
                     ok[mode] &= h.stats()["hits"] > 0

@@ -80,7 +80,7 @@ def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = N
             assert torch.equal(r.run([a, b])[0], exp)
         takes = {n for f in (install_fn, Hook.__init__) for n in inspect.signature(f).parameters}
         kw = {"serve": "always"} if "serve" in takes else {}
-        hook = install(cache_dir=cache.root, ops=["aten::add.Tensor"], devices=(device,), on_miss="ignore", **kw)
+        hook = install(cache_dir=cache.root, ops=["aten::add.Tensor"], devices=(device,), on_miss="ignore", route="all", **kw)
         hook_on = [True]
 
         def hooked():
@@ -102,7 +102,7 @@ def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = N
                     for _ in range(50):
                         paths[k]()
                     res[k].append(_batch(paths[k], calls, sync))
-                hook = install(cache_dir=cache.root, ops=["aten::add.Tensor"], devices=(device,), on_miss="ignore", **kw)
+                hook = install(cache_dir=cache.root, ops=["aten::add.Tensor"], devices=(device,), on_miss="ignore", route="all", **kw)
                 hook_on[0] = True
                 for _ in range(200):
                     hooked()

@@ -64,7 +64,7 @@ def main(argv=None) -> int:
 
     from aoti_farm.runtime import install
 
-    hook = install(cache_dir=cache, ops=["aten::add.Tensor"], on_miss="ignore", serve="always", metrics_port=0)
+    hook = install(cache_dir=cache, ops=["aten::add.Tensor"], on_miss="ignore", route="all", serve="always", metrics_port=0)
     try:
         for _ in range(100):
             fn()

@@ -15,20 +15,25 @@ What it measures, in ONE process, eager and hooked interleaved:
 
 How:
 
-1. Every served signature the suite and the models call is recorded (the recorder uses
-   the hook's own encoding), then compiled through the real compile path
-   (``job.compile_and_publish``: compile, verify against eager, time against eager for the
-   speed gate, publish) into a fresh cache, by ``--jobs`` spawned processes.
-2. Rounds: each round times everything eagerly (no hook installed) and hooked (the hook
-   installed with ``on_miss="ignore"``, its policy ``--serve``, and ``route="servable"``
-   where the hook has it: only ops with a servable entry enter the hook), in alternating
-   order.  Hooked items are warmed up first, so the hook's on-host gate trials are done
-   (``hook.gate.wait``) and the routed ops re-computed (one poll) before timing.  An item's time in a phase is the median of 3 batches of ``n`` calls (``n`` sized
-   once so that a batch takes about ``--batch-ms``, 4x that for a model), CUDA
-   synchronised around each batch, garbage collection held off during a batch.
-3. Per item: ``ratio`` = median over rounds of (hooked / eager) of that round; ``served``:
-   the hook ran a kernel for it (its hits went up while timing); ``gated``: cached kernels
-   that the speed gate declined (eager ran).
+1. Every served signature is recorded (the recorder uses the hook's own encoding), then
+   compiled through the real compile path (``job.compile_and_publish``: compile, verify
+   against eager, time against eager for the speed gate, publish) by ``--jobs`` spawned
+   processes.  ``--caches own`` (the default) warms the op suite and each model into a
+   cache of its own, as a team that warms its model does; ``--caches shared`` puts every
+   item's entries into one cache, as a fleet cache warmed by many models.
+2. Rounds: each round times every item eagerly (no hook installed) and hooked once per
+   route (``--route``, default the hook's default with ``on_miss="ignore"``,
+   ``servable-at-install``; ``--also-route`` adds more, same rounds), the hook installed
+   on the item's cache with ``on_miss="ignore"`` and ``--serve``; the phases' order
+   alternates between rounds.  Hooked items are warmed up first, so the hook's on-host
+   gate trials are done (``hook.gate.wait``) and, under ``route="servable"``, the routed
+   ops re-computed (one poll) before timing.  An item's time in a phase is the median of
+   :data:`BATCHES` batches of ``n`` calls (``n`` sized once so that a batch takes about
+   ``--batch-ms``, 4x that for a model), CUDA synchronised around each batch, garbage
+   collection held off during a batch.  Each round's ratios are logged as it ends.
+3. Per item and route: ``ratio`` = median over rounds of (hooked / eager) of that round,
+   with the quartiles of those ratios; ``served``: the hook ran a kernel for it (its hits
+   went up while timing); ``gated``: cached kernels that the speed gate declined (eager ran).
 
 Targets (issue 13): no served op slower than 1.05x eager; every model <= 1.0x eager; a
 model rich in ops where Inductor wins <= 0.9x eager.
@@ -60,6 +65,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 OP_TARGET = 1.05
+#: The hook's routes (``runtime/settings.py``); the first is its default with on_miss="ignore".
+ROUTES = ("servable-at-install", "servable", "all")
 MODEL_TARGET = 1.0
 WINS_TARGET = 0.9
 
@@ -199,7 +206,8 @@ def models(device: str, quick: bool) -> tuple[list[tuple[str, object, bool]], st
 
 # --- compile ------------------------------------------------------------------------------------
 
-def _compile_shard(trace_path: str, cache_dir: str, device: str, shard: int, nshards: int) -> list[dict]:
+def _compile_shard(units: list[tuple[str, str, int]], device: str) -> list[dict]:
+    """Compile ``units`` (trace path, cache dir, entry index) through the real compile path."""
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     from aoti_farm.cache import Cache
     from aoti_farm.compiler import AOTICompiler
@@ -207,51 +215,66 @@ def _compile_shard(trace_path: str, cache_dir: str, device: str, shard: int, nsh
     from aoti_farm.job import compile_and_publish
     from aoti_farm.trace import load_trace
 
-    cache, comp = Cache(cache_dir, signing_key=None), AOTICompiler()
-    fp = fingerprint(device)
+    comp, fp = AOTICompiler(), fingerprint(device)
+    traces: dict[str, list] = {}
     out = []
-    for i, e in enumerate(load_trace(trace_path)):
-        if i % nshards != shard:
-            continue
+    for trace_path, cache_dir, i in units:
+        if trace_path not in traces:
+            traces[trace_path] = list(load_trace(trace_path))
+        e = traces[trace_path][i]
         t0 = time.perf_counter()
         try:
-            o = compile_and_publish(cache, comp, fp, e.sig, owner="bench-payoff").to_dict()
+            o = compile_and_publish(Cache(cache_dir, signing_key=None), comp, fp, e.sig,
+                                    owner="bench-payoff").to_dict()
         except Exception as ex:  # noqa: BLE001
             o = {"status": "error", "error": f"{type(ex).__name__}: {ex}"}
-        o["op"], o["seconds"] = e.sig.op, round(time.perf_counter() - t0, 2)
+        o["op"], o["seconds"], o["cache"] = e.sig.op, round(time.perf_counter() - t0, 2), os.path.basename(cache_dir)
         out.append(o)
     return out
 
 
-def record_and_compile(items: list, device: str, cache_dir: str, work: str, jobs: int, log) -> dict:
+def record_and_compile(groups: dict[str, list], device: str, work: str, jobs: int, log) -> dict:
+    """Record each group's served signatures into its own trace and compile them into the
+    group's own cache (``work/cache-<group>``), every group's signatures in one pool."""
     from aoti_farm.runtime.recorder import Recorder
     from aoti_farm.trace import save_trace
 
-    rec = Recorder(devices=(device,))
-    try:
-        with torch.no_grad():
-            for _, fn in items:
-                fn()
-    finally:
-        rec.stop()
-    trace = rec.trace()
-    path = os.path.join(work, "payoff-trace.json")
-    save_trace(trace, path)
-    n = len(list(trace))
-    log(f"recorded {n} signatures; compiling them with {jobs} process(es)")
+    units, per_group, skipped = [], {}, {}
+    for gid, items in groups.items():
+        rec = Recorder(devices=(device,))
+        try:
+            with torch.no_grad():
+                for _, fn in items:
+                    fn()
+        finally:
+            rec.stop()
+        trace = rec.trace()
+        path = os.path.join(work, f"payoff-trace-{gid}.json")
+        save_trace(trace, path)
+        n = len(list(trace))
+        per_group[gid] = n
+        for k, v in dict(rec.skipped).items():
+            skipped[k] = skipped.get(k, 0) + v
+        units += [(path, cache_dir(work, gid), i) for i in range(n)]
+    log(f"recorded {len(units)} signatures in {len(groups)} cache(s) {per_group}; compiling them with {jobs} process(es)")
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
-        futs = [ex.submit(_compile_shard, path, cache_dir, device, k, jobs) for k in range(jobs)]
+        futs = [ex.submit(_compile_shard, units[k::jobs], device) for k in range(jobs) if units[k::jobs]]
         outs = [o for f in futs for o in f.result()]
     by = {}
     for o in outs:
         by[o["status"]] = by.get(o["status"], 0) + 1
     wall = time.perf_counter() - t0
     log(f"compiled in {wall:.0f} s: {by}")
-    failed = [{"op": o["op"], "error": (o.get("error") or "")[:200]} for o in outs if o["status"] not in ("compiled", "cached")]
-    return {"signatures": n, "statuses": by, "seconds": round(wall, 1), "not_published": failed,
-            "recorder_skipped": dict(rec.skipped)}
+    failed = [{"op": o["op"], "cache": o["cache"], "error": (o.get("error") or "")[:200]}
+              for o in outs if o["status"] not in ("compiled", "cached")]
+    return {"signatures": len(units), "per_cache": per_group, "statuses": by, "seconds": round(wall, 1),
+            "not_published": failed, "recorder_skipped": skipped}
+
+
+def cache_dir(work: str, gid: str) -> str:
+    return os.path.join(work, f"cache-{gid}")
 
 
 # --- timing -------------------------------------------------------------------------------------
@@ -291,19 +314,11 @@ ROUTE_POLL_S = 1.0
 def _install(cache_dir: str, device: str, serve: str, route: str | None):
     from aoti_farm.runtime import install
 
-    kw = {}
+    kw = {"route": route}
     if _hook_takes("serve"):
         kw["serve"] = serve
-    if route is not None:
-        kw["route"] = route
     poll = ROUTE_POLL_S if route == "servable" else 3600
     return install(cache_dir=cache_dir, devices=(device,), on_miss="ignore", poll_interval=poll, **kw)
-
-
-def default_route() -> str | None:
-    """``servable`` where the hook has it (only ops with a servable entry are routed), else
-    None (a hook that routes every requested op)."""
-    return "servable" if _hook_takes("route") else None
 
 
 def _hook_takes(name: str) -> bool:
@@ -317,65 +332,111 @@ def _counts(st: dict) -> tuple[int, int]:
     return st.get("hits", 0), st.get("gated", 0)
 
 
-def measure(items: list, device: str, cache_dir: str, rounds: int, batch_ms: float, serve: str, log,
-            model_names: frozenset = frozenset(), route: str | None = None) -> dict:
-    """Per item: eager and hooked per-call microseconds per round, and what the hook did."""
+#: Batches per item and phase; the phase's time is their median.
+BATCHES = 5
+
+
+def _quartiles(xs: list[float]) -> list[float]:
+    if len(xs) < 2:
+        return [round(xs[0], 3)] * 2 if xs else []
+    q = statistics.quantiles(xs, n=4)
+    return [round(q[0], 3), round(q[2], 3)]
+
+
+def _warm_hook(hook, items, route) -> bool:
+    """Warm-up: kernels loaded, the gate's on-host trials done, routes re-computed."""
+    for _ in range(3):
+        for _, fn in items:
+            for _ in range(5):
+                fn()
+    settled = True
+    gate = getattr(hook, "gate", None)  # trials may run in the background (Gate.wait: public)
+    if gate is not None and hasattr(gate, "wait"):
+        settled = gate.wait(600)
+    if route == "servable":   # one poll: ops whose every entry was declined leave the hook
+        time.sleep(3 * ROUTE_POLL_S)
+    for _, fn in items:                # decisions remembered on the hit path
+        for _ in range(3):
+            fn()
+    return settled
+
+
+def measure(groups: dict[str, list], device: str, work: str, rounds: int, batch_ms: float, serve: str, log,
+            model_names: frozenset = frozenset(), routes: tuple = ("servable-at-install",)) -> dict:
+    """Per item: eager and hooked per-call microseconds per round, and what the hook did.
+
+    Each group is timed against its own cache (``cache_dir(work, group)``); every round
+    times each group eager and once hooked per route in ``routes``, in an order that
+    alternates between rounds."""
     ns = {}
     with torch.no_grad():
-        for name, fn in items:
-            # a model's batch is longer (its calls vary more than one op's)
-            ns[name] = _calibrate(fn, device, batch_ms * (4 if name in model_names else 1))
-    res = {name: {"n": ns[name], "eager": [], "hook": [], "hits": 0, "gated": 0} for name, _ in items}
-    hook_info = {}
+        for items in groups.values():
+            for name, fn in items:
+                # a model's batch is longer (its calls vary more than one op's)
+                ns[name] = _calibrate(fn, device, batch_ms * (4 if name in model_names else 1))
+    phases = ["eager"] + [f"hook:{r}" for r in routes]
+    res = {name: {"n": ns[name], **{ph: [] for ph in phases}, "hits": {}, "gated": {}}
+           for items in groups.values() for name, _ in items}
+    hook_info: dict = {}
     settled: list = []
     for r in range(rounds):
-        order = ("eager", "hook") if r % 2 == 0 else ("hook", "eager")
-        for phase in order:
-            hook = _install(cache_dir, device, serve, route) if phase == "hook" else None
-            try:
-                with torch.no_grad():
-                    if hook is not None:  # warm-up: kernels loaded, the gate's on-host trials done
-                        for _ in range(3):
-                            for _, fn in items:
-                                for _ in range(5):
-                                    fn()
-                        # trials may run in the background (Gate.wait: public, for tests and benchmarks)
-                        gate = getattr(hook, "gate", None)
-                        if gate is not None and hasattr(gate, "wait"):
-                            settled.append(gate.wait(600))
-                        if route == "servable":   # one poll: ops whose every entry was declined leave the hook
-                            time.sleep(3 * ROUTE_POLL_S)
-                        for _, fn in items:                # decisions remembered on the hit path
-                            for _ in range(3):
-                                fn()
-                    for name, fn in items:
-                        before = _counts(hook.stats()) if hook is not None else None
-                        t = statistics.median(_batch(fn, ns[name], device) for _ in range(3))
-                        res[name][phase].append(t)
+        order = phases if r % 2 == 0 else phases[::-1]
+        for gid, items in groups.items():
+            for phase in order:
+                route = None if phase == "eager" else routes[phases.index(phase) - 1]
+                hook = _install(cache_dir(work, gid), device, serve, route) if phase != "eager" else None
+                try:
+                    with torch.no_grad():
                         if hook is not None:
-                            h, gt = _counts(hook.stats())
-                            res[name]["hits"] = max(res[name]["hits"], h - before[0])
-                            res[name]["gated"] = max(res[name]["gated"], gt - before[1])
-                if hook is not None:
-                    st = hook.stats()
-                    hook_info = {k: st.get(k) for k in ("serve", "gate_trials", "gated_signatures", "gate_errors",
-                                                          "kernels_loaded", "kernel_errors", "load_errors", "serving")}
-                    hook_info["native"] = st.get("native")
-                    hook_info["gate_settled_before_timing"] = settled
-                    hook_info["route"] = route or "all"
-                    hook_info["routed_ops"] = sorted(hook.ops) if hasattr(hook, "ops") else None
-            finally:
-                if hook is not None:
-                    hook.uninstall()
-        log(f"round {r + 1}/{rounds} done")
+                            settled.append(_warm_hook(hook, items, route))
+                        for name, fn in items:
+                            before = _counts(hook.stats()) if hook is not None else None
+                            t = statistics.median(_batch(fn, ns[name], device) for _ in range(BATCHES))
+                            res[name][phase].append(t)
+                            if hook is not None:
+                                h, gt = _counts(hook.stats())
+                                res[name]["hits"][phase] = max(res[name]["hits"].get(phase, 0), h - before[0])
+                                res[name]["gated"][phase] = max(res[name]["gated"].get(phase, 0), gt - before[1])
+                    if hook is not None:
+                        st = hook.stats()
+                        info = {k: st.get(k) for k in ("serve", "gate_trials", "gated_signatures", "gate_errors",
+                                                       "kernels_loaded", "kernel_errors", "load_errors", "serving")}
+                        info["native"] = st.get("native")
+                        ops = sorted(hook.ops) if hasattr(hook, "ops") else None
+                        info["routed_ops"] = ops if ops is None or len(ops) <= 40 else f"{len(ops)} ops"
+                        hook_info.setdefault(phase, {})[gid] = info
+                finally:
+                    if hook is not None:
+                        hook.uninstall()
+        done = "; ".join(f"{name[:24]} " + "/".join(f"{res[name][ph][-1] / res[name]['eager'][-1]:.3f}" for ph in phases[1:])
+                         for name in res if res[name]["eager"] and all(res[name][ph] for ph in phases[1:]))
+        log(f"round {r + 1}/{rounds} done; hook/eager ({', '.join(p[5:] for p in phases[1:])}): {done}")
     out = {}
     for name, d in res.items():
-        ratios = [h / e for h, e in zip(d["hook"], d["eager"])]
-        out[name] = {"eager_us": round(statistics.median(d["eager"]), 2), "hook_us": round(statistics.median(d["hook"]), 2),
-                     "ratio": round(statistics.median(ratios), 3), "ratios": [round(x, 3) for x in ratios],
-                     "eager_us_rounds": [round(x, 2) for x in d["eager"]], "hook_us_rounds": [round(x, 2) for x in d["hook"]],
-                     "served": d["hits"] > 0, "gated": d["gated"] > 0, "calls_per_batch": d["n"]}
-    return {"items": out, "hook": hook_info}
+        variants = {}
+        for phase in phases[1:]:
+            ratios = [h / e for h, e in zip(d[phase], d["eager"])]
+            variants[phase[5:]] = {
+                "hook_us": round(statistics.median(d[phase]), 2), "ratio": round(statistics.median(ratios), 3),
+                "ratio_iqr": _quartiles(ratios), "ratios": [round(x, 3) for x in ratios],
+                "hook_us_rounds": [round(x, 2) for x in d[phase]],
+                "served": d["hits"].get(phase, 0) > 0, "gated": d["gated"].get(phase, 0) > 0}
+        first = variants[phases[1][5:]]
+        out[name] = {"eager_us": round(statistics.median(d["eager"]), 2),
+                     "eager_us_rounds": [round(x, 2) for x in d["eager"]], "calls_per_batch": d["n"],
+                     **{k: first[k] for k in ("hook_us", "ratio", "ratio_iqr", "ratios", "hook_us_rounds",
+                                              "served", "gated")},
+                     "variants": variants}
+    primary = phases[1]
+    info = {"route": routes[0], "gate_settled_before_timing": settled,
+            "per_cache": hook_info.get(primary, {}), "other_routes": {p[5:]: hook_info.get(p, {}) for p in phases[2:]}}
+    # the older flat summary (the bench runner and the smoke test read these)
+    firstc = next(iter(hook_info.get(primary, {}).values()), {})
+    for k in ("serve", "gate_trials", "gated_signatures", "gate_errors", "kernels_loaded", "kernel_errors",
+              "load_errors", "serving"):
+        info[k] = sum(c.get(k) or 0 for c in hook_info.get(primary, {}).values()) if k not in ("serve", "serving") \
+            else firstc.get(k)
+    return {"items": out, "hook": info}
 
 
 def _gate_status() -> dict:
@@ -390,12 +451,16 @@ def _gate_status() -> dict:
 
 def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jobs: int | None = None,
         rounds: int | None = None, batch_ms: float | None = None, serve: str = "faster", with_models: bool = True,
-        only_ops: list[str] | None = None, log=print, route: str | None = "default") -> dict:
+        only_ops: list[str] | None = None, log=print, route: str = "servable-at-install", caches: str = "own",
+        also_routes: tuple = ()) -> dict:
+    """``caches="own"``: the op suite and each model are warmed into a cache of their own
+    and timed against it (a team that warms its model; the default); ``"shared"``: one
+    cache holds every item's entries (a fleet cache warmed by many models).  ``route`` is
+    the hook's route for the targets; ``also_routes`` are timed beside it, same rounds."""
     from aoti_farm.runtime import native
 
     work = workdir or tempfile.mkdtemp(prefix="aoti-payoff-")
     os.makedirs(work, exist_ok=True)
-    cache_dir = os.path.join(work, "cache")
     rounds = rounds or (1 if quick else 7)
     batch_ms = batch_ms or (2.0 if quick else 30.0)
     jobs = jobs or (1 if quick else max(1, min(8, (os.cpu_count() or 2))))
@@ -406,17 +471,22 @@ def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jo
             raise ValueError(f"unknown op(s) {sorted(unknown)}; choose from {[n for n, _ in ops]}")
         ops = [(n, f) for n, f in ops if n in only_ops]
     mods, skipped = models(device, quick) if with_models else ([], "--no-models")
-    items = [(n, f) for n, f in ops] + [(n, f) for n, f, _ in mods]
     wins = {n for n, _, w in mods if w}
-    comp = record_and_compile(items, device, cache_dir, work, jobs, log)
+    if caches == "own":
+        groups = {"ops": list(ops)} if ops else {}
+        groups.update({f"model{i + 1}": [(n, f)] for i, (n, f, _) in enumerate(mods)})
+    elif caches == "shared":
+        groups = {"shared": [(n, f) for n, f in ops] + [(n, f) for n, f, _ in mods]}
+    else:
+        raise ValueError(f"caches: {caches!r} is not 'own' or 'shared'")
+    comp = record_and_compile(groups, device, work, jobs, log)
     if not native.disabled():
         try:
             native.build()  # the hook's production path (waits for a build under way elsewhere)
         except Exception as e:  # noqa: BLE001 -- measured on the Python path then (reported)
             log(f"native build failed: {e}")
-    if route == "default":
-        route = default_route()
-    m = measure(items, device, cache_dir, rounds, batch_ms, serve, log, frozenset(n for n, _, _ in mods), route)
+    routes = tuple(dict.fromkeys((route, *also_routes)))
+    m = measure(groups, device, work, rounds, batch_ms, serve, log, frozenset(n for n, _, _ in mods), routes)
     opnames = [n for n, _ in ops]
     served = [n for n in opnames if m["items"][n]["served"]]
     worst = max((m["items"][n]["ratio"] for n in served), default=None)
@@ -428,7 +498,9 @@ def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jo
                         "met": m["items"][n]["ratio"] <= lim})
     return {"device": device, "device_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
             "threads": torch.get_num_threads(), "quick": quick, "rounds": rounds, "batch_ms": batch_ms,
-            "serve": serve, "route": route or "all", "gate": _gate_status(), "native_built": native.library_path().exists(),
+            "batches": BATCHES, "serve": serve, "route": route,
+            "routes": list(routes), "caches": caches, "groups": {g: [n for n, _ in it] for g, it in groups.items()},
+            "gate": _gate_status(), "native_built": native.library_path().exists(),
             "compile": comp, "ops": {n: m["items"][n] for n in opnames},
             "models": {n: m["items"][n] for n, _, _ in mods}, "wins_models": sorted(wins),
             "models_skipped": skipped, "hook": m["hook"], "targets": targets}
@@ -441,13 +513,19 @@ def print_report(res: dict, out=sys.stdout) -> None:
       f"route={res.get('route', 'all')}, gate={res['gate']})")
     p(f"compiled: {res['compile']['statuses']} of {res['compile']['signatures']} signatures "
       f"in {res['compile']['seconds']} s")
-    p(f"{'item':58s} {'eager us':>10s} {'hook us':>10s} {'hook/eager':>10s}  what ran")
-    for section in ("ops", "models"):
-        for n, d in res[section].items():
-            what = "kernel" if d["served"] else ("eager (gated)" if d["gated"] else "eager")
-            if section == "models":
-                what = f"{'kernels+eager' if d['served'] else 'eager'}{', some gated' if d['gated'] else ''}"
-            p(f"{n[:58]:58s} {d['eager_us']:10.1f} {d['hook_us']:10.1f} {d['ratio']:10.3f}  {what}")
+    p(f"caches: {res.get('caches', 'shared')}; ratio = median over rounds of hook/eager, [quartiles]")
+    for route in res.get("routes", [res.get("route", "all")]):
+        p(f"-- route={route}")
+        p(f"{'item':58s} {'eager us':>10s} {'hook us':>10s} {'hook/eager':>10s} {'quartiles':>13s}  what ran")
+        for section in ("ops", "models"):
+            for n, d in res[section].items():
+                v = d.get("variants", {}).get(route, d)
+                what = "kernel" if v["served"] else ("eager (gated)" if v["gated"] else "eager")
+                if section == "models":
+                    what = f"{'kernels+eager' if v['served'] else 'eager'}{', some gated' if v['gated'] else ''}"
+                q = v.get("ratio_iqr") or []
+                qs = f"{q[0]:.3f}-{q[1]:.3f}" if len(q) == 2 else ""
+                p(f"{n[:58]:58s} {d['eager_us']:10.1f} {v['hook_us']:10.1f} {v['ratio']:10.3f} {qs:>13s}  {what}")
     if res.get("models_skipped"):
         p(f"models skipped: {res['models_skipped']}")
     p(f"hook: {res['hook']}")
@@ -466,9 +544,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--batch-ms", type=float)
     ap.add_argument("--serve", default="faster", choices=("faster", "always"))
-    ap.add_argument("--route", default="default", choices=("default", "servable", "all"),
-                    help="the hook's route (default: servable where the hook has it: only ops with a servable "
-                         "entry enter the hook)")
+    ap.add_argument("--route", default="servable-at-install", choices=ROUTES,
+                    help="the hook's route for the targets (default: the hook's default with on_miss='ignore')")
+    ap.add_argument("--also-route", action="append", default=[], choices=ROUTES,
+                    help="time the hook with this route too, in the same rounds (repeatable)")
+    ap.add_argument("--caches", default="own", choices=("own", "shared"),
+                    help="own: the op suite and each model warmed into a cache of their own (default); "
+                         "shared: one cache with every item's entries")
     ap.add_argument("--no-models", action="store_true")
     ap.add_argument("--ops", action="append", help="only this op of the suite (repeatable; its name as printed)")
     ap.add_argument("--threads", type=int, help="intra-op threads of this process (torch.set_num_threads)")
@@ -481,7 +563,8 @@ def main(argv=None) -> int:
     try:
         res = run(a.device, a.quick, a.workdir, a.jobs, a.rounds, a.batch_ms, a.serve, not a.no_models, a.ops,
                   log=lambda s: print(f"[payoff] {s}", file=sys.stderr, flush=True),
-                  route=None if a.route == "all" and not _hook_takes("route") else a.route)
+                  route=a.route, caches=a.caches,
+                  also_routes=tuple(a.also_route))
     except Exception:
         traceback.print_exc()
         return 1

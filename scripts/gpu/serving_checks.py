@@ -51,7 +51,7 @@ def step_differential(cache_dir):
     expected = [S.resolve_op(s.op)(*a, **k) for s, (a, k) in calls]
     x, y = torch.randn(3, 5, device="cuda"), torch.randn(3, 5, device="cuda")
     miss_expected = torch.add(x, y, alpha=3)
-    with install(cache_dir=cache_dir, on_miss="ignore", native=NATIVE) as hook:
+    with install(cache_dir=cache_dir, on_miss="ignore", route="all", native=NATIVE) as hook:
         for (s, (a, k)), e in zip(calls, expected):
             got = S.resolve_op(s.op)(*a, **k)
             out["checked"] += 1
@@ -79,14 +79,14 @@ def step_bench(cache_dir, shapes=((64, 128), (1024, 1024))):
         alpha = 2 if shape == (64, 128) else 1
         f = (lambda: torch.add(a, b, alpha=2)) if alpha == 2 else (lambda: torch.add(a, b))
         eager = per_call_us(f)
-        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", native=NATIVE) as hook:
+        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=NATIVE) as hook:
             hit = per_call_us(f)
             st = hook.stats()
-        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", native="off") as hook:
+        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native="off") as hook:
             hit_py = per_call_us(f)
         # a miss: a shape not in the cache
         c, d = torch.randn(shape[0] + 1, shape[1], device="cuda"), torch.randn(shape[0] + 1, shape[1], device="cuda")
-        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", native=NATIVE):
+        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=NATIVE):
             miss = per_call_us(lambda: torch.add(c, d))
         eager_miss = per_call_us(lambda: torch.add(c, d))
         # upstream's C++ holder over the exported cache (no compile: it is warm)
@@ -168,7 +168,7 @@ def step_fingerprint(cache_dir):
     other = Cache(os.path.join(work, "c"))
     other.publish(foreign, sig, {"kernel.so": src.kernel_path}, {})
     a, k = S.materialize(sig, seed=3)
-    with install(cache_dir=other.root, on_miss="ignore") as hook:
+    with install(cache_dir=other.root, on_miss="ignore", route="all") as hook:
         S.resolve_op(sig.op)(*a, **k)
         st1 = hook.stats()
     # 2) inside our namespace, a manifest that says another arch -> refused as foreign
@@ -177,7 +177,7 @@ def step_fingerprint(cache_dir):
     m = msgpack.unpackb((d / MANIFEST).read_bytes(), raw=False)
     m["fingerprint"]["gpu_cc"] = "8.0"
     (d / MANIFEST).write_bytes(msgpack.packb(m, use_bin_type=True))
-    with install(cache_dir=ours.root, on_miss="ignore") as hook:
+    with install(cache_dir=ours.root, on_miss="ignore", route="all") as hook:
         S.resolve_op(sig.op)(*a, **k)
         st2 = hook.stats()
     R["fingerprint_check"] = {"other_arch_namespace_hits": st1.get("hits"), "foreign_manifest_hits": st2.get("hits"),
