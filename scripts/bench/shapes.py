@@ -15,6 +15,9 @@ warmed exact vs ``--dynamic auto``, replayed at lengths never recorded.
    the whole model, eager vs exact hit vs shape-general hit, interleaved rounds in one
    process (hooks installed in turn); plus shape-general hits at an unseen length.
 
+Each warm compiles with a fresh Inductor cache (``--shared-inductor-cache``: the
+environment's), so that neither warm reuses graphs an earlier run compiled.
+
 ``--device cuda`` runs the model, the trace, the kernels and the timing on the GPU (the warms
 use GPU compile actors; ``--gpu-workers``).  ``--preload LIB`` (a host whose AOTI libraries
 need libstdc++ preloaded, see docs) gives the replay and timing children ``LD_PRELOAD=LIB``
@@ -46,6 +49,7 @@ CLI = [PY, "-m", "aoti_farm"]
 DEVICE = os.environ.get("AOTI_SHAPES_BENCH_DEVICE", "cpu")
 CHILD_ENV: dict = {}
 WARM_ENV: dict = {}
+FRESH_INDUCTOR = True
 
 
 def _model():
@@ -193,9 +197,12 @@ def _warm(trace: str, cache: str, dynamic: str, workers: int, log, gpu_workers: 
     t0 = time.perf_counter()
     extra = [] if gpu_workers is None else ["--gpu-workers", str(gpu_workers),
                                             "--gpus-per-worker", str(round(1.0 / gpu_workers, 4))]
+    # a fresh Inductor cache per warm: a graph compiled by an earlier run (same lengths, same
+    # classes) would otherwise come from Inductor's cache in seconds
+    fresh = {"TORCHINDUCTOR_CACHE_DIR": cache + ".inductor"} if FRESH_INDUCTOR else {}
     r = subprocess.run(CLI + ["warm", "--model", trace, "--cache-dir", cache, "--dynamic", dynamic,
                               "--cpu-workers", str(workers), "--report", report] + extra, capture_output=True,
-                       text=True, env={**os.environ, **WARM_ENV})
+                       text=True, env={**os.environ, **WARM_ENV, **fresh})
     wall = time.perf_counter() - t0
     log.write(f"\n$ aoti-farm warm --dynamic {dynamic} (exit {r.returncode}, {wall:.1f}s)\n{r.stderr[-6000:]}\n")
     rows = json.loads(Path(report).read_text())["signatures"]
@@ -231,10 +238,13 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--gpu-workers", type=int, default=None, help="GPU compile actors (--device cuda)")
     ap.add_argument("--preload", default=None, help="a libstdc++ to preload where AOTI libraries need it")
+    ap.add_argument("--shared-inductor-cache", action="store_true",
+                    help="warm with the environment's Inductor cache (default: a fresh one per warm)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--log", default=None)
     ns = ap.parse_args()
-    global DEVICE
+    global DEVICE, FRESH_INDUCTOR
+    FRESH_INDUCTOR = not ns.shared_inductor_cache
     if not ns.child:
         DEVICE = ns.device
         if ns.preload:
@@ -252,6 +262,7 @@ def main() -> int:
     wd.mkdir(parents=True, exist_ok=True)
     log = open(ns.log, "w") if ns.log else sys.stderr
     out: dict = {"machine": machine(), "device": DEVICE, "lengths": lengths, "unseen": unseen, "batch": 2,
+                 "inductor_cache": "fresh per warm" if FRESH_INDUCTOR else "shared (the environment's)",
                  "model": "BertModel(hidden 128, 2 layers, 2 heads, ffn 512, vocab 1000)"}
     if DEVICE == "cuda":
         import torch
