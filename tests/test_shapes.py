@@ -210,6 +210,19 @@ def test_warm_dynamic_auto_publishes_one_class_kernel_for_three_lengths(warmed):
     assert m["worker"] == row["worker"]
 
 
+def test_warming_again_finds_the_class_cached_without_starting_the_pool(warmed, tmp_path):
+    from aoti_farm.cli import main
+
+    cache, fp, first = warmed
+    report = tmp_path / "again.json"
+    rc = main(["warm", "--model", first["models"][0], "--dynamic", "auto", "--cache-dir", str(cache.root),
+               "--cpu-workers", "1", "--report", str(report)])
+    doc = json.loads(report.read_text())
+    assert rc == 0 and doc["pool"] is None                        # nothing to compile: no Ray
+    assert [(r["kind"], r["status"]) for r in doc["signatures"]] == [("shape_class", "cached")]
+    assert doc["signatures"][0]["ranges"] == {"s0": [8, 40]}
+
+
 def test_unseen_length_inside_the_range_is_a_hit_equal_to_eager(warmed, tmp_path):
     from aoti_farm.runtime import install
 
