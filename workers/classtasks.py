@@ -131,8 +131,7 @@ def compile_in_actor(actor, obj: dict, attempts: int = 1) -> dict:
     except Exception as e:  # noqa: BLE001 -- CompileInfraError and anything unexpected: retried
         msg = " ".join(str(e).split())[:300] or type(e).__name__
         kind = "infrastructure" if isinstance(e, CompileInfraError) else type(e).__name__
-        out = {"key": (obj.get("shape_class") or {}).get("key", "") if isinstance(obj, dict) else "",
-               "status": "error", "seconds": time.perf_counter() - t0,
+        out = {"key": "", "status": "error",   # the scheduler keys results by its task "seconds": time.perf_counter() - t0,
                "worker": f"{socket.gethostname()}:{os.getpid()}", "error": f"{kind}: {msg}",
                "evidence": {}, "phases": {}}
     out["span"] = (w0, time.time())
