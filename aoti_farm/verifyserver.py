@@ -77,6 +77,13 @@ def prestart() -> None:
         _start_locked()
 
 
+def stop() -> None:
+    """End the child if one runs (a child started ahead of need that turned out not to
+    be needed: :meth:`aoti_farm.workers.compile_actor.CompileActor.warmup`)."""
+    with _lock:
+        _drop_locked()
+
+
 def _stderr_tail() -> str:
     try:
         _err.seek(0)

@@ -277,3 +277,46 @@ def test_loader_probe_runs_once_when_first_verifications_start_together(kernels,
     assert not errors and len(results) == 3, errors
     assert len(calls) == 1, calls
     assert not loadenv.needs_probe()
+
+
+def test_actor_on_a_many_core_host_starts_its_verification_child_ahead(tmp_path, monkeypatch):
+    """From AHEAD_MIN_CORES cores (lowered here to this VM's), a fresh host's actor starts
+    its verification child at warm-up, before the loader memo exists; when the memo then
+    says kernels load in-process, the child is ended; when it says they don't, the same
+    child stays (no second start)."""
+    import time
+
+    from aoti_farm import loadenv, verifyserver
+    from aoti_farm.workers.compile_actor import CompileActor
+
+    if not loadenv.system_libstdcxx() or loadenv.preloaded():
+        import pytest
+
+        pytest.skip("needs a system libstdc++ not preloaded into this process")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("AOTI_FARM_PRELOAD_LIBSTDCXX", raising=False)
+    monkeypatch.setattr(CompileActor, "AHEAD_MIN_CORES", 1)
+    import os
+
+    try:
+        for needs_preload in (False, True):
+            verifyserver.stop()
+            if os.path.exists(loadenv._memo_path()):
+                os.remove(loadenv._memo_path())
+            a = CompileActor(str(tmp_path / "cache"))
+            started = verifyserver.stats()["started"]
+            a._verifier_when_needed()
+            assert verifyserver.stats()["started"] == started + 1 and verifyserver._alive()
+            assert a.verifier_started == "ahead of the loader memo"
+            loadenv.remember({"needs_preload": needs_preload, "plain_rc": 0, "preload_rc": None,
+                              "preload": loadenv.system_libstdcxx()})
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and verifyserver._alive() != needs_preload:
+                time.sleep(0.1)
+            time.sleep(0.5)
+            assert verifyserver._alive() is needs_preload
+            assert verifyserver.stats()["started"] == started + 1
+            assert a.verifier_started == ("ahead of the loader memo" if needs_preload
+                                          else "ahead of the loader memo, then ended (not needed)")
+    finally:
+        verifyserver.stop()

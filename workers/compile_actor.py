@@ -185,6 +185,8 @@ class CompileActor:
 
     #: How long, after its warm-up, an actor watches for the host's loader memo (below).
     LOADER_WATCH_S = 120.0
+    #: From this many cores an actor starts its verification child before the memo is known.
+    AHEAD_MIN_CORES = 4
 
     def _verifier_when_needed(self) -> None:
         """Start this process's verification child (:mod:`aoti_farm.verifyserver`) as soon
@@ -196,7 +198,16 @@ class CompileActor:
         to the host's memo.  So while no memo exists, a daemon thread looks for it every
         0.2 s (for at most :attr:`LOADER_WATCH_S`) and starts the child the moment it says
         so; the child's torch import then overlaps this actor's first compile instead of
-        following it.  Starts nothing where kernels load in-process."""
+        following it.  Starts nothing where kernels load in-process.
+
+        On a host of at least :attr:`AHEAD_MIN_CORES` cores that could have the trap (a
+        system libstdc++ exists and this process was not started with it) the child is
+        started at once, while the memo is still unknown: on a fresh 16-core host the
+        memo came after the actors' first compiles had begun, and each first verification
+        then waited about 3.5 s for its child's imports.  When the memo says kernels load
+        here after all, that child is ended.  The child only loads what it is asked to
+        verify, and nothing is sent to it unless the memo says this process cannot load
+        kernels, so starting it early changes when, never whether, it is used."""
         from aoti_farm import loadenv, verifyserver
 
         if not loadenv.load_safe():
@@ -205,6 +216,11 @@ class CompileActor:
             return
         if not loadenv.needs_probe():
             return   # known: this process loads kernels itself
+        ahead = ((os.cpu_count() or 1) >= self.AHEAD_MIN_CORES and loadenv.forced() is None
+                 and bool(loadenv.system_libstdcxx()) and not loadenv.preloaded())
+        if ahead:
+            verifyserver.prestart()
+            self.verifier_started = "ahead of the loader memo"
 
         def watch() -> None:
             end = time.monotonic() + self.LOADER_WATCH_S
@@ -212,7 +228,11 @@ class CompileActor:
                 if not loadenv.needs_probe():
                     if not loadenv.load_safe():
                         verifyserver.prestart()
-                        self.verifier_started = "when the loader memo appeared"
+                        if not ahead:
+                            self.verifier_started = "when the loader memo appeared"
+                    elif ahead:   # not needed here after all
+                        self.verifier_started = "ahead of the loader memo, then ended (not needed)"
+                        verifyserver.stop()
                     return
                 time.sleep(0.2)
 
