@@ -46,11 +46,12 @@ _lock = threading.Lock()
 _proc: subprocess.Popen | None = None
 _err = None
 _buf = b""
-_counters = Counters("started", "requests", "crashed")
+_counters = Counters("started", "requests", "crashed", "replaced_without_preload")
 
 
 def stats() -> dict:
-    """``started`` children, ``requests`` answered or failed, ``crashed`` (killed by a signal)."""
+    """``started`` children, ``requests`` answered or failed, ``crashed`` (killed by a signal),
+    ``replaced_without_preload`` (a running child lacked a preload the host now wants)."""
     return _counters.snapshot()
 
 
@@ -58,16 +59,30 @@ def _alive() -> bool:
     return _proc is not None and _proc.poll() is None
 
 
+#: The environment's LD_PRELOAD the running child was started with.
+_child_preload: str = ""
+
+
 def _start_locked() -> None:
-    global _proc, _err, _buf
-    if _alive():
-        return
+    """Start the child if none runs, or replace one started without a preload that this
+    host now wants (a child started before the loader memo existed would load kernels
+    without the libstdc++ it needs)."""
+    global _proc, _err, _buf, _child_preload
     from aoti_farm import loadenv
 
+    env = loadenv.child_env()
+    if _alive():
+        want = [p for p in env.get("LD_PRELOAD", "").split(":") if p]
+        have = _child_preload.split(":")
+        if all(p in have for p in want):
+            return
+        _drop_locked()
+        _counters.inc("replaced_without_preload")
     _err = tempfile.TemporaryFile()
     _buf = b""
     _proc = subprocess.Popen(CHILD, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=_err, env=loadenv.child_env())
+                             stdout=subprocess.PIPE, stderr=_err, env=env)
+    _child_preload = env.get("LD_PRELOAD", "")
     _counters.inc("started")
 
 

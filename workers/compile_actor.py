@@ -185,8 +185,6 @@ class CompileActor:
 
     #: How long, after its warm-up, an actor watches for the host's loader memo (below).
     LOADER_WATCH_S = 120.0
-    #: From this many cores an actor starts its verification child before the memo is known.
-    AHEAD_MIN_CORES = 4
 
     def _verifier_when_needed(self) -> None:
         """Start this process's verification child (:mod:`aoti_farm.verifyserver`) as soon
@@ -200,14 +198,10 @@ class CompileActor:
         so; the child's torch import then overlaps this actor's first compile instead of
         following it.  Starts nothing where kernels load in-process.
 
-        On a host of at least :attr:`AHEAD_MIN_CORES` cores that could have the trap (a
-        system libstdc++ exists and this process was not started with it) the child is
-        started at once, while the memo is still unknown: on a fresh 16-core host the
-        memo came after the actors' first compiles had begun, and each first verification
-        then waited about 3.5 s for its child's imports.  When the memo says kernels load
-        here after all, that child is ended.  The child only loads what it is asked to
-        verify, and nothing is sent to it unless the memo says this process cannot load
-        kernels, so starting it early changes when, never whether, it is used."""
+        (Starting the child before the memo exists was tried, 0ad8a99: such a child ran
+        without the preload the memo then asked for, and kernels crashed it on the
+        16-core host; removed, and :mod:`aoti_farm.verifyserver` now replaces a child
+        that lacks a preload the memo asks for.)"""
         from aoti_farm import loadenv, verifyserver
 
         if not loadenv.load_safe():
@@ -216,11 +210,6 @@ class CompileActor:
             return
         if not loadenv.needs_probe():
             return   # known: this process loads kernels itself
-        ahead = ((os.cpu_count() or 1) >= self.AHEAD_MIN_CORES and loadenv.forced() is None
-                 and bool(loadenv.system_libstdcxx()) and not loadenv.preloaded())
-        if ahead:
-            verifyserver.prestart()
-            self.verifier_started = "ahead of the loader memo"
 
         def watch() -> None:
             end = time.monotonic() + self.LOADER_WATCH_S
@@ -228,11 +217,7 @@ class CompileActor:
                 if not loadenv.needs_probe():
                     if not loadenv.load_safe():
                         verifyserver.prestart()
-                        if not ahead:
-                            self.verifier_started = "when the loader memo appeared"
-                    elif ahead:   # not needed here after all
-                        self.verifier_started = "ahead of the loader memo, then ended (not needed)"
-                        verifyserver.stop()
+                        self.verifier_started = "when the loader memo appeared"
                     return
                 time.sleep(0.2)
 
