@@ -74,6 +74,12 @@ constexpr int64_t EAGER_GATED = -4;    // remembered: a cached kernel the speed 
 constexpr size_t KNOWN_LIMIT = 16384;
 
 thread_local bool t_inside = false;    // this thread is inside one of our kernels
+// The speed gate's on-host trial (runtime/trial.py): this thread's calls of a served op
+// run kernel t_force_id of the registration whose state is t_force_state, whatever their
+// key, so a kernel and eager are timed through the same dispatcher path.  Never
+// remembered, never counted as hits.
+thread_local const void* t_force_state = nullptr;
+thread_local int64_t t_force_id = -1;
 
 struct InsideGuard {
   bool prev;
@@ -317,7 +323,7 @@ struct State {
   std::atomic<uint64_t> epoch{0};
   std::array<std::atomic<uint64_t>, INELIGIBLE_REASONS> ineligible{};
   std::atomic<uint64_t> slow{0}, wrapped{0}, grad{0}, views{0}, unkeyable{0}, kernel_errors{0},
-      callback_errors{0}, remembered{0}, forgotten{0}, gated{0};
+      callback_errors{0}, remembered{0}, forgotten{0}, gated{0}, trial_calls{0};
   ~State() {
     // The dispatcher may outlive the interpreter (static destruction at exit): never touch
     // Python objects then.
@@ -533,6 +539,10 @@ struct SlotKernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     if (t_inside || !st->enabled.load(std::memory_order_relaxed)) return eager(op, ks, stack);
+    if (__builtin_expect(t_force_state != nullptr, 0)) {
+      if (t_force_state == st.get()) return forced(op, ks, stack);
+      return eager(op, ks, stack);   // another registration's trial: never its kernel ids
+    }
     follow_thread_limit();
     const size_t n = slot->nargs;
     const c10::IValue* args = &*(stack->end() - n);
@@ -620,6 +630,26 @@ struct SlotKernel final : public c10::OperatorKernel {
     return eager(op, ks, stack);
   }
 
+  void forced(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    std::shared_ptr<Runner> r;
+    {
+      std::shared_lock<std::shared_mutex> lk(st->mu);
+      auto it = st->runners.find(t_force_id);
+      if (it != st->runners.end()) r = it->second;
+    }
+    st->trial_calls++;
+    if (!r) return eager(op, ks, stack);
+    // a failure raises to the trial (which declines the kernel), never to a serving call
+    const size_t n = slot->nargs;
+    std::vector<at::Tensor> outputs;
+    {
+      InsideGuard g;
+      outputs = r->run(runner_inputs(&*(stack->end() - n), n));
+    }
+    torch::jit::drop(*stack, n);
+    for (auto& o : outputs) torch::jit::push(*stack, std::move(o));
+  }
+
   // caller holds st->mu uniquely
   void remember(const std::string& key, int64_t code, std::shared_ptr<Runner> r) {
     if (slot->known.size() >= KNOWN_LIMIT) {
@@ -704,6 +734,12 @@ class FastPath {
 
   void set_enabled(bool on) { st_->enabled = on; }
 
+  // This thread's served calls run kernel `id` (>= 0) of this registration; -1 ends it.
+  void force(int64_t id) {
+    t_force_state = id >= 0 ? static_cast<const void*>(st_.get()) : nullptr;
+    t_force_id = id;
+  }
+
   py::dict stats() {
     py::dict d, per;
     uint64_t hits = 0, misses = 0, failed = 0, known = 0;
@@ -722,6 +758,7 @@ class FastPath {
     d["requires_grad"] = st_->grad.load();
     d["conj_neg_views"] = st_->views.load();
     d["gated"] = st_->gated.load();
+    d["trial_calls"] = st_->trial_calls.load();
     py::dict inel;
     for (int64_t i = 0; i < INELIGIBLE_REASONS; ++i)
       if (uint64_t v = st_->ineligible[i].load()) inel[py::int_(i)] = v;
@@ -775,6 +812,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("unload", &FastPath::unload)
       .def("forget_eager", &FastPath::forget_eager)
       .def("set_enabled", &FastPath::set_enabled)
+      .def("force", &FastPath::force)
       .def("stats", &FastPath::stats)
       .def("destroy", &FastPath::destroy);
 }

@@ -45,13 +45,15 @@ def merged_stats(hook) -> dict:
     routes = hook._routes
     n = routes.native_stats()
     if n is None:
-        s["native"] = {"active": False, "reason": routes.error or ("off" if routes.mode == "off" else "building")}
+        why = "no op routed" if not hook.ops and routes.mode != "off" else None
+        s["native"] = {"active": False,
+                       "reason": routes.error or why or ("off" if routes.mode == "off" else "building")}
         return metrics_mod.with_miss_reasons(s, hook._metrics)
     _fold_native(s, n, {i: r for r, i in hook._ineligible_ids.items()})
     reason = {} if routes.nreg is not None else {"reason": routes.error or "no op routed"}
     s["native"] = {"active": routes.nreg is not None, **reason,
                    **{k: n.get(k, 0) for k in ("slow_calls", "remembered", "forgotten_full", "unkeyable",
-                                               "callback_errors", "kernels")}}
+                                               "callback_errors", "kernels", "trial_calls")}}
     return metrics_mod.with_miss_reasons(s, hook._metrics)
 
 

@@ -2,44 +2,68 @@
 
 :func:`request` hands the gate two callables for its own thread: ``speed()`` reads the
 manifest's compile-time speed (the entry is opened and verified again), and ``trial()``
-returns the kernel and eager on fresh inputs of the signature, with the hook bypassed in
-that thread.  A native kernel id cannot be called from Python, so for one the trial times
-a Python runner loaded from the same verified private copy.
+returns the kernel and eager on fresh inputs of the signature.
+
+Both sides are timed the way a served call runs.  For a native kernel (the hit path
+almost every process uses) both call the op through the dispatcher, from the gate's
+thread: the kernel side with the native path forced to run that kernel
+(``FastPath.force``: boxing, the runner, its output tensors), the eager side with the hook
+bypassed.  Timing a runner from Python against ``torch.ops`` from Python instead would
+charge eager the Python binding's argument parsing (a few µs a call) that a call from a
+model's C++ (a composite op, a ``torch.*`` function) never pays, and serve tiny kernels
+that lose inside the model.  On the Python path the trial times the Python runner the
+hook serves with against the op, hook bypassed.
 """
 
 from __future__ import annotations
 
 from aoti_farm import signature as S
-from aoti_farm.compiler import flat_tensors, load_runner
-from aoti_farm.runtime.gate import Gate, compile_ratio
-from aoti_farm.runtime.kernels import runner_device
+from aoti_farm.compiler import flat_tensors
+from aoti_farm.runtime.gate import Gate
 
 
 def request(gate: Gate, cache, fp, call, handle, bypassed) -> None:
     """Have ``gate`` decide ``call.key`` in its thread; ``bypassed()`` is the context in
     which the hook lets this thread's calls through to eager."""
-    opened: list = []
     native = isinstance(handle, tuple)   # (native registration, kernel id)
 
     def speed():
-        e = cache.open_entry(fp, call.key, private=native)
-        sp = e.manifest.get("speed")
-        r = compile_ratio(sp)
-        if native and r is not None and r <= gate.ratio:
-            opened.append(e)   # its private copy is loaded for the trial
-        else:
+        e = cache.open_entry(fp, call.key)
+        try:
+            return e.manifest.get("speed")
+        finally:
             e.close()
-        return sp
 
     def trial():
-        try:
-            runner = load_runner(opened[0].load_path, runner_device(call.device)) if native else handle
-        finally:
-            for e in opened:
-                e.close()
         args, kwargs = S.materialize(call.sig, seed=0)
-        tensors = flat_tensors(call.sig, args, kwargs)
         op = S.resolve_op(call.sig.op)
-        return (lambda: runner.run(tensors)), (lambda: op(*args, **kwargs)), call.device, bypassed()
+        if native:
+            nreg, kid = handle
+            return _through_dispatcher(nreg, kid, op, args, kwargs) + (call.device,)
+        tensors = flat_tensors(call.sig, args, kwargs)
+        return (lambda: handle.run(tensors)), (lambda: op(*args, **kwargs)), call.device, bypassed()
 
     gate.request(call.key, speed, trial)
+
+
+def _through_dispatcher(nreg, kid: int, op, args, kwargs) -> tuple:
+    """(run_kernel, run_eager): the op called through the dispatcher, with this thread's
+    served calls forced to kernel ``kid`` of ``nreg``, or let through to eager.  Both sides
+    make the same two extension calls around the op."""
+    fp, mod = nreg.fp, nreg.mod
+
+    def run_kernel():
+        fp.force(kid)
+        try:
+            op(*args, **kwargs)
+        finally:
+            fp.force(-1)
+
+    def run_eager():
+        prev = mod.set_inside(True)
+        try:
+            op(*args, **kwargs)
+        finally:
+            mod.set_inside(prev)
+
+    return run_kernel, run_eager

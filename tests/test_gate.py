@@ -180,6 +180,10 @@ def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_pa
     for st in (served, gated):
         assert 0 < st["gate_trials"] <= 2 + 2 * 7 * 2000 and st["misses"] == 0 and st["gate_errors"] == 0, st
         assert st["gate_pending"] == 1 and st["per_op"].get("aten::add.Tensor", {}).get("misses", 0) == 0, st
+        if native == "auto":
+            # the trial's kernel side went through the dispatcher into the native path,
+            # forced to the kernel (half of the trial's calls), and counted no hit
+            assert st["native"]["active"] and st["native"]["trial_calls"] == st["gate_trials"] // 2, st
 
 
 def test_serve_always_keeps_todays_behaviour(kernels, tmp_path):
