@@ -2,8 +2,13 @@
 
 import os as _os
 import sys as _sys
+import time as _time
 
 __version__ = "0.1.0"
+
+#: When this package was first imported: a command's process imports it first thing, so
+#: its start is at most a moment before this (see aoti_farm.progress.command_start_time).
+IMPORTED_AT = _time.time()
 
 
 def _map_checkout_subpackages() -> None:

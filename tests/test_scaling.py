@@ -98,6 +98,24 @@ def test_process_start_time_is_the_process_age_from_boot():
     assert 1.4 <= age < 10, age
 
 
+def test_command_start_is_the_exec_not_the_shells_fork():
+    """``bash -c "sleep 6 && exec python ..."``: the process was forked by the shell 6 s
+    before python ran (more than EXEC_SLACK_S); /proc's start says so, the command's does not."""
+    import subprocess
+    import sys
+
+    code = ("import time\n"
+            "from aoti_farm.progress import command_start_time, process_start_time\n"
+            "now = time.time()\n"
+            "print(now - process_start_time(), now - command_start_time())")
+    from aoti_farm.progress import EXEC_SLACK_S
+
+    out = subprocess.run(["bash", "-c", f"sleep {EXEC_SLACK_S + 1} && exec {sys.executable} -c '{code}'"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    fork_age, command_age = float(out[0]), float(out[1])
+    assert fork_age >= EXEC_SLACK_S + 0.9 and command_age < 3, (fork_age, command_age)
+
+
 # --- start-up sized from the work, imports in Ray's prestarted workers (run 10) -------------
 
 

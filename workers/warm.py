@@ -268,11 +268,11 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
          counters_out: dict | None = None, signing_key: bytes | None = None) -> int:
     """Compile every signature of ``models`` into the cache; exit code 0/1 (UserError: 2).
     ``signing_key``: the resolved key's bytes (None: no signing)."""
-    from aoti_farm.progress import Progress, process_start_time, write_report
+    from aoti_farm.progress import Progress, command_start_time, write_report
     from aoti_farm.signature import describe
 
     # wall-clock marks for the report (where a run's time goes: see "timeline")
-    timeline: dict = {"process_start": process_start_time(), "warm_start": time.time(), "workers": []}
+    timeline: dict = {"process_start": command_start_time(), "warm_start": time.time(), "workers": []}
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     sigs = load_signatures(models)
     cache = open_farm_cache(cfg, signing_key)
