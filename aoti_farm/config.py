@@ -79,6 +79,7 @@ class HookConfig:
     explain_misses: bool = False          # explain each miss once (aoti_farm/explain.py)
     memory_budget: int | None = None      # the compile worker's budget per compile; None: budget.py's default
     widen: str = "auto"                   # a miss outside every shape class's range queues: auto | always | off (widen.py)
+    install_trial: float = 5.0            # seconds install() may time kernels here before routing (runtime/pretrial.py); 0: off
 
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
@@ -112,6 +113,22 @@ def check_widen(value) -> str:
         raise UserError(f"widen: {value!r} is not one of auto, always, off; fix install(widen=...), "
                         f"AOTI_FARM_WIDEN or [hook] widen")
     return value
+
+
+#: Number fields where 0 means "off".
+_ZERO_OK = frozenset({"install_trial"})
+
+
+def check_install_trial(value) -> float:
+    """The one check of ``install_trial`` (seconds, >= 0)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not (v >= 0 and v != float("inf")):
+        raise UserError(f"install_trial: {value!r} is not a number of seconds >= 0; fix install(install_trial=...), "
+                        f"AOTI_FARM_INSTALL_TRIAL or [hook] install_trial")
+    return v
 
 
 def from_env(cls: type, name: str, env: Mapping[str, str] | None = None) -> Any:
@@ -277,8 +294,8 @@ def _coerce(cls: type, name: str, value: Any, source: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError(f"{value!r} is not a number")
             v = float(value)
-            if not v > 0:
-                raise ValueError(f"{v} must be positive")
+            if not (v > 0 or (v == 0 and name in _ZERO_OK)):
+                raise ValueError(f"{v} must be {'>= 0' if name in _ZERO_OK else 'positive'}")
             return v
         if "dict" in t:
             if not isinstance(value, dict):
@@ -341,6 +358,7 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
     if isinstance(cfg, HookConfig):
         check_serve(cfg.serve)
         check_widen(cfg.widen)
+        check_install_trial(cfg.install_trial)
     if isinstance(cfg, FarmConfig) and cfg.dynamic not in ("auto", "off"):
         raise UserError(f"dynamic: {cfg.dynamic!r} is not one of auto, off; fix --dynamic, AOTI_FARM_DYNAMIC or [farm] dynamic")
     if isinstance(cfg, FarmConfig) and cfg.lease_ttl > 3600:   # leases.MAX_TTL: a longer one reads as expired

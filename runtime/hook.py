@@ -62,7 +62,7 @@ from aoti_farm.runtime import dispatch
 from aoti_farm.runtime import gate as gate_mod
 from aoti_farm.runtime import metrics as metrics_mod
 from aoti_farm.runtime import settings as settings_mod
-from aoti_farm.runtime import trial
+from aoti_farm.runtime import pretrial, trial
 from aoti_farm.runtime.calls import Call, CallMemo
 from aoti_farm.runtime.hookstats import merged_stats
 from aoti_farm.runtime.index import Index, servable_ops
@@ -131,6 +131,7 @@ class Hook:
         self._writer.widen_of = self._shapes.widen_request   # a miss outside every range (aoti_farm/widen.py)
         for d in self._index:
             self._refresh(d)
+        self.install_trial: dict | None = None   # install()'s own trials (runtime/pretrial.py)
         self._routes = Routes(ops, served, self._handle, self._native_decide, self._kernels.native_failed,
                               native, self._room, self._attached, self.worker_log)
         # a process that can never load a kernel safely (the libstdc++ trap, see loadenv)
@@ -141,6 +142,12 @@ class Hook:
             self._routes.serve_nothing(self._not_serving)
         else:
             self._routes.start(self._servable_ops())
+            if self._route_by_entries and self.gate.active and settings.install_trial > 0 and self._routes.routed:
+                # time the routed ops' kernels here first; unroute ops none of which won
+                self.install_trial = pretrial.run(self, settings.install_trial)
+                self._routes.route(self._servable_ops(), at_once=True)
+                self.install_trial["unrouted"] = sorted(set(self.install_trial.pop("routed_before"))
+                                                        - set(self._routes.routed or ()))
         self._workers.watch_build(self._routes.build)
         self.install_seconds = self._routes.reg.install_seconds
         self._poller = Poller(float(poll_interval), self._index, self._writer, self._workers, self._room,
@@ -362,12 +369,14 @@ def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = N
             signing_key: bytes | str | None = None, allow_insecure: bool = False,
             inductor_options: dict | None = None, *, serve: str | None = None, yield_core: bool | None = None,
             metrics_port: int | None = None, explain_misses: bool | None = None,
-            memory_budget: int | str | None = None, widen: str | None = None, **kw) -> Hook:
+            memory_budget: int | str | None = None, widen: str | None = None, install_trial: float | None = None,
+            **kw) -> Hook:
     """Install the serving hook; see the module docstring.  ``uninstall()`` or use as a
     context manager.  Settings left None come from the environment (``runtime/settings.py``);
     bad arguments raise :class:`UserError`."""
     settings = settings_mod.resolve(serve=serve, yield_core=yield_core, metrics_port=metrics_port,
                                     explain_misses=explain_misses, signing_key=signing_key,
-                                    cache_dir=cache_dir, memory_budget=memory_budget, widen=widen)
+                                    cache_dir=cache_dir, memory_budget=memory_budget, widen=widen,
+                                    install_trial=install_trial)
     return Hook(cache_dir, ops, tuple(devices), on_miss, poll_interval, settings, allow_insecure,
                 inductor_options, **kw)

@@ -15,7 +15,7 @@ in C++ (``fastpath.cpp``), summed over every native registration of the hook
   ``miss_to_hit_seconds``, ``eager_while_pending_seconds``;
 * ``workers_started``, ``worker_errors``, ``rescans``, ``poll_errors``;
 * ``serve``, ``gate_trials``, ``gated_signatures``, ``gate_errors``; ``yield_core``;
-  ``serving``; ``routed_ops``; ``shape_classes``; ``native``; ``miss_reasons``; ``metrics``.
+  ``serving``; ``routed_ops``; ``route``; ``install_trial`` (``runtime/pretrial.py``); ``shape_classes``; ``native``; ``miss_reasons``; ``metrics``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def merged_stats(hook) -> dict:
     s["serving"] = hook._not_serving is None   # False: nothing intercepted (see Hook)
     s["routed_ops"] = len(hook.ops)
     s["route"] = hook.route
+    s["install_trial"] = hook.install_trial
     s["shape_classes"] = hook._shapes.stats()
     routes = hook._routes
     n = routes.native_stats()

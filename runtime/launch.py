@@ -181,7 +181,7 @@ def boot() -> None:
                        poll_interval=cfg.poll_interval, allow_insecure=cfg.allow_insecure,
                        inductor_options=cfg.inductor_options, yield_core=cfg.yield_core, serve=cfg.serve,
                        explain_misses=cfg.explain_misses, memory_budget=cfg.memory_budget, signing_key=key,
-                       widen=cfg.widen)
+                       widen=cfg.widen, install_trial=cfg.install_trial)
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
         def _stop() -> None:

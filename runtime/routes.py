@@ -197,13 +197,14 @@ class Routes:
         return self._requested
 
     # -- changes -----------------------------------------------------------------------------
-    def route(self, ops, now: float | None = None) -> bool:
+    def route(self, ops, now: float | None = None, at_once: bool = False) -> bool:
         """Register for ``ops`` (a list of op names; None: every requested op) if that is
         not what is registered; True when it changed.  An op added is routed at once; an
         op dropped stays routed until it has been left out for :data:`DROP_AFTER_S`
         (entries replaced by gc, republishing or ``verify --repair`` come back quickly, and
-        every re-registration costs the loaded kernels)."""
-        if ops is not None and self.routed is not None:
+        every re-registration costs the loaded kernels), unless ``at_once`` (``install()``'s
+        own trials, ``runtime/pretrial.py``)."""
+        if ops is not None and self.routed is not None and not at_once:
             now = time.monotonic() if now is None else now
             keep = set(ops)
             for op in set(self.routed) - keep:

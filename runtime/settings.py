@@ -19,6 +19,7 @@ variable                       ``install()`` arg   when unset
 ``AOTI_FARM_CACHE_DIR``        ``cache_dir``       ``~/.cache/aoti-farm``
 ``AOTI_FARM_MEMORY_BUDGET``    ``memory_budget``   a quarter of host memory
 ``AOTI_FARM_WIDEN``            ``widen``           ``"auto"`` (aoti_farm/widen.py)
+``AOTI_FARM_INSTALL_TRIAL``    ``install_trial``   5 seconds (runtime/pretrial.py)
 =============================  ==================  ============================
 
 Low-level switches, documented in the README, read where they act:
@@ -49,11 +50,13 @@ class HookSettings:
     cache_dir: str = ""                   # the cache directory (config.cache_dir)
     memory_budget: int | None = None      # bytes per compile for the compile worker; None: its default
     widen: str = "auto"                   # what a miss outside every shape class's range queues (widen.py)
+    install_trial: float = 5.0            # seconds install() may time kernels before routing (pretrial.py)
 
 
 def resolve(*, serve: str | None = None, yield_core: bool | None = None, metrics_port=None,
             explain_misses: bool | None = None, signing_key: bytes | str | None = None,
-            cache_dir=None, memory_budget=None, widen: str | None = None, env=None) -> HookSettings:
+            cache_dir=None, memory_budget=None, widen: str | None = None, install_trial=None,
+            env=None) -> HookSettings:
     """Explicit values as given; unset ones from ``env`` (default ``os.environ``), through
     :mod:`aoti_farm.config`'s resolution (``config.from_env``: the variables, their parsing
     and ``HookConfig``'s defaults exist once).  A bad value is a UserError naming the
@@ -70,12 +73,17 @@ def resolve(*, serve: str | None = None, yield_core: bool | None = None, metrics
     if widen is None:
         widen = config.from_env(HookConfig, "widen", env) or HookConfig.widen
     config.check_widen(widen)
+    if install_trial is None:
+        install_trial = config.from_env(HookConfig, "install_trial", env)
+        install_trial = HookConfig.install_trial if install_trial is None else install_trial
+    install_trial = config.check_install_trial(install_trial)
     metrics = config.metrics_endpoint(metrics_port, env)
     # explicit, else AOTI_FARM_SIGNING_KEY(_FILE); an empty or unreadable one is an error,
     # never "no signing"
     key = config.load_signing_key(signing_key, env=env)
     return HookSettings(serve, bool(yield_core), metrics, bool(explain_misses), key,
-                        config.cache_dir(cache_dir, env), config.memory_budget(memory_budget, env), widen)
+                        config.cache_dir(cache_dir, env), config.memory_budget(memory_budget, env), widen,
+                        install_trial)
 
 
 #: The hook's routing policies (see check_arguments).

@@ -25,25 +25,54 @@ from aoti_farm.runtime.gate import Gate
 def request(gate: Gate, cache, fp, call, handle, bypassed) -> None:
     """Have ``gate`` decide ``call.key`` in its thread; ``bypassed()`` is the context in
     which the hook lets this thread's calls through to eager."""
+    speed, trial = _sides(cache, fp, call, handle, bypassed)
+    gate.request(call.key, speed, trial)
+
+
+def confirm_now(gate: Gate, cache, fp, call, handle, bypassed) -> bool | None:
+    """Decide ``call.key`` in this thread (``install()``'s trials, ``runtime/pretrial.py``)."""
+    speed, trial = _sides(cache, fp, call, handle, bypassed)
+    try:
+        sp = speed()
+    except Exception:  # noqa: BLE001 -- an unreadable entry has no speed: declined
+        sp = None
+    return gate.confirm(call.key, sp, trial)
+
+
+def _sides(cache, fp, call, handle, bypassed) -> tuple:
+    """(speed, trial) for :class:`Gate`: ``speed()`` reads the entry's manifest (its
+    compile-time speed, and the signature it was compiled for, with the recorded value
+    ranges of integer inputs: a call's own signature has none, and an index tensor of
+    random values would make a gathering kernel fail); ``trial()`` materialises inputs of
+    that signature."""
     native = isinstance(handle, tuple)   # (native registration, kernel id)
+    compiled_for: list = []
 
     def speed():
         e = cache.open_entry(fp, call.key)
         try:
-            return e.manifest.get("speed")
+            m = e.manifest
         finally:
             e.close()
+        try:
+            sig = S.parse_signature(m["signature"])
+            if sig.key == call.key:
+                compiled_for.append(sig)
+        except Exception:  # noqa: BLE001 -- the call's own signature then (no value ranges)
+            pass
+        return m.get("speed")
 
     def trial():
-        args, kwargs = S.materialize(call.sig, seed=0)
-        op = S.resolve_op(call.sig.op)
+        sig = compiled_for[0] if compiled_for else call.sig
+        args, kwargs = S.materialize(sig, seed=0)
+        op = S.resolve_op(sig.op)
         if native:
             nreg, kid = handle
             return _through_dispatcher(nreg, kid, op, args, kwargs) + (call.device,)
-        tensors = flat_tensors(call.sig, args, kwargs)
+        tensors = flat_tensors(sig, args, kwargs)
         return (lambda: handle.run(tensors)), (lambda: op(*args, **kwargs)), call.device, bypassed()
 
-    gate.request(call.key, speed, trial)
+    return speed, trial
 
 
 def _through_dispatcher(nreg, kid: int, op, args, kwargs) -> tuple:
