@@ -23,7 +23,9 @@ How:
    item's entries into one cache, as a fleet cache warmed by many models.
 2. Rounds: each round times every item eagerly (no hook installed) and hooked once per
    route (``--route``, default the hook's default with ``on_miss="ignore"``,
-   ``servable-at-install``; ``--also-route`` adds more, same rounds), the hook installed
+   ``servable-at-install``; ``--also-route`` adds more, same rounds;
+   ``servable-at-install:first-call`` is that route without the install-time trials,
+   ``install_trial=0``), the hook installed
    on the item's cache with ``on_miss="ignore"`` and ``--serve``; the phases' order
    alternates between rounds.  Hooked items are warmed up first, so the hook's on-host
    gate trials are done (``hook.gate.wait``) and, under ``route="servable"``, the routed
@@ -66,7 +68,10 @@ import torch.nn.functional as F  # noqa: E402
 
 OP_TARGET = 1.05
 #: The hook's routes (``runtime/settings.py``); the first is its default with on_miss="ignore".
-ROUTES = ("servable-at-install", "servable", "all")
+ROUTES = ("servable-at-install", "servable", "all", "servable-at-install:first-call")
+#: A route's ``:first-call`` variant installs with ``install_trial=0``: no install-time
+#: trials (runtime/pretrial.py), every kernel decided on its first call (the hook before them).
+FIRST_CALL = ":first-call"
 MODEL_TARGET = 1.0
 WINS_TARGET = 0.9
 
@@ -315,6 +320,9 @@ def _install(cache_dir: str, device: str, serve: str, route: str | None):
     from aoti_farm.runtime import install
 
     kw = {"route": route}
+    if route and route.endswith(FIRST_CALL):
+        kw["route"] = route = route[:-len(FIRST_CALL)]
+        kw["install_trial"] = 0
     if _hook_takes("serve"):
         kw["serve"] = serve
     poll = ROUTE_POLL_S if route == "servable" else 3600
@@ -402,6 +410,7 @@ def measure(groups: dict[str, list], device: str, work: str, rounds: int, batch_
                         info = {k: st.get(k) for k in ("serve", "gate_trials", "gated_signatures", "gate_errors",
                                                        "kernels_loaded", "kernel_errors", "load_errors", "serving")}
                         info["native"] = st.get("native")
+                        info["install_trial"] = st.get("install_trial")
                         ops = sorted(hook.ops) if hasattr(hook, "ops") else None
                         info["routed_ops"] = ops if ops is None or len(ops) <= 40 else f"{len(ops)} ops"
                         hook_info.setdefault(phase, {})[gid] = info
