@@ -13,7 +13,13 @@ warmed exact vs ``--dynamic auto``, replayed at lengths never recorded.
    with eager's (computed first, in the same process).
 4. Per-call time at a recorded length (both caches have a kernel there): single ops and
    the whole model, eager vs exact hit vs shape-general hit, interleaved rounds in one
-   process (hooks installed in turn); plus shape-general hits at an unseen length.
+   process (hooks installed in turn, both the same way: ``on_miss="ignore"``,
+   ``serve="always"``, the default route); plus the model at an unseen length under both
+   hooks (the exact cache misses there).  The model's row is split by op: every routed
+   call one forward makes, timed one by one, and a profile of one forward per mode (each
+   routed op's host time; on CUDA the runtime calls and the GPU kernels' time).  Each
+   round's numbers and each hook's hits / misses / native slow-path calls per item go to
+   the log as they are measured.
 
 Each warm compiles with a fresh Inductor cache (``--shared-inductor-cache``: the
 environment's), so that neither warm reuses graphs an earlier run compiled.
@@ -42,6 +48,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import machine  # noqa: E402
+import shapes_timing as T  # noqa: E402
 
 PY = sys.executable
 CLI = [PY, "-m", "aoti_farm"]
@@ -129,7 +136,7 @@ def _time(fn, n: int, reps: int = 5) -> float:
     return statistics.median(out)
 
 
-def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threads: int) -> dict:
+def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threads: int, ops: list) -> dict:
     import torch
 
     from aoti_farm.runtime import install
@@ -148,39 +155,119 @@ def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threa
         f"add[2,{L},128]": (lambda: torch.ops.aten.add.Tensor(x_h, x_h), 4000),
         f"layer_norm[2,{L},128]": (lambda: torch.ops.aten.native_layer_norm.default(x_h, [128], w, b, 1e-12), 2000),
         f"bert L={L}": (lambda: m(ids), 20),
+        f"bert L={unseen_L} (unseen)": (lambda: m(ids_u), 20),
     }
-    items_u = {f"bert L={unseen_L} (unseen)": (lambda: m(ids_u), 20)}
+    # every routed call of the model at L, one by one (the split of the bert L row by op)
+    routed = T.routed_calls(m, ids, set(ops))
+    per_forward = {}
+    for name, func, args, kwargs, count in routed:
+        k = f"op {name}"
+        items[k] = ((lambda f=func, a=args, kw=kwargs: f(*a, **kw)), 1000)
+        per_forward[k] = count
     res: dict = {k: {"eager": [], "exact": [], "dynamic": []} for k in items}
-    res.update({k: {"eager": [], "dynamic": []} for k in items_u})
-    stats = {}
+    stats: dict = {}
+    # first (so a run cut short has it): where the time of one forward at L goes, per mode
+    profiles: dict = {}
+    with torch.no_grad():
+        for mode in ("eager", "exact", "dynamic"):
+            fwd = items[f"bert L={L}"][0]
+            if mode == "eager":
+                profiles[mode] = T.profile(fwd, 10, set(ops), DEVICE, _sync)
+            else:
+                with install(exact if mode == "exact" else dyn, on_miss="ignore", serve="always"):
+                    fwd(), fwd()
+                    profiles[mode] = T.profile(fwd, 10, set(ops), DEVICE, _sync)
+            pr = profiles[mode]
+            T.progress(f"[profile] bert L={L} {mode}: {pr['wall_us']} us per forward under the profiler; GPU kernels "
+                      f"{pr['gpu_kernel_launches']} per forward, {pr['gpu_kernel_us']} us; routed ops (calls, host us "
+                      "per forward): " + "  ".join(f"{r['name']} {r['calls']:g} {r['cpu_us']}" for r in pr["routed_ops"])
+                      + "; device API: " + "  ".join(f"{r['name']} {r['calls']:g} {r['self_cpu_us']}"
+                                                     for r in pr["device_api"][:8]))
+    # the model under the shape-general cache with one op's classes replaced by its exact kernels
+    from aoti_farm.fingerprint import fingerprint
+
+    hyb = T.hybrid_caches(exact, dyn, str(Path(dyn).parent / "hybrid"),
+                          fingerprint("cuda:0" if DEVICE == "cuda" else "cpu").id)
+    res_h: dict = {op: [] for op in hyb}
+    T.progress(f"[timing] L={L} unseen L={unseen_L}, {len(routed)} distinct routed calls per forward "
+              f"({sum(per_forward.values())} calls), {rounds} rounds, threads {torch.get_num_threads()}")
     with torch.no_grad():
         for r in range(rounds):
+            t_round = time.perf_counter()
             for mode in (("eager", "exact", "dynamic") if r % 2 == 0 else ("dynamic", "exact", "eager")):
-                todo = {**items, **(items_u if mode != "exact" else {})}
                 if mode == "eager":
-                    for k, (fn, n) in todo.items():
+                    for k, (fn, n) in items.items():
                         res[k]["eager"].append(_time(fn, n))
                     continue
+                # both hooks installed the same way: the bench's serving settings, route
+                # and on_miss alike (stats()["route"] says which route that was)
                 with install(exact if mode == "exact" else dyn, on_miss="ignore", serve="always") as h:
-                    for fn, _ in todo.values():   # decide, load, remember natively
+                    for fn, _ in items.values():   # decide, load, remember natively
                         fn(), fn()
-                    h0 = h.stats()["hits"]
-                    for k, (fn, n) in todo.items():
+                    s0 = h.stats()
+                    per_item = {}
+                    for k, (fn, n) in items.items():
+                        a = h.stats()
                         res[k][mode].append(_time(fn, n))
+                        z = h.stats()
+                        per_item[k] = {"hits": z["hits"] - a["hits"], "misses": z["misses"] - a["misses"],
+                                       "slow_calls": z["native"].get("slow_calls", 0) - a["native"].get("slow_calls", 0),
+                                       "miss_ops": {o: v["misses"] - a["per_op"].get(o, {}).get("misses", 0)
+                                                    for o, v in z["per_op"].items()
+                                                    if v["misses"] - a["per_op"].get(o, {}).get("misses", 0)}}
                     st = h.stats()
-                    stats[mode] = {"hits_while_timing": st["hits"] - h0, "misses": st["misses"],
-                                   "native": st["native"].get("active")}
+                    stats[mode] = {"hits_while_timing": st["hits"] - s0["hits"],
+                                   "misses_while_timing": st["misses"] - s0["misses"], "misses": st["misses"],
+                                   "native": st["native"].get("active"), "route": st.get("route"),
+                                   "routed_ops": st.get("routed_ops"), "on_miss": "ignore", "serve": st.get("serve"),
+                                   "slow_calls_while_timing": st["native"].get("slow_calls", 0)
+                                   - s0["native"].get("slow_calls", 0),
+                                   "shape_classes": st.get("shape_classes"), "per_item": per_item}
+            for op, path in hyb.items():   # the bert L row only
+                fwd, n = items[f"bert L={L}"]
+                with install(path, on_miss="ignore", serve="always"):
+                    fwd(), fwd()
+                    res_h[op].append(_time(fwd, n))
+            if hyb:
+                T.progress(f"[timing] round {r + 1}/{rounds} bert L={L} under the shape-general cache with one op's "
+                           "classes replaced by its exact kernels, us: "
+                           + "  ".join(f"{op}: {v[-1] * 1e6:.1f}" for op, v in res_h.items()))
+            line = "  ".join(f"{k}: " + "/".join(f"{res[k][md][-1] * 1e6:.1f}" for md in ("eager", "exact", "dynamic"))
+                             for k in items if not k.startswith("op "))
+            T.progress(f"[timing] round {r + 1}/{rounds} ({time.perf_counter() - t_round:.1f}s) eager/exact/dynamic us: "
+                      f"{line}")
+            ops_line = "  ".join(f"{k[3:]}x{per_forward[k]}: " + "/".join(f"{res[k][md][-1] * 1e6:.1f}"
+                                                                           for md in ("eager", "exact", "dynamic"))
+                                 for k in items if k.startswith("op "))
+            T.progress(f"[timing] round {r + 1}/{rounds} per op (xcalls per forward) eager/exact/dynamic us: {ops_line}")
+            for md in ("exact", "dynamic"):
+                pi = stats[md]["per_item"]
+                T.progress(f"[timing] round {r + 1}/{rounds} {md} hook (route {stats[md]['route']}, "
+                          f"{stats[md]['routed_ops']} ops routed): "
+                          + "  ".join(f"{k}: hits {v['hits']} misses {v['misses']} slow {v['slow_calls']}"
+                                      + (f" {v['miss_ops']}" if v["miss_ops"] else "")
+                                      for k, v in pi.items() if not k.startswith("op ") or v["misses"] or v["slow_calls"]))
     out = {}
     for k, v in res.items():
         med = {mode: statistics.median(t) * 1e6 for mode, t in v.items()}
         row = {f"{mode}_us": round(us, 2) for mode, us in med.items()}
         for mode in ("exact", "dynamic"):
-            if mode in med:
-                row[f"{mode}_vs_eager"] = round(med[mode] / med["eager"], 3)
-        if "exact" in med:
-            row["dynamic_vs_exact"] = round(med["dynamic"] / med["exact"], 3)
+            row[f"{mode}_vs_eager"] = round(med[mode] / med["eager"], 3)
+        row["dynamic_vs_exact"] = round(med["dynamic"] / med["exact"], 3)
+        if k in per_forward:
+            row["calls_per_forward"] = per_forward[k]
         out[k] = row
-    return {"items": out, "rounds": rounds, "hooks": stats, "threads": torch.get_num_threads()}
+    if per_forward:   # the routed calls of one forward, summed from their one-by-one times
+        tot = {md: sum(out[k][f"{md}_us"] * c for k, c in per_forward.items()) for md in ("eager", "exact", "dynamic")}
+        out[f"bert L={L} routed ops, summed"] = {**{f"{md}_us": round(v, 2) for md, v in tot.items()},
+                                               "dynamic_vs_exact": round(tot["dynamic"] / tot["exact"], 3),
+                                               "calls_per_forward": sum(per_forward.values())}
+    b = out[f"bert L={L}"]
+    for op, v in res_h.items():
+        us = statistics.median(v) * 1e6
+        out[f"bert L={L}, {op} exact, other classes"] = {
+            "us": round(us, 2), "vs_exact": round(us / b["exact_us"], 3), "vs_dynamic": round(us / b["dynamic_us"], 3)}
+    return {"items": out, "rounds": rounds, "hooks": stats, "threads": torch.get_num_threads(), "profile": profiles}
 
 
 def _child(mode: str, *args) -> dict:
@@ -240,6 +327,8 @@ def main() -> int:
     ap.add_argument("--preload", default=None, help="a libstdc++ to preload where AOTI libraries need it")
     ap.add_argument("--shared-inductor-cache", action="store_true",
                     help="warm with the environment's Inductor cache (default: a fresh one per warm)")
+    ap.add_argument("--timing-only", action="store_true",
+                    help="only the per-call timing, on the trace and caches an earlier run left in --workdir")
     ap.add_argument("--json", default=None)
     ap.add_argument("--log", default=None)
     ns = ap.parse_args()
@@ -260,7 +349,11 @@ def main() -> int:
     assert all(min(lengths) < L < max(lengths) and L not in lengths for L in unseen), "unseen lengths must be new and in range"
     wd = Path(ns.workdir or tempfile.mkdtemp(prefix="aoti-shapes-"))
     wd.mkdir(parents=True, exist_ok=True)
-    log = open(ns.log, "w") if ns.log else sys.stderr
+    if ns.log:   # append mode: the timing child appends its rounds to the same file
+        open(ns.log, "w").close()
+    log = open(ns.log, "a") if ns.log else sys.stderr
+    if ns.log:   # the timing child writes its rounds there as it goes
+        CHILD_ENV["AOTI_SHAPES_BENCH_LOG"] = str(Path(ns.log).resolve())
     out: dict = {"machine": machine(), "device": DEVICE, "lengths": lengths, "unseen": unseen, "batch": 2,
                  "inductor_cache": "fresh per warm" if FRESH_INDUCTOR else "shared (the environment's)",
                  "model": "BertModel(hidden 128, 2 layers, 2 heads, ffn 512, vocab 1000)"}
@@ -278,15 +371,22 @@ def main() -> int:
             Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")
 
     trace = str(wd / "trace.json")
+    mid = sorted(lengths)[len(lengths) // 2]
+    ops = sorted({e["op"] for e in json.loads(Path(trace).read_text())["entries"]}) if ns.timing_only else None
+    if ns.timing_only:
+        step("timing", _child, "timing", str(wd / "exact"), str(wd / "dyn"), mid, unseen[len(unseen) // 2],
+             ns.rounds, ns.threads, ops)
+        print(json.dumps(out["timing"], indent=1))
+        return 0
     _child("record", trace, lengths)
     out["trace_signatures"] = len(json.loads(Path(trace).read_text())["entries"])
     step("warm_exact", _warm, trace, str(wd / "exact"), "off", ns.cpu_workers, log, ns.gpu_workers)
     step("warm_dynamic", _warm, trace, str(wd / "dyn"), "auto", ns.cpu_workers, log, ns.gpu_workers)
     step("replay_exact", _child, "replay", str(wd / "exact"), unseen)
     step("replay_dynamic", _child, "replay", str(wd / "dyn"), unseen)
-    mid = sorted(lengths)[len(lengths) // 2]
+    ops = sorted({e["op"] for e in json.loads(Path(trace).read_text())["entries"]})
     step("timing", _child, "timing", str(wd / "exact"), str(wd / "dyn"), mid, unseen[len(unseen) // 2], ns.rounds,
-         ns.threads)
+         ns.threads, ops)
     step("replay_dynamic_gate", _child, "replay", str(wd / "dyn"), unseen, "faster", 3)
     e, d = out["warm_exact"], out["warm_dynamic"]
     rd = out["replay_dynamic"]
@@ -296,7 +396,8 @@ def main() -> int:
         "unseen outputs equal to eager": all(rd["equal_to_eager"].values()),
         "kernels exact/dynamic >= 3": round(e["entries"] / max(1, d["entries"]), 2),
         "shape-general hit / exact hit <= 1.1 (per op)": {k: v["dynamic_vs_exact"] for k, v in t.items()
-                                                           if "dynamic_vs_exact" in v},
+                                                           if "dynamic_vs_exact" in v and "unseen" not in k
+                                                           and not k.startswith("op ")},
     }
     text = json.dumps(out, indent=1)
     print(text)
