@@ -351,12 +351,18 @@ def _quartiles(xs: list[float]) -> list[float]:
     return [round(q[0], 3), round(q[2], 3)]
 
 
-def _warm_hook(hook, items, route) -> bool:
-    """Warm-up: kernels loaded, the gate's on-host trials done, routes re-computed."""
+def _warm_calls(items) -> None:
+    """Every phase's warm-up calls (the eager phase runs them too: both sides of a ratio
+    start timing from the same state, e.g. a GPU that was just busy)."""
     for _ in range(3):
         for _, fn in items:
             for _ in range(5):
                 fn()
+
+
+def _warm_hook(hook, items, route) -> bool:
+    """Warm-up: kernels loaded, the gate's on-host trials done, routes re-computed."""
+    _warm_calls(items)
     settled = True
     gate = getattr(hook, "gate", None)  # trials may run in the background (Gate.wait: public)
     if gate is not None and hasattr(gate, "wait"):
@@ -397,6 +403,11 @@ def measure(groups: dict[str, list], device: str, work: str, rounds: int, batch_
                     with torch.no_grad():
                         if hook is not None:
                             settled.append(_warm_hook(hook, items, route))
+                        else:
+                            _warm_calls(items)
+                            for _, fn in items:
+                                for _ in range(3):
+                                    fn()
                         for name, fn in items:
                             before = _counts(hook.stats()) if hook is not None else None
                             t = statistics.median(_batch(fn, ns[name], device) for _ in range(BATCHES))
