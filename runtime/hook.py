@@ -30,7 +30,10 @@ a call can only be served or run eager, so the default there is
 ``route="servable-at-install"``: only ops with at least one servable entry when
 ``install()`` runs (published, not refused or failing here, and under ``serve="faster"``
 faster than eager on the compile host) are registered, and the registration never changes
-afterwards; every other op costs exactly eager.  New signatures of a routed op are still
+afterwards; every other op costs exactly eager.  Under ``serve="faster"`` ``install()``
+first times the routed ops' kernels on this host (``runtime/pretrial.py``, within
+``install_trial`` seconds) and unroutes the ops none of whose kernels won here, so an op
+whose calls would all run eager is not routed either.  New signatures of a routed op are still
 picked up by the poller; an op whose first servable entry lands later is served from the
 next ``install()``.  ``route="servable"`` (opt-in) recomputes the set after each poll and
 re-registers the dispatcher when it changes (an op that lost its last servable entry stays
