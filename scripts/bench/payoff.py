@@ -211,9 +211,14 @@ def models(device: str, quick: bool) -> tuple[list[tuple[str, object, bool]], st
 
 # --- compile ------------------------------------------------------------------------------------
 
-def _compile_shard(units: list[tuple[str, str, int]], device: str) -> list[dict]:
-    """Compile ``units`` (trace path, cache dir, entry index) through the real compile path."""
+def _compile_shard(units: list[tuple[str, str, int]], device: str, threads: int | None = None) -> list[dict]:
+    """Compile ``units`` (trace path, cache dir, entry index) through the real compile path,
+    with ``threads`` intra-op threads (the compile-time timing's: shards that share the
+    cores each get their part, as the farm's one-CPU actors do, so eager's parallel ops are
+    not timed against each other's spin-waits)."""
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    if threads:
+        torch.set_num_threads(threads)
     from aoti_farm.cache import Cache
     from aoti_farm.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
@@ -265,7 +270,8 @@ def record_and_compile(groups: dict[str, list], device: str, work: str, jobs: in
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
-        futs = [ex.submit(_compile_shard, units[k::jobs], device) for k in range(jobs) if units[k::jobs]]
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        futs = [ex.submit(_compile_shard, units[k::jobs], device, threads) for k in range(jobs) if units[k::jobs]]
         outs = [o for f in futs for o in f.result()]
     by = {}
     for o in outs:
