@@ -136,7 +136,53 @@ def prepare_in_child(inductor_options: dict | None = None, timeout: float = 900.
 _REPLY = "aoti-farm-hostprep: "
 
 
+def isa_memo_missing() -> bool:
+    """Whether this host has no ISA memo yet (a fresh host: :func:`isa_in_child` helps)."""
+    from aoti_farm import fingerprint
+
+    return fingerprint._read_memo(fingerprint._isa_memo_path()) is None
+
+
+def isa_in_child(timeout: float = 900.0) -> dict:
+    """A fresh host's ISA probe (:func:`aoti_farm.fingerprint.host_isa_memo`, with its
+    check answers) in a child process (``python -m aoti_farm.hostprep --isa``), which
+    writes the host's memo; the caller's own :func:`~aoti_farm.fingerprint.fingerprint`
+    then reads it.  For ``warm``'s planner: probing in the driver imports Inductor there
+    (6.3 s of compiling modules from source on the 16-core GPU host), holding the
+    driver's interpreter lock while ``import ray`` and ``ray.init`` need it (run 10:
+    ``import ray`` 2.4 s and ``ray.init`` 6.7 s there, against 0.9 s and 5.1 s alone).
+    Never raises: ``{"status": "probed"|"failed", "seconds", ...}``; after a failure the
+    caller probes in-process as before (under the same lock)."""
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-m", "aoti_farm.hostprep", "--isa"], capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+        for line in reversed(p.stdout.splitlines()):
+            if line.startswith(_REPLY):
+                return {**json.loads(line[len(_REPLY):]), "seconds": time.perf_counter() - t0}
+        why = f"exit {p.returncode}: {' '.join((p.stderr or '').split())[-200:]}"
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return {"status": "failed", "seconds": time.perf_counter() - t0, "error": why}
+
+
+def _isa_main() -> dict:
+    try:
+        from aoti_farm.fingerprint import host_isa_memo, host_steps
+
+        memo = host_isa_memo(need_checks=True)
+        return {"status": "probed", "isa": memo.get("isa"), "steps": host_steps()}
+    except Exception as e:  # noqa: BLE001 -- told to the parent, which probes itself
+        return {"status": "failed", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+
+
 def _main(argv: list[str]) -> int:
+    if argv[:1] == ["--isa"]:
+        print(_REPLY + json.dumps(_isa_main(), default=str), flush=True)
+        return 0
     opts = json.loads(argv[0]) if argv else {}
     print(_REPLY + json.dumps(prepare(opts or None), default=str), flush=True)
     return 0

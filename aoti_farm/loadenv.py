@@ -95,13 +95,34 @@ def _try_load(kernel_path: str, device: str, preload: str | None, timeout: float
     return (r.returncode == 0 and "loaded" in r.stdout), r.returncode
 
 
+#: From this many cores the two loads of :func:`probe` run at once (each child imports
+#: torch: 4-5 s on the 16-core GPU host, where every first verification waits for the memo).
+PARALLEL_PROBE_MIN_CORES = 4
+
+
 def probe(kernel_path: str, device: str = "cpu", timeout: float = 120.0) -> dict:
     """Load ``kernel_path`` in child processes; returns and remembers
-    ``{"needs_preload": bool, "plain_rc": int, "preload_rc": int|None, "preload": path}``."""
+    ``{"needs_preload": bool, "plain_rc": int, "preload_rc": int|None, "preload": path}``.
+
+    The plain load decides; the load with the preload is asked only when the plain one
+    fails.  On hosts of :data:`PARALLEL_PROBE_MIN_CORES` cores or more both children
+    start at once (the same answer, one child's time instead of two; ``preload_rc`` is
+    then recorded even when the plain load worked)."""
+    lib = system_libstdcxx()
+    if lib and (os.cpu_count() or 1) >= PARALLEL_PROBE_MIN_CORES:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2, thread_name_prefix="aoti-farm-loadprobe") as ex:
+            plain = ex.submit(_try_load, kernel_path, device, None, timeout)
+            pre = ex.submit(_try_load, kernel_path, device, lib, timeout)
+            (ok, rc), (ok2, rc2) = plain.result(), pre.result()
+        result = {"needs_preload": (not ok) and ok2, "plain_rc": rc, "preload_rc": rc2, "preload": lib}
+        remember(result)
+        return result
     ok, rc = _try_load(kernel_path, device, None, timeout)
-    result = {"needs_preload": False, "plain_rc": rc, "preload_rc": None, "preload": system_libstdcxx()}
-    if not ok and system_libstdcxx():
-        ok2, rc2 = _try_load(kernel_path, device, system_libstdcxx(), timeout)
+    result = {"needs_preload": False, "plain_rc": rc, "preload_rc": None, "preload": lib}
+    if not ok and lib:
+        ok2, rc2 = _try_load(kernel_path, device, lib, timeout)
         result["preload_rc"] = rc2
         result["needs_preload"] = ok2
     remember(result)

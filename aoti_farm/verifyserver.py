@@ -63,14 +63,18 @@ def _alive() -> bool:
 _child_preload: str = ""
 
 
-def _start_locked() -> None:
+def _start_locked(preload: str | None = None) -> None:
     """Start the child if none runs, or replace one started without a preload that this
     host now wants (a child started before the loader memo existed would load kernels
-    without the libstdc++ it needs)."""
+    without the libstdc++ it needs).  ``preload``: a library to preload in a child
+    started now even though the host's memo does not (yet) ask for it."""
     global _proc, _err, _buf, _child_preload
     from aoti_farm import loadenv
 
     env = loadenv.child_env()
+    if preload and not _alive():
+        parts = [p for p in env.get("LD_PRELOAD", "").split(":") if p]
+        env["LD_PRELOAD"] = ":".join([preload] + [p for p in parts if p != preload])
     if _alive():
         want = [p for p in env.get("LD_PRELOAD", "").split(":") if p]
         have = _child_preload.split(":")
@@ -86,10 +90,20 @@ def _start_locked() -> None:
     _counters.inc("started")
 
 
-def prestart() -> None:
-    """Start the child now if none runs (returns at once)."""
+def prestart(preload: str | None = None) -> None:
+    """Start the child now if none runs (returns at once).  ``preload``: start it with
+    that library preloaded although the loader memo does not ask for it yet (an actor
+    on a fresh host, :meth:`aoti_farm.workers.compile_actor.CompileActor.warmup`): the
+    child is used only if the memo then wants that preload; otherwise it is replaced
+    (a different preload wanted) or never asked (kernels load in-process) and stopped."""
     with _lock:
-        _start_locked()
+        _start_locked(preload)
+
+
+def child_preload() -> str | None:
+    """The LD_PRELOAD the running child was started with ('' for none), None if no child runs."""
+    with _lock:
+        return _child_preload if _alive() else None
 
 
 def stop() -> None:

@@ -47,6 +47,9 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     global _EMBEDDED_ENV
     if address is None:
         quiet_embedded_ray()
+        from aoti_farm import pycache
+
+        pycache.apply()   # the workers inherit it (warm applied it already; serve here)
         # The embedded Ray's workers inherit this environment: give it the actors'
         # variables now, so the actors need no runtime_env and take the workers Ray
         # prestarts (placement.actor_options).  Not LD_PRELOAD: Ray's own binaries get none.

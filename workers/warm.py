@@ -178,6 +178,23 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
     return th
 
 
+def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None) -> dict | None:
+    """On a fresh many-core host, the planner's ISA probe runs in a child
+    (:func:`aoti_farm.hostprep.isa_in_child`) while this process starts Ray: probing here
+    would import Inductor into the driver and hold its interpreter lock while ``import
+    ray`` and ``ray.init`` need it.  None where it does not apply (the memo exists, fewer
+    than :data:`PREP_MIN_CORES` cores, no CPU signature, a test double compiler);
+    otherwise the child's answer (a failed child: :func:`plan` probes here as before)."""
+    if n_cpu < 1 or compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES:
+        return None
+    from aoti_farm import hostprep
+
+    if not hostprep.isa_memo_missing():
+        return None
+    t0 = time.time()
+    return {**hostprep.isa_in_child(), "t0": t0}
+
+
 def embedded_ray_args(cfg: FarmConfig, sigs: list, compiler_factory: Callable | None) -> dict:
     """:func:`start_ray`'s sizing of an embedded Ray for ``sigs`` (all of the job's
     signatures, or what the plan left): as many CPUs as the pool can use
@@ -221,6 +238,9 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
 
     def run() -> None:
         try:
+            isa = isa_probe_in_child(sure["cpu"], compiler_factory)
+            if isa is not None:
+                timeline["isa_child"] = {"span": [isa.pop("t0"), time.time()], "status": isa.get("status")}
             box["plan"] = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
             if box["prep"] is None:
                 box["prep"] = start_host_prep(cfg, sum(t.kind == "cpu" for t in box["plan"].todo), timeline,
@@ -274,6 +294,9 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     # wall-clock marks for the report (where a run's time goes: see "timeline")
     timeline: dict = {"process_start": command_start_time(), "warm_start": time.time(), "workers": []}
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    from aoti_farm import pycache
+
+    timeline["pycache"] = pycache.apply()   # before any child starts (aoti_farm/pycache.py)
     sigs = load_signatures(models)
     cache = open_farm_cache(cfg, signing_key)
     classes = None
@@ -351,6 +374,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             timeline["ray_shutdown"] = time.time()
         if prep is not None:
             prep.join(timeout=120)   # one compile, normally long done; never leave it half-way
+        pycache.stop_background()
     rows = []
     if classes is not None:
         results.update(classes.fallback_done)

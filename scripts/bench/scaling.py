@@ -279,6 +279,8 @@ def analyse(rep: dict, launch: float) -> dict:
         "ray_up_s": rel(ray_up),
         "planned_s": rel(tl.get("planned")),
         "host_prep": {k: ([rel(x) for x in v] if k == "span" else v) for k, v in (tl.get("host_prep") or {}).items()},
+        "isa_child": {k: ([rel(x) for x in v] if k == "span" else v) for k, v in (tl.get("isa_child") or {}).items()},
+        "pycache": tl.get("pycache"),
         "actors": len(ws),
         "first_actor_ready_s": rel(ready[0]) if ready else None,
         "all_actors_ready_s": rel(ready[-1]) if ready else None,
@@ -375,7 +377,8 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
             f"W1 / ({wmax} x W{wmax}): {out['farm_scaling']:.3f}")
     for r in runs:
         log(f"\n[scaling] {r['label']}: actors' warm-up (s from process start: [start, duration]); host prep "
-            f"{r.get('host_prep')}")
+            f"{r.get('host_prep')}; ISA probe in a child {r.get('isa_child') or '-'}; bytecode cache "
+            f"{r.get('pycache') or '-'}; marks {r.get('timeline_marks')}")
         for a in r.get("actor_timeline") or []:
             hs = a.get("host_steps") or {}
             log(f"  pid {a['pid']}: ready {a['ready']}  " + " ".join(f"{k}={v}" for k, v in a["phases"].items())
