@@ -35,7 +35,8 @@ log = logging.getLogger("aoti_farm.hook")
 
 def candidates(indexes: dict, gate, bad, routed: set[str]) -> list[tuple[str, str]]:
     """(device, key) of the exact entries of the ``routed`` ops that the gate could serve
-    and has not decided yet, in a stable order."""
+    and has not decided yet: ops with the fewest such entries first (an op is unrouted only
+    once all of them are decided, so a short budget decides whole ops), stable order."""
     out = []
     for device, idx in indexes.items():
         for k in sorted(idx.keys):
@@ -43,8 +44,12 @@ def candidates(indexes: dict, gate, bad, routed: set[str]) -> list[tuple[str, st
             if (m is None or m.op not in routed or m.shape_class or k in bad
                     or gate.decision(k) is not None or not m.may_serve(gate.ratio)):
                 continue
-            out.append((device, k))
-    return out
+            out.append((m.op, device, k))
+    per_op: dict[str, int] = {}
+    for op, _, _ in out:
+        per_op[op] = per_op.get(op, 0) + 1
+    out.sort(key=lambda t: (per_op[t[0]], t[0], t[1], t[2]))
+    return [(device, k) for _, device, k in out]
 
 
 def run(hook, budget_s: float) -> dict:

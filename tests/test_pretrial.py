@@ -136,3 +136,22 @@ def test_the_trial_feeds_the_kernel_inputs_of_the_signature_it_was_compiled_for(
     run_eager()                                # in range: eager accepts the inputs
     run_kernel()
     assert device == "cpu" and int(ran[0][1].max()) <= 1
+
+
+def test_a_short_budget_decides_whole_ops_first():
+    """Candidates: exact entries of routed ops the gate could serve and has not decided,
+    ops with the fewest entries first."""
+    from types import SimpleNamespace
+
+    from aoti_farm.runtime.index import EntryMeta
+    from aoti_farm.runtime.pretrial import candidates
+
+    meta = {"k1": EntryMeta("a", 0.5, False, False), "k2": EntryMeta("a", 0.5, False, False),
+            "k3": EntryMeta("b", 0.5, False, False), "k4": EntryMeta("b", 2.0, False, False),   # gated at compile
+            "k5": EntryMeta("c", None, True, True),                                          # a shape class
+            "k6": EntryMeta("d", 0.5, False, False), "k7": EntryMeta("b", 0.5, False, False),
+            "k8": EntryMeta("a", 0.5, False, False)}
+    idx = SimpleNamespace(keys=set(meta), meta=meta)
+    gate = SimpleNamespace(ratio=0.95, decision=lambda k: True if k == "k7" else None)
+    got = candidates({"cpu": idx}, gate, bad={"k8"}, routed={"a", "b", "c"})
+    assert got == [("cpu", "k3"), ("cpu", "k1"), ("cpu", "k2")]
