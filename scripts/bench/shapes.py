@@ -19,7 +19,10 @@ warmed exact vs ``--dynamic auto``, replayed at lengths never recorded.
    call one forward makes, timed one by one, and a profile of one forward per mode (each
    routed op's host time; on CUDA the runtime calls and the GPU kernels' time).  Each
    round's numbers and each hook's hits / misses / native slow-path calls per item go to
-   the log as they are measured.
+   the log as they are measured.  The ``(paired)`` rows time each item under the three
+   modes back to back (a hook installed per block), ``PAIRED_REPS`` times a round, and
+   give the median of the per-pair ratios: the numbers of record where the host's speed
+   drifts between states over seconds (the lent GPU host did, 2026-11-26 run 3).
 
 Each warm compiles with a fresh Inductor cache (``--shared-inductor-cache``: the
 environment's), so that neither warm reuses graphs an earlier run compiled.
@@ -57,6 +60,8 @@ DEVICE = os.environ.get("AOTI_SHAPES_BENCH_DEVICE", "cpu")
 CHILD_ENV: dict = {}
 WARM_ENV: dict = {}
 FRESH_INDUCTOR = True
+#: Back-to-back (paired) blocks per item and round (see child_timing).
+PAIRED_REPS = 3
 
 
 def _model():
@@ -189,6 +194,8 @@ def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threa
     hyb = T.hybrid_caches(exact, dyn, str(Path(dyn).parent / "hybrid"),
                           fingerprint("cuda:0" if DEVICE == "cuda" else "cpu").id)
     res_h: dict = {op: [] for op in hyb}
+    paired = [k for k in items if not k.startswith("op ")]
+    res_p: dict = {k: {"eager": [], "exact": [], "dynamic": []} for k in paired}
     T.progress(f"[timing] L={L} unseen L={unseen_L}, {len(routed)} distinct routed calls per forward "
               f"({sum(per_forward.values())} calls), {rounds} rounds, threads {torch.get_num_threads()}")
     with torch.no_grad():
@@ -223,6 +230,23 @@ def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threa
                                    "slow_calls_while_timing": st["native"].get("slow_calls", 0)
                                    - s0["native"].get("slow_calls", 0),
                                    "shape_classes": st.get("shape_classes"), "per_item": per_item}
+            # paired: the same item under each mode back to back (a hook installed for each
+            # block of calls), so a host whose speed drifts between states over seconds
+            # (seen on the lent GPU host) slows both sides of a pair alike
+            for k in paired:
+                fn, n = items[k]
+                for rep in range(PAIRED_REPS):
+                    order = ("eager", "exact", "dynamic") if (r + rep) % 2 == 0 else ("dynamic", "exact", "eager")
+                    for mode in order:
+                        if mode == "eager":
+                            res_p[k][mode].append(_time(fn, n, reps=1))
+                            continue
+                        with install(exact if mode == "exact" else dyn, on_miss="ignore", serve="always"):
+                            fn(), fn()
+                            res_p[k][mode].append(_time(fn, n, reps=1))
+            T.progress(f"[timing] round {r + 1}/{rounds} paired, dynamic/exact per pair: " + "  ".join(
+                f"{k}: " + " ".join(f"{d / e:.3f}" for d, e in zip(res_p[k]["dynamic"][-PAIRED_REPS:],
+                                                               res_p[k]["exact"][-PAIRED_REPS:])) for k in paired))
             for op, path in hyb.items():   # the bert L row only
                 fwd, n = items[f"bert L={L}"]
                 with install(path, on_miss="ignore", serve="always"):
@@ -262,6 +286,16 @@ def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threa
         out[f"bert L={L} routed ops, summed"] = {**{f"{md}_us": round(v, 2) for md, v in tot.items()},
                                                "dynamic_vs_exact": round(tot["dynamic"] / tot["exact"], 3),
                                                "calls_per_forward": sum(per_forward.values())}
+    for k, v in res_p.items():
+        ratios = sorted(d / e for d, e in zip(v["dynamic"], v["exact"]))
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        out[f"{k} (paired)"] = {**{f"{md}_us": round(statistics.median(t) * 1e6, 2) for md, t in v.items()},
+                                "dynamic_vs_exact": round(statistics.median(ratios), 3),
+                                "dynamic_vs_exact_quartiles": [round(q[0], 3), round(q[2], 3)],
+                                "exact_vs_eager": round(statistics.median(e / g for e, g in zip(v["exact"], v["eager"])), 3),
+                                "dynamic_vs_eager": round(statistics.median(d / g for d, g in zip(v["dynamic"], v["eager"])),
+                                                          3),
+                                "pairs": len(ratios)}
     b = out[f"bert L={L}"]
     for op, v in res_h.items():
         us = statistics.median(v) * 1e6
@@ -398,6 +432,8 @@ def main() -> int:
         "shape-general hit / exact hit <= 1.1 (per op)": {k: v["dynamic_vs_exact"] for k, v in t.items()
                                                            if "dynamic_vs_exact" in v and "unseen" not in k
                                                            and not k.startswith("op ")},
+        "shape-general hit / exact hit <= 1.1 (paired, median of pairs)": {
+            k: v["dynamic_vs_exact"] for k, v in t.items() if k.endswith("(paired)") and "unseen" not in k},
     }
     text = json.dumps(out, indent=1)
     print(text)
