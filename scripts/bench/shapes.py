@@ -23,6 +23,8 @@ warmed exact vs ``--dynamic auto``, replayed at lengths never recorded.
    modes back to back (a hook installed per block), ``PAIRED_REPS`` times a round, and
    give the median of the per-pair ratios: the numbers of record where the host's speed
    drifts between states over seconds (the lent GPU host did, 2026-11-26 run 3).
+   ``--hybrid`` also times the model under the shape-general cache with one op's classes
+   replaced by that op's exact kernels (which op's classes account for the model row).
 
 Each warm compiles with a fresh Inductor cache (``--shared-inductor-cache``: the
 environment's), so that neither warm reuses graphs an earlier run compiled.
@@ -141,7 +143,8 @@ def _time(fn, n: int, reps: int = 5) -> float:
     return statistics.median(out)
 
 
-def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threads: int, ops: list) -> dict:
+def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threads: int, ops: list,
+                 hybrid: bool = False) -> dict:
     import torch
 
     from aoti_farm.runtime import install
@@ -192,7 +195,7 @@ def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threa
     from aoti_farm.fingerprint import fingerprint
 
     hyb = T.hybrid_caches(exact, dyn, str(Path(dyn).parent / "hybrid"),
-                          fingerprint("cuda:0" if DEVICE == "cuda" else "cpu").id)
+                          fingerprint("cuda:0" if DEVICE == "cuda" else "cpu").id) if hybrid else {}
     res_h: dict = {op: [] for op in hyb}
     paired = [k for k in items if not k.startswith("op ")]
     res_p: dict = {k: {"eager": [], "exact": [], "dynamic": []} for k in paired}
@@ -361,6 +364,9 @@ def main() -> int:
     ap.add_argument("--preload", default=None, help="a libstdc++ to preload where AOTI libraries need it")
     ap.add_argument("--shared-inductor-cache", action="store_true",
                     help="warm with the environment's Inductor cache (default: a fresh one per warm)")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="also time the model under the shape-general cache with one op's classes replaced by its "
+                         "exact kernels (per op; attribution of the model row)")
     ap.add_argument("--timing-only", action="store_true",
                     help="only the per-call timing, on the trace and caches an earlier run left in --workdir")
     ap.add_argument("--json", default=None)
@@ -409,7 +415,7 @@ def main() -> int:
     ops = sorted({e["op"] for e in json.loads(Path(trace).read_text())["entries"]}) if ns.timing_only else None
     if ns.timing_only:
         step("timing", _child, "timing", str(wd / "exact"), str(wd / "dyn"), mid, unseen[len(unseen) // 2],
-             ns.rounds, ns.threads, ops)
+             ns.rounds, ns.threads, ops, ns.hybrid)
         print(json.dumps(out["timing"], indent=1))
         return 0
     _child("record", trace, lengths)
@@ -420,7 +426,7 @@ def main() -> int:
     step("replay_dynamic", _child, "replay", str(wd / "dyn"), unseen)
     ops = sorted({e["op"] for e in json.loads(Path(trace).read_text())["entries"]})
     step("timing", _child, "timing", str(wd / "exact"), str(wd / "dyn"), mid, unseen[len(unseen) // 2], ns.rounds,
-         ns.threads, ops)
+         ns.threads, ops, ns.hybrid)
     step("replay_dynamic_gate", _child, "replay", str(wd / "dyn"), unseen, "faster", 3)
     e, d = out["warm_exact"], out["warm_dynamic"]
     rd = out["replay_dynamic"]
