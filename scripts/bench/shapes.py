@@ -261,7 +261,8 @@ def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threa
                            + "  ".join(f"{op}: {v[-1] * 1e6:.1f}" for op, v in res_h.items()))
             line = "  ".join(f"{k}: " + "/".join(f"{res[k][md][-1] * 1e6:.1f}" for md in ("eager", "exact", "dynamic"))
                              for k in items if not k.startswith("op "))
-            T.progress(f"[timing] round {r + 1}/{rounds} ({time.perf_counter() - t_round:.1f}s) eager/exact/dynamic us: "
+            T.progress(f"[timing] round {r + 1}/{rounds} ({time.perf_counter() - t_round:.1f}s, load average "
+                       f"{os.getloadavg()[0]:.2f}) eager/exact/dynamic us: "
                       f"{line}")
             ops_line = "  ".join(f"{k[3:]}x{per_forward[k]}: " + "/".join(f"{res[k][md][-1] * 1e6:.1f}"
                                                                            for md in ("eager", "exact", "dynamic"))
