@@ -31,8 +31,9 @@ import stat
 import sys
 
 #: A module of the compile path whose cached bytecode tells whether the installed
-#: packages were byte-compiled (looked up without importing it).
-PROBE_MODULE = "torch._dynamo.convert_frame"
+#: packages were byte-compiled: (package, file in it).  Looked up by path: finding a
+#: submodule's spec would import its parent (torch._dynamo: 6 s from source on the GPU host).
+PROBE = ("torch", "_dynamo/convert_frame.py")
 
 _applied: str | None = None
 
@@ -42,15 +43,21 @@ def wanted() -> bool:
     Read from this process's own flags, which Python set from its environment at start."""
     if sys.pycache_prefix or not sys.flags.dont_write_bytecode:
         return False
-    return not _has_bytecode(PROBE_MODULE)
+    return not _has_bytecode()
 
 
-def _has_bytecode(module: str) -> bool:
+def _has_bytecode(probe: tuple = None) -> bool:
+    """Whether ``probe``'s file (default :data:`PROBE`) has cached bytecode where Python
+    would look without a prefix.  Imports nothing (a top-level package's spec only)."""
+    package, rel = probe or PROBE
     try:
-        spec = importlib.util.find_spec(module)
-        src = spec.origin if spec is not None else None
-        if not src or not src.endswith(".py"):
+        spec = importlib.util.find_spec(package)
+        locs = list(getattr(spec, "submodule_search_locations", None) or []) if spec else []
+        if not locs:
             return True   # nothing to tell: leave Python's setting alone
+        src = os.path.join(locs[0], rel)
+        if not os.path.exists(src):
+            return True
         pyc = os.path.join(os.path.dirname(src), "__pycache__",
                            f"{os.path.basename(src)[:-3]}.{sys.implementation.cache_tag}.pyc")
         return os.path.exists(pyc)
@@ -84,63 +91,6 @@ def apply() -> str | None:
         os.environ["PYTHONPYCACHEPREFIX"] = d
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
         _applied = d
-        _compile_in_background()
         return d
     except Exception:  # noqa: BLE001 -- a speed-up only: Python's own setting stays
         return None
-
-
-#: The packages the farm's processes import (torch, Inductor's dependencies, Ray), byte-
-#: compiled into the cache at once by :func:`_compile_in_background`; absent ones are skipped.
-#: In this order (compileall takes one folder after another): what every process needs first.
-PACKAGES = ("torch", "ray", "sympy", "networkx", "mpmath", "jinja2", "triton", "numpy", "filelock", "msgpack",
-            "aoti_farm")
-#: Not compiled ahead (nothing the farm imports): test folders, torch's test helpers.
-EXCLUDE = r"[/\\](tests?|testing[/\\]_internal)[/\\]"
-
-_bg = None
-
-
-def _compile_in_background() -> None:
-    """Byte-compile :data:`PACKAGES` into the cache with one process per core, at low
-    priority, without waiting: a fresh cache is filled on cores that are idle while Ray
-    starts, instead of by each importing process one module after another (an import is
-    serial; compiling files is not).  Processes that import a module before it is done
-    compile it themselves, as without this; Python's atomic writes make the race
-    harmless.  Ended by :func:`stop_background` when the command ends."""
-    global _bg
-    import shutil
-    import subprocess
-
-    dirs = []
-    for name in PACKAGES:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        locs = list(getattr(spec, "submodule_search_locations", None) or []) if spec else []
-        dirs += [x for x in locs if os.path.isdir(x)]
-    if not dirs or (_bg is not None and _bg.poll() is None):
-        return
-    cmd = [sys.executable, "-m", "compileall", "-q", "-j", "0", "-x", EXCLUDE, *dirs]
-    nice = shutil.which("nice")
-    if nice:
-        cmd = [nice, "-n", "10", *cmd]
-    _bg = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def stop_background() -> None:
-    """End the background compile of :func:`apply` if it still runs (the command ends)."""
-    global _bg
-    p, _bg = _bg, None
-    if p is not None and p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(timeout=5)
-        except Exception:  # noqa: BLE001
-            p.kill()
-
-
-def applied() -> str | None:
-    """The directory :func:`apply` set up in this process, if any (for the warm report)."""
-    return _applied

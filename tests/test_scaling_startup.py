@@ -20,35 +20,34 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _apply_in_child(tmp_path: Path, env_extra: dict, make_pyc: bool = False) -> tuple[str, Path]:
     """A child started as a container image would start it (``PYTHONDONTWRITEBYTECODE=1``,
-    a package without bytecode); it runs ``pycache.apply()`` and then starts a grandchild
-    that imports that package.  (the child's answer, the package's folder)"""
-    pkg = tmp_path / "src"
-    pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "probe_mod.py").write_text("X = 1\n")
-    (pkg / "probe_pkg").mkdir(exist_ok=True)
-    (pkg / "probe_pkg" / "__init__.py").write_text("")
-    (pkg / "probe_pkg" / "never_imported.py").write_text("Y = 2\n")
+    a package without bytecode); it runs ``pycache.apply()`` (which must import nothing of
+    that package) and then starts a grandchild that imports it.  (the child's answer,
+    the package's folder)"""
+    src = tmp_path / "src"
+    sub = src / "probe_pkg" / "sub"
+    sub.mkdir(parents=True, exist_ok=True)
+    (src / "probe_pkg" / "__init__.py").write_text("")
+    (sub / "__init__.py").write_text("")
+    (sub / "probe_mod.py").write_text("X = 1\n")
     if make_pyc:
         import py_compile
 
-        py_compile.compile(str(pkg / "probe_mod.py"), doraise=True)
+        py_compile.compile(str(sub / "probe_mod.py"), doraise=True)
     code = textwrap.dedent("""
         import subprocess, sys
         from aoti_farm import pycache
-        pycache.PROBE_MODULE = "probe_mod"
-        pycache.PACKAGES = ("probe_pkg",)   # compiled ahead in the background (not torch here)
+        pycache.PROBE = ("probe_pkg", "sub/probe_mod.py")
         d = pycache.apply()
-        subprocess.run([sys.executable, "-c", "import probe_mod"], check=True)
-        if pycache._bg is not None:
-            pycache._bg.wait(timeout=60)
+        assert "probe_pkg.sub" not in sys.modules, "deciding imported the probed package"
+        subprocess.run([sys.executable, "-c", "import probe_pkg.sub.probe_mod"], check=True)
         print("applied:", d)
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")}
-    env.update({"XDG_CACHE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": f"{pkg}{os.pathsep}{REPO}", **env_extra})
+    env.update({"XDG_CACHE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": f"{src}{os.pathsep}{REPO}", **env_extra})
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.strip().splitlines()[-1], pkg
+    return out.stdout.strip().splitlines()[-1], sub
 
 
 def test_farm_children_cache_bytecode_privately_where_python_caches_none(tmp_path):
@@ -60,9 +59,6 @@ def test_farm_children_cache_bytecode_privately_where_python_caches_none(tmp_pat
     assert answer == f"applied: {prefix}"
     cached = list(prefix.rglob("probe_mod.*.pyc"))
     assert cached, "the grandchild wrote no bytecode under the farm's prefix"
-    # the farm's packages are byte-compiled ahead, on idle cores: a module nobody imported yet
-    assert list(prefix.rglob("never_imported.*.pyc")), "nothing compiled ahead"
-    assert not (pkg / "probe_pkg" / "__pycache__").exists()
     assert not (pkg / "__pycache__").exists()
     assert oct(prefix.stat().st_mode & 0o777) == oct(0o700)
 

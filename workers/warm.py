@@ -374,7 +374,6 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             timeline["ray_shutdown"] = time.time()
         if prep is not None:
             prep.join(timeout=120)   # one compile, normally long done; never leave it half-way
-        pycache.stop_background()
     rows = []
     if classes is not None:
         results.update(classes.fallback_done)
