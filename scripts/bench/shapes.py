@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,8 +61,6 @@ DEVICE = os.environ.get("AOTI_SHAPES_BENCH_DEVICE", "cpu")
 CHILD_ENV: dict = {}
 WARM_ENV: dict = {}
 FRESH_INDUCTOR = True
-#: Back-to-back (paired) blocks per item and round (see child_timing).
-PAIRED_REPS = 3
 
 
 def _model():
@@ -126,186 +123,9 @@ def child_replay(cache: str, unseen: list[int], serve: str = "always", passes: i
             "max_abs_diff": diffs, "equal_to_eager": equal}
 
 
-def _time(fn, n: int, reps: int = 5) -> float:
-    import gc
-
-    fn()
-    _sync()
-    out = []
-    for _ in range(reps):
-        gc.disable()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        _sync()
-        out.append((time.perf_counter() - t) / n)
-        gc.enable()
-    return statistics.median(out)
-
-
-def child_timing(exact: str, dyn: str, L: int, unseen_L: int, rounds: int, threads: int, ops: list,
-                 hybrid: bool = False) -> dict:
-    import torch
-
-    from aoti_farm.runtime import install
-
-    if threads:
-        torch.set_num_threads(threads)
-
-    m = _model()
-    g = torch.Generator().manual_seed(1)
-    x_ff = torch.randn(2, L, 512, generator=g).to(DEVICE)
-    x_h = torch.randn(2, L, 128, generator=g).to(DEVICE)
-    w, b = torch.randn(128, generator=g).to(DEVICE), torch.randn(128, generator=g).to(DEVICE)
-    ids, ids_u = _ids(L), _ids(unseen_L)
-    items = {
-        f"gelu[2,{L},512]": (lambda: torch.ops.aten.gelu.default(x_ff), 2000),
-        f"add[2,{L},128]": (lambda: torch.ops.aten.add.Tensor(x_h, x_h), 4000),
-        f"layer_norm[2,{L},128]": (lambda: torch.ops.aten.native_layer_norm.default(x_h, [128], w, b, 1e-12), 2000),
-        f"bert L={L}": (lambda: m(ids), 20),
-        f"bert L={unseen_L} (unseen)": (lambda: m(ids_u), 20),
-    }
-    # every routed call of the model at L, one by one (the split of the bert L row by op)
-    routed = T.routed_calls(m, ids, set(ops))
-    per_forward = {}
-    for name, func, args, kwargs, count in routed:
-        k = f"op {name}"
-        items[k] = ((lambda f=func, a=args, kw=kwargs: f(*a, **kw)), 1000)
-        per_forward[k] = count
-    res: dict = {k: {"eager": [], "exact": [], "dynamic": []} for k in items}
-    stats: dict = {}
-    # first (so a run cut short has it): where the time of one forward at L goes, per mode
-    profiles: dict = {}
-    with torch.no_grad():
-        for mode in ("eager", "exact", "dynamic"):
-            fwd = items[f"bert L={L}"][0]
-            if mode == "eager":
-                profiles[mode] = T.profile(fwd, 10, set(ops), DEVICE, _sync)
-            else:
-                with install(exact if mode == "exact" else dyn, on_miss="ignore", serve="always"):
-                    fwd(), fwd()
-                    profiles[mode] = T.profile(fwd, 10, set(ops), DEVICE, _sync)
-            pr = profiles[mode]
-            T.progress(f"[profile] bert L={L} {mode}: {pr['wall_us']} us per forward under the profiler; GPU kernels "
-                      f"{pr['gpu_kernel_launches']} per forward, {pr['gpu_kernel_us']} us; routed ops (calls, host us "
-                      "per forward): " + "  ".join(f"{r['name']} {r['calls']:g} {r['cpu_us']}" for r in pr["routed_ops"])
-                      + "; device API: " + "  ".join(f"{r['name']} {r['calls']:g} {r['self_cpu_us']}"
-                                                     for r in pr["device_api"][:8]))
-    # the model under the shape-general cache with one op's classes replaced by its exact kernels
-    from aoti_farm.fingerprint import fingerprint
-
-    hyb = T.hybrid_caches(exact, dyn, str(Path(dyn).parent / "hybrid"),
-                          fingerprint("cuda:0" if DEVICE == "cuda" else "cpu").id) if hybrid else {}
-    res_h: dict = {op: [] for op in hyb}
-    paired = [k for k in items if not k.startswith("op ")]
-    res_p: dict = {k: {"eager": [], "exact": [], "dynamic": []} for k in paired}
-    T.progress(f"[timing] L={L} unseen L={unseen_L}, {len(routed)} distinct routed calls per forward "
-              f"({sum(per_forward.values())} calls), {rounds} rounds, threads {torch.get_num_threads()}")
-    with torch.no_grad():
-        for r in range(rounds):
-            t_round = time.perf_counter()
-            for mode in (("eager", "exact", "dynamic") if r % 2 == 0 else ("dynamic", "exact", "eager")):
-                if mode == "eager":
-                    for k, (fn, n) in items.items():
-                        res[k]["eager"].append(_time(fn, n))
-                    continue
-                # both hooks installed the same way: the bench's serving settings, route
-                # and on_miss alike (stats()["route"] says which route that was)
-                with install(exact if mode == "exact" else dyn, on_miss="ignore", serve="always") as h:
-                    for fn, _ in items.values():   # decide, load, remember natively
-                        fn(), fn()
-                    s0 = h.stats()
-                    per_item = {}
-                    for k, (fn, n) in items.items():
-                        a = h.stats()
-                        res[k][mode].append(_time(fn, n))
-                        z = h.stats()
-                        per_item[k] = {"hits": z["hits"] - a["hits"], "misses": z["misses"] - a["misses"],
-                                       "slow_calls": z["native"].get("slow_calls", 0) - a["native"].get("slow_calls", 0),
-                                       "miss_ops": {o: v["misses"] - a["per_op"].get(o, {}).get("misses", 0)
-                                                    for o, v in z["per_op"].items()
-                                                    if v["misses"] - a["per_op"].get(o, {}).get("misses", 0)}}
-                    st = h.stats()
-                    stats[mode] = {"hits_while_timing": st["hits"] - s0["hits"],
-                                   "misses_while_timing": st["misses"] - s0["misses"], "misses": st["misses"],
-                                   "native": st["native"].get("active"), "route": st.get("route"),
-                                   "routed_ops": st.get("routed_ops"), "on_miss": "ignore", "serve": st.get("serve"),
-                                   "slow_calls_while_timing": st["native"].get("slow_calls", 0)
-                                   - s0["native"].get("slow_calls", 0),
-                                   "shape_classes": st.get("shape_classes"), "per_item": per_item}
-            # paired: the same item under each mode back to back (a hook installed for each
-            # block of calls), so a host whose speed drifts between states over seconds
-            # (seen on the lent GPU host) slows both sides of a pair alike
-            for k in paired:
-                fn, n = items[k]
-                for rep in range(PAIRED_REPS):
-                    order = ("eager", "exact", "dynamic") if (r + rep) % 2 == 0 else ("dynamic", "exact", "eager")
-                    for mode in order:
-                        if mode == "eager":
-                            res_p[k][mode].append(_time(fn, n, reps=1))
-                            continue
-                        with install(exact if mode == "exact" else dyn, on_miss="ignore", serve="always"):
-                            fn(), fn()
-                            res_p[k][mode].append(_time(fn, n, reps=1))
-            T.progress(f"[timing] round {r + 1}/{rounds} paired, dynamic/exact per pair: " + "  ".join(
-                f"{k}: " + " ".join(f"{d / e:.3f}" for d, e in zip(res_p[k]["dynamic"][-PAIRED_REPS:],
-                                                               res_p[k]["exact"][-PAIRED_REPS:])) for k in paired))
-            for op, path in hyb.items():   # the bert L row only
-                fwd, n = items[f"bert L={L}"]
-                with install(path, on_miss="ignore", serve="always"):
-                    fwd(), fwd()
-                    res_h[op].append(_time(fwd, n))
-            if hyb:
-                T.progress(f"[timing] round {r + 1}/{rounds} bert L={L} under the shape-general cache with one op's "
-                           "classes replaced by its exact kernels, us: "
-                           + "  ".join(f"{op}: {v[-1] * 1e6:.1f}" for op, v in res_h.items()))
-            line = "  ".join(f"{k}: " + "/".join(f"{res[k][md][-1] * 1e6:.1f}" for md in ("eager", "exact", "dynamic"))
-                             for k in items if not k.startswith("op "))
-            T.progress(f"[timing] round {r + 1}/{rounds} ({time.perf_counter() - t_round:.1f}s, load average "
-                       f"{os.getloadavg()[0]:.2f}) eager/exact/dynamic us: "
-                      f"{line}")
-            ops_line = "  ".join(f"{k[3:]}x{per_forward[k]}: " + "/".join(f"{res[k][md][-1] * 1e6:.1f}"
-                                                                           for md in ("eager", "exact", "dynamic"))
-                                 for k in items if k.startswith("op "))
-            T.progress(f"[timing] round {r + 1}/{rounds} per op (xcalls per forward) eager/exact/dynamic us: {ops_line}")
-            for md in ("exact", "dynamic"):
-                pi = stats[md]["per_item"]
-                T.progress(f"[timing] round {r + 1}/{rounds} {md} hook (route {stats[md]['route']}, "
-                          f"{stats[md]['routed_ops']} ops routed): "
-                          + "  ".join(f"{k}: hits {v['hits']} misses {v['misses']} slow {v['slow_calls']}"
-                                      + (f" {v['miss_ops']}" if v["miss_ops"] else "")
-                                      for k, v in pi.items() if not k.startswith("op ") or v["misses"] or v["slow_calls"]))
-    out = {}
-    for k, v in res.items():
-        med = {mode: statistics.median(t) * 1e6 for mode, t in v.items()}
-        row = {f"{mode}_us": round(us, 2) for mode, us in med.items()}
-        for mode in ("exact", "dynamic"):
-            row[f"{mode}_vs_eager"] = round(med[mode] / med["eager"], 3)
-        row["dynamic_vs_exact"] = round(med["dynamic"] / med["exact"], 3)
-        if k in per_forward:
-            row["calls_per_forward"] = per_forward[k]
-        out[k] = row
-    if per_forward:   # the routed calls of one forward, summed from their one-by-one times
-        tot = {md: sum(out[k][f"{md}_us"] * c for k, c in per_forward.items()) for md in ("eager", "exact", "dynamic")}
-        out[f"bert L={L} routed ops, summed"] = {**{f"{md}_us": round(v, 2) for md, v in tot.items()},
-                                               "dynamic_vs_exact": round(tot["dynamic"] / tot["exact"], 3),
-                                               "calls_per_forward": sum(per_forward.values())}
-    for k, v in res_p.items():
-        ratios = sorted(d / e for d, e in zip(v["dynamic"], v["exact"]))
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-        out[f"{k} (paired)"] = {**{f"{md}_us": round(statistics.median(t) * 1e6, 2) for md, t in v.items()},
-                                "dynamic_vs_exact": round(statistics.median(ratios), 3),
-                                "dynamic_vs_exact_quartiles": [round(q[0], 3), round(q[2], 3)],
-                                "exact_vs_eager": round(statistics.median(e / g for e, g in zip(v["exact"], v["eager"])), 3),
-                                "dynamic_vs_eager": round(statistics.median(d / g for d, g in zip(v["dynamic"], v["eager"])),
-                                                          3),
-                                "pairs": len(ratios)}
-    b = out[f"bert L={L}"]
-    for op, v in res_h.items():
-        us = statistics.median(v) * 1e6
-        out[f"bert L={L}, {op} exact, other classes"] = {
-            "us": round(us, 2), "vs_exact": round(us / b["exact_us"], 3), "vs_dynamic": round(us / b["dynamic_us"], 3)}
-    return {"items": out, "rounds": rounds, "hooks": stats, "threads": torch.get_num_threads(), "profile": profiles}
+def child_timing(*args) -> dict:
+    """Per-call time: eager vs exact hit vs shape-general hit (shapes_timing.child_timing)."""
+    return T.child_timing(_model, _ids, _sync, DEVICE, *args)
 
 
 def _child(mode: str, *args) -> dict:
