@@ -189,3 +189,27 @@ def test_fresh_host_isa_probe_runs_in_a_child_not_in_the_warm_driver(tmp_path, m
     assert fingerprint.host_steps().get("isa_probe", 0) == probes_here   # ... this process did not
     assert warm.isa_probe_in_child(3, None) is None       # known host: nothing to do
     assert warm.isa_probe_in_child(0, None) is None
+
+
+def test_no_early_verification_child_where_the_actor_has_the_preload_itself(tmp_path, monkeypatch):
+    """An actor started with the libstdc++ preload (its Ray inherited it: run 11 on the
+    GPU host) loads kernels itself whatever the memo says: no child is started early."""
+    from aoti_farm import loadenv, verifyserver
+    from aoti_farm.workers.compile_actor import CompileActor
+
+    lib = loadenv.system_libstdcxx()
+    if not lib:
+        pytest.skip("needs a system libstdc++")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("AOTI_FARM_PRELOAD_LIBSTDCXX", raising=False)
+    monkeypatch.setenv("LD_PRELOAD", lib)   # what preloaded() reads; this process is not restarted
+    monkeypatch.setattr(CompileActor, "EARLY_VERIFIER_MIN_CORES", 1)
+    verifyserver.stop()
+    before = verifyserver.stats()["started"]
+    try:
+        a = CompileActor(str(tmp_path / "cache"))
+        assert loadenv.needs_probe()
+        a._verifier_when_needed()
+        assert verifyserver.stats()["started"] == before and not verifyserver._alive()
+    finally:
+        verifyserver.stop()

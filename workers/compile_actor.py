@@ -253,8 +253,8 @@ class CompileActor:
         3.5 s (p90) for a child started when the memo appeared (run 10)."""
         from aoti_farm import loadenv
 
-        if (os.cpu_count() or 1) < self.EARLY_VERIFIER_MIN_CORES:
-            return None
+        if (os.cpu_count() or 1) < self.EARLY_VERIFIER_MIN_CORES or loadenv.preloaded():
+            return None   # few cores; or this process has the preload: it loads kernels itself
         return loadenv.system_libstdcxx()
 
     def pid(self) -> int:
