@@ -19,6 +19,14 @@ import torch
 
 #: A kernel is served under ``serve="faster"`` only when kernel/eager is at most this.
 GATE_RATIO = 0.95
+#: ... and, on the serving host, only when it saves at least this many µs a call.  The
+#: on-host trial times calls in a hot loop; inside a model a routed call also pays the
+#: native path's key and lookup with cold caches: 1.5-4 µs a call on the 2-core VM
+#: (docs/bench/2026-11-26-cpu-21-routing-in-model.log), 1.3-1.8 µs on the GPU hosts (every
+#: op of a launch-bound BERT routed: +10-14% of a ~1.3 ms forward over its ~100 routed calls).  A kernel that wins
+#: less than that in the loop loses in the model (tiny BERT's index_select, 3.1 against
+#: 3.8 µs, made the hooked model slower than eager).
+MIN_SAVING_US = 2.0
 #: Policies of :class:`Gate`.
 POLICIES = ("faster", "always")
 #: Seconds the compile-time measurement may take per signature (CPU; about the same on GPU).

@@ -20,7 +20,9 @@ So each kernel is timed against eager twice:
 
 Under the policy ``serve="faster"`` (the default) a kernel is served only when the
 compile-time ratio is at most :data:`GATE_RATIO` (faster by a 5% margin) *and* the on-host
-trial agrees; an entry without a ``speed`` field is not served.  ``serve="always"`` serves
+trial agrees: the same margin, and a saving of at least :data:`MIN_SAVING_US` a call (what
+a routed call costs inside a model beyond the trial's hot loop); an entry without a
+``speed`` field is not served.  ``serve="always"`` serves
 every verified kernel (the behaviour before the gate).  A gated-out signature is a cache
 hit that runs eager: counted as ``gated``, never queued as a miss.
 
@@ -42,7 +44,7 @@ import torch
 from aoti_farm.counters import Counters
 
 from aoti_farm.speed import (  # noqa: F401 -- the gate's constants and statistic live in the core
-    COMPILE_BUDGET_S, GATE_RATIO, MAX_BATCH, MIN_ROUNDS, POLICIES, ROUNDS, TRIAL_BUDGET_S, _sync, compile_ratio,
+    COMPILE_BUDGET_S, GATE_RATIO, MAX_BATCH, MIN_ROUNDS, MIN_SAVING_US, POLICIES, ROUNDS, TRIAL_BUDGET_S, _sync, compile_ratio,
     speed_summary, speedup_text, time_against_eager)
 
 
@@ -56,6 +58,7 @@ class Gate:
         self.policy = policy
         self.ratio = ratio
         self.budget_s = budget_s
+        self.min_saving_us = MIN_SAVING_US   # the least win a call that pays the routing must have
         self.measure = time_against_eager   # (run_kernel, run_eager, device, budget_s=) -> speed dict
         self._lock = threading.Lock()
         self._decided: dict[str, bool] = {}
@@ -107,9 +110,12 @@ class Gate:
                 with (t[3] if len(t) > 3 else contextlib.nullcontext()):
                     m = self.measure(run_kernel, run_eager, device, budget_s=self.budget_s)
                 calls = m["calls"]
-                ok = m["ratio"] <= self.ratio
-                why = {"reason": "faster here" if ok else "slower here", "compile_ratio": cr,
-                       "host_ratio": m["ratio"], "host_kernel_us": m["kernel_us"], "host_eager_us": m["eager_us"]}
+                saving = m["eager_us"] - m["kernel_us"]
+                ok = m["ratio"] <= self.ratio and saving >= self.min_saving_us
+                reason = ("faster here" if ok else "slower here" if m["ratio"] > self.ratio
+                          else "faster here by less than a routed call costs")
+                why = {"reason": reason, "compile_ratio": cr, "host_ratio": m["ratio"],
+                       "host_kernel_us": m["kernel_us"], "host_eager_us": m["eager_us"]}
         except Exception as e:  # noqa: BLE001 -- a trial that fails declines the kernel
             ok = False
             why = {"reason": f"confirmation failed: {type(e).__name__}: {str(e)[:200]}"}

@@ -99,6 +99,24 @@ def test_gate_decisions_follow_manifest_and_trial():
         Gate("sometimes")
 
 
+def test_a_win_smaller_than_a_routed_call_costs_is_declined():
+    """The on-host trial's hot loop does not see what a routed call costs inside a model
+    (cold caches): a kernel must also save MIN_SAVING_US a call to be served."""
+    from aoti_farm.runtime.gate import MIN_SAVING_US
+
+    g = Gate("faster")
+    timed = {}
+    g.measure = lambda run_kernel, run_eager, device, **kw: timed[device]
+    trial = lambda device: (lambda: (lambda: None, lambda: None, device))  # noqa: E731
+    # the same 10% win, once tiny and once large
+    timed["tiny"] = {"ratio": 0.9, "kernel_us": 0.9 * MIN_SAVING_US, "eager_us": MIN_SAVING_US, "calls": 4}
+    timed["large"] = {"ratio": 0.9, "kernel_us": 90 * MIN_SAVING_US, "eager_us": 100 * MIN_SAVING_US, "calls": 4}
+    assert g.confirm("tiny", {"ratio": 0.5}, trial("tiny")) is False
+    assert g.why["tiny"]["reason"] == "faster here by less than a routed call costs"
+    assert g.confirm("large", {"ratio": 0.5}, trial("large")) is True
+    assert g.why["large"]["reason"] == "faster here"
+
+
 def test_time_against_eager_fields_and_bounds():
     a = torch.randn(64)
     m = time_against_eager(lambda: a + 1, lambda: a * 2, "cpu", budget_s=0.05)

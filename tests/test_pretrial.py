@@ -64,7 +64,8 @@ def test_the_real_trial_routes_exactly_the_ops_that_won_here(kernels, tmp_path):
     with _install(cache) as hook:
         it = hook.stats()["install_trial"]
         (why,) = hook.gate.why.values()
-        assert it["tried"] == 1 and why["reason"] in ("faster here", "slower here"), (it, why)
+        assert it["tried"] == 1 and why["reason"] in ("faster here", "slower here",
+                                                      "faster here by less than a routed call costs"), (it, why)
         won = why["reason"] == "faster here"
         assert hook.ops == ([ADD] if won else []) and it["unrouted"] == ([] if won else [ADD])
 
