@@ -33,6 +33,9 @@ How:
    :data:`BATCHES` batches of ``n`` calls (``n`` sized once so that a batch takes about
    ``--batch-ms``, 4x that for a model), CUDA synchronised around each batch, garbage
    collection held off during a batch.  Each round's ratios are logged as it ends.
+   ``--pairs N`` repeats every item's phases N times back to back within a round (the
+   order alternating each time), so a ratio pairs phases seconds apart: on a host whose
+   speed drifts (docs/bench/2026-11-26-h100-aa-noise.log) that is what resolves a model.
 3. Per item and route: ``ratio`` = median over rounds of (hooked / eager) of that round,
    with the quartiles of those ratios; ``served``: the hook ran a kernel for it (its hits
    went up while timing); ``gated``: cached kernels that the speed gate declined (eager ran).
@@ -382,12 +385,13 @@ def _warm_hook(hook, items, route) -> bool:
 
 
 def measure(groups: dict[str, list], device: str, work: str, rounds: int, batch_ms: float, serve: str, log,
-            model_names: frozenset = frozenset(), routes: tuple = ("servable-at-install",)) -> dict:
+            model_names: frozenset = frozenset(), routes: tuple = ("servable-at-install",), pairs: int = 1) -> dict:
     """Per item: eager and hooked per-call microseconds per round, and what the hook did.
 
     Each group is timed against its own cache (``cache_dir(work, group)``); every round
-    times each group eager and once hooked per route in ``routes``, in an order that
-    alternates between rounds."""
+    times each group eager and once hooked per route in ``routes``, ``pairs`` times back to
+    back, in an order that alternates every time (a ratio pairs the eager and hooked phases
+    of one repetition: a host whose speed drifts over seconds moves both)."""
     ns = {}
     with torch.no_grad():
         for items in groups.values():
@@ -400,40 +404,41 @@ def measure(groups: dict[str, list], device: str, work: str, rounds: int, batch_
     hook_info: dict = {}
     settled: list = []
     for r in range(rounds):
-        order = phases if r % 2 == 0 else phases[::-1]
         for gid, items in groups.items():
-            for phase in order:
-                route = None if phase == "eager" else routes[phases.index(phase) - 1]
-                hook = _install(cache_dir(work, gid), device, serve, route) if phase != "eager" else None
-                try:
-                    with torch.no_grad():
-                        if hook is not None:
-                            settled.append(_warm_hook(hook, items, route))
-                        else:
-                            _warm_calls(items)
-                            for _, fn in items:
-                                for _ in range(3):
-                                    fn()
-                        for name, fn in items:
-                            before = _counts(hook.stats()) if hook is not None else None
-                            t = statistics.median(_batch(fn, ns[name], device) for _ in range(BATCHES))
-                            res[name][phase].append(t)
+            for rep in range(pairs):
+                order = phases if (r * pairs + rep) % 2 == 0 else phases[::-1]
+                for phase in order:
+                    route = None if phase == "eager" else routes[phases.index(phase) - 1]
+                    hook = _install(cache_dir(work, gid), device, serve, route) if phase != "eager" else None
+                    try:
+                        with torch.no_grad():
                             if hook is not None:
-                                h, gt = _counts(hook.stats())
-                                res[name]["hits"][phase] = max(res[name]["hits"].get(phase, 0), h - before[0])
-                                res[name]["gated"][phase] = max(res[name]["gated"].get(phase, 0), gt - before[1])
-                    if hook is not None:
-                        st = hook.stats()
-                        info = {k: st.get(k) for k in ("serve", "gate_trials", "gated_signatures", "gate_errors",
-                                                       "kernels_loaded", "kernel_errors", "load_errors", "serving")}
-                        info["native"] = st.get("native")
-                        info["install_trial"] = st.get("install_trial")
-                        ops = sorted(hook.ops) if hasattr(hook, "ops") else None
-                        info["routed_ops"] = ops if ops is None or len(ops) <= 40 else f"{len(ops)} ops"
-                        hook_info.setdefault(phase, {})[gid] = info
-                finally:
-                    if hook is not None:
-                        hook.uninstall()
+                                settled.append(_warm_hook(hook, items, route))
+                            else:
+                                _warm_calls(items)
+                                for _, fn in items:
+                                    for _ in range(3):
+                                        fn()
+                            for name, fn in items:
+                                before = _counts(hook.stats()) if hook is not None else None
+                                t = statistics.median(_batch(fn, ns[name], device) for _ in range(BATCHES))
+                                res[name][phase].append(t)
+                                if hook is not None:
+                                    h, gt = _counts(hook.stats())
+                                    res[name]["hits"][phase] = max(res[name]["hits"].get(phase, 0), h - before[0])
+                                    res[name]["gated"][phase] = max(res[name]["gated"].get(phase, 0), gt - before[1])
+                        if hook is not None:
+                            st = hook.stats()
+                            info = {k: st.get(k) for k in ("serve", "gate_trials", "gated_signatures", "gate_errors",
+                                                           "kernels_loaded", "kernel_errors", "load_errors", "serving")}
+                            info["native"] = st.get("native")
+                            info["install_trial"] = st.get("install_trial")
+                            ops = sorted(hook.ops) if hasattr(hook, "ops") else None
+                            info["routed_ops"] = ops if ops is None or len(ops) <= 40 else f"{len(ops)} ops"
+                            hook_info.setdefault(phase, {})[gid] = info
+                    finally:
+                        if hook is not None:
+                            hook.uninstall()
         done = "; ".join(f"{name[:24]} " + "/".join(f"{res[name][ph][-1] / res[name]['eager'][-1]:.3f}" for ph in phases[1:])
                          for name in res if res[name]["eager"] and all(res[name][ph] for ph in phases[1:]))
         log(f"round {r + 1}/{rounds} done; hook/eager ({', '.join(p[5:] for p in phases[1:])}): {done}")
@@ -478,7 +483,7 @@ def _gate_status() -> dict:
 def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jobs: int | None = None,
         rounds: int | None = None, batch_ms: float | None = None, serve: str = "faster", with_models: bool = True,
         only_ops: list[str] | None = None, log=print, route: str = "servable-at-install", caches: str = "own",
-        also_routes: tuple = ()) -> dict:
+        also_routes: tuple = (), pairs: int = 1) -> dict:
     """``caches="own"``: the op suite and each model are warmed into a cache of their own
     and timed against it (a team that warms its model; the default); ``"shared"``: one
     cache holds every item's entries (a fleet cache warmed by many models).  ``route`` is
@@ -512,7 +517,7 @@ def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jo
         except Exception as e:  # noqa: BLE001 -- measured on the Python path then (reported)
             log(f"native build failed: {e}")
     routes = tuple(dict.fromkeys((route, *also_routes)))
-    m = measure(groups, device, work, rounds, batch_ms, serve, log, frozenset(n for n, _, _ in mods), routes)
+    m = measure(groups, device, work, rounds, batch_ms, serve, log, frozenset(n for n, _, _ in mods), routes, pairs)
     opnames = [n for n, _ in ops]
     served = [n for n in opnames if m["items"][n]["served"]]
     worst = max((m["items"][n]["ratio"] for n in served), default=None)
@@ -524,7 +529,7 @@ def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jo
                         "met": m["items"][n]["ratio"] <= lim})
     return {"device": device, "device_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
             "threads": torch.get_num_threads(), "quick": quick, "rounds": rounds, "batch_ms": batch_ms,
-            "batches": BATCHES, "serve": serve, "route": route,
+            "batches": BATCHES, "pairs": pairs, "serve": serve, "route": route,
             "routes": list(routes), "caches": caches, "groups": {g: [n for n, _ in it] for g, it in groups.items()},
             "gate": _gate_status(), "native_built": native.library_path().exists(),
             "compile": comp, "ops": {n: m["items"][n] for n in opnames},
@@ -578,6 +583,8 @@ def main(argv=None) -> int:
                     help="own: the op suite and each model warmed into a cache of their own (default); "
                          "shared: one cache with every item's entries")
     ap.add_argument("--no-models", action="store_true")
+    ap.add_argument("--pairs", type=int, default=1,
+                    help="eager/hooked phases back to back per item and round (ratios pair each repetition's phases)")
     ap.add_argument("--ops", action="append", help="only this op of the suite (repeatable; its name as printed)")
     ap.add_argument("--threads", type=int, help="intra-op threads of this process (torch.set_num_threads)")
     a = ap.parse_args(argv)
@@ -590,7 +597,7 @@ def main(argv=None) -> int:
         res = run(a.device, a.quick, a.workdir, a.jobs, a.rounds, a.batch_ms, a.serve, not a.no_models, a.ops,
                   log=lambda s: print(f"[payoff] {s}", file=sys.stderr, flush=True),
                   route=a.route, caches=a.caches,
-                  also_routes=tuple(a.also_route))
+                  also_routes=tuple(a.also_route), pairs=a.pairs)
     except Exception:
         traceback.print_exc()
         return 1
