@@ -26,8 +26,8 @@ GATE_RATIO = 0.95
 #: 5 calls a tiny BERT forward, cost +20 µs), 1.3-1.8 µs on the GPU hosts (every op of a
 #: launch-bound BERT routed: +10-14% of a ~1.3 ms forward over its ~100 routed calls).  The
 #: trial cannot tell where in that range a call of the model will land, so it takes the
-#: top: a kernel that wins less loses in some model (with 2 µs, tiny BERT's layer_norm,
-#: 6.4 against 8.1 µs in the loop, was served and the model ran 1.012x eager,
+#: top: a kernel that wins less loses in some model (with 2 µs, tiny BERT's layer_norm
+#: was served, its only routed op, and the model ran 1.012x eager,
 #: docs/bench/2026-11-26-cpu-24-payoff-pairs.log).
 MIN_SAVING_US = 4.0
 #: Policies of :class:`Gate`.
