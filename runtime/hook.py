@@ -147,10 +147,10 @@ class Hook:
             self._routes.start(self._servable_ops())
             if self._route_by_entries and self.gate.active and settings.install_trial > 0 and self._routes.routed:
                 # time the routed ops' kernels here first; unroute ops none of which won
+                before = set(self._routes.routed)
                 self.install_trial = pretrial.run(self, settings.install_trial)
                 self._routes.route(self._servable_ops(), at_once=True)
-                self.install_trial["unrouted"] = sorted(set(self.install_trial.pop("routed_before"))
-                                                        - set(self._routes.routed or ()))
+                self.install_trial["unrouted"] = sorted(before - set(self._routes.routed or ()))
         self._workers.watch_build(self._routes.build)
         self.install_seconds = self._routes.reg.install_seconds
         self._poller = Poller(float(poll_interval), self._index, self._writer, self._workers, self._room,

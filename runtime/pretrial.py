@@ -77,7 +77,7 @@ def run(hook, budget_s: float) -> dict:
             continue
         tried += 1
         won += bool(ok)
-    return {"tried": tried, "faster_here": won, "undecided": left, "routed_before": sorted(routed),
+    return {"tried": tried, "faster_here": won, "undecided": left,
             "seconds": round(time.monotonic() - t0, 3), "budget_s": budget_s}
 
 

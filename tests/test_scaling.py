@@ -316,17 +316,9 @@ def test_a_verification_child_without_the_wanted_preload_is_replaced(tmp_path, m
     monkeypatch.delenv("AOTI_FARM_PRELOAD_LIBSTDCXX", raising=False)
 
     def child_preload() -> str:
-        import time
+        from test_scaling_startup import _child_env_of
 
-        pid, deadline = verifyserver._proc.pid, time.monotonic() + 10
-        while time.monotonic() < deadline:   # until the child has exec'ed (its own environment)
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"aoti_farm.compiler" in f.read():
-                    break
-            time.sleep(0.05)
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        return env.get(b"LD_PRELOAD", b"").decode()
+        return _child_env_of(verifyserver._proc.pid).get("LD_PRELOAD", "")
 
     try:
         verifyserver.stop()
