@@ -274,8 +274,13 @@ class AOTICompiler:
         t0 = time.perf_counter()
         timing: dict = {}
         if loadenv.needs_probe():
-            with _probe_lock():   # one prober per host: the others wait for its memo
-                if loadenv.needs_probe():
+            # one prober per host: the others wait for its memo -- except a process that has
+            # the preload itself, which loads kernels here whatever the memo will say
+            # (load_safe): it probes only if nobody is probing, and never waits (run 11: 16
+            # first verifications waited 2.1 s for the host preparation's probe)
+            wait = not loadenv.preloaded()
+            with _probe_lock(wait=wait) as held:
+                if held is not False and loadenv.needs_probe():
                     loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
             timing["probe"] = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -394,26 +399,32 @@ COMPILE_PATH_MODULES = (
 
 
 @contextlib.contextmanager
-def _probe_lock(timeout: float = 300.0):
+def _probe_lock(timeout: float = 300.0, wait: bool = True):
     """Held while this host's loader probe runs (:func:`aoti_farm.loadenv.probe`: two
     children that import torch): when 16 actors verify their first kernels on a fresh
     host at once, one of them probes and the rest read its memo, instead of 32 children
     importing torch together.  Without the lock (no filelock, a read-only home, a
-    timeout), each probes as before."""
-    lock = None
+    timeout), each probes as before.  Yields True (held), None (no lock: probe anyway),
+    or, with ``wait=False`` while another process holds it, False."""
+    lock = held = None
     try:
-        from filelock import FileLock
+        from filelock import FileLock, Timeout
 
         from aoti_farm.fsutil import memo_dir
 
         path = os.path.join(memo_dir(), "loadenv-probe.lock")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        lock = FileLock(path, timeout=timeout)
-        lock.acquire()
+        lock = FileLock(path, timeout=timeout if wait else 0)
+        try:
+            lock.acquire()
+            held = True
+        except Timeout:
+            lock = None
+            held = None if wait else False
     except Exception:  # noqa: BLE001 -- probe without it
         lock = None
     try:
-        yield
+        yield held
     finally:
         if lock is not None:
             lock.release()

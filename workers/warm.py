@@ -154,13 +154,15 @@ PREP_MIN_CORES = 4
 
 
 def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
-                    compiler_factory: Callable | None) -> threading.Thread | None:
+                    compiler_factory: Callable | None, predict: bool = False) -> threading.Thread | None:
     """Build this host's per-host compile products (:mod:`aoti_farm.hostprep`: ISA
     probe, precompiled headers, the split build's common object, the loader probe) in a
     child process watched by a thread of the driver, while Ray and the actors start, so that no actor's first
     compile builds them and the others queue behind it.  Only for an embedded Ray (the
     actors run on this host) with at least two CPU signatures to compile, and the real
-    compiler; nothing waits for it (compiles wait on each product's own lock)."""
+    compiler; nothing waits for it (compiles wait on each product's own lock).  ``predict``:
+    a fresh host's ISA probe is starting in another child (:func:`isa_probe_in_child`), so
+    the preparation builds on the predicted ISA meanwhile (:mod:`aoti_farm.isapredict`)."""
     if (n_cpu < 2 or compiler_factory is not None or cfg.address
             or (os.cpu_count() or 1) < PREP_MIN_CORES):
         return None
@@ -169,8 +171,9 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
         from aoti_farm import hostprep
 
         t0 = time.time()
-        out = hostprep.prepare_in_child(cfg.inductor_options)   # a child: not under this interpreter's lock
-        timeline["host_prep"] = {"span": [t0, time.time()], **{k: out.get(k) for k in ("status", "build", "error")
+        out = hostprep.prepare_in_child(cfg.inductor_options, predict=predict)   # a child: not under this interpreter's lock
+        timeline["host_prep"] = {"span": [t0, time.time()], **{k: out.get(k) for k in ("status", "build", "error", "isa",
+                                                                                   "mispredicted")
                                                                 if out.get(k) is not None}}
 
     th = threading.Thread(target=run, name="aoti-farm-hostprep", daemon=True)
@@ -234,13 +237,14 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
     planned = threading.Event()
     # the signatures in no namespace are compiled whatever the plan says: prepare the host
     # for them at once (its imports overlap a fresh host's ISA probe in the planner)
-    box["prep"] = start_host_prep(cfg, sure["cpu"], timeline, compiler_factory)
+    box["prep"] = start_host_prep(cfg, sure["cpu"], timeline, compiler_factory, predict=True)
 
     def run() -> None:
         try:
             isa = isa_probe_in_child(sure["cpu"], compiler_factory)
             if isa is not None:
-                timeline["isa_child"] = {"span": [isa.pop("t0"), time.time()], "status": isa.get("status")}
+                timeline["isa_child"] = {"span": [isa.pop("t0"), time.time()],
+                                         **{k: isa.get(k) for k in ("status", "import_s", "probe_s") if k in isa}}
             box["plan"] = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
             if box["prep"] is None:
                 box["prep"] = start_host_prep(cfg, sum(t.kind == "cpu" for t in box["plan"].todo), timeline,

@@ -1,0 +1,155 @@
+"""Start-up on a fresh many-core host (#17, run 12): the host preparation builds on the
+ISA predicted from the CPU's flags while the real probe runs (aoti_farm/isapredict.py),
+and nothing of it counts until the probe agrees; a process that has the libstdc++
+preload does not wait for another process's loader probe.  No real compile here: the
+compiler is a double that calls ``verify`` where the real one does, and the prediction
+is stated by the test (the real one was checked on the GPU host's runs, whose report
+names it)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from aoti_farm.compiler import CompileResult
+
+
+def test_a_prediction_is_confirmed_only_by_every_answer_it_used_and_the_same_isa():
+    from aoti_farm.isapredict import confirmed
+
+    picked = {"isa": "avx512", "used": {"a": True, "b": False}}
+    assert confirmed(picked, {"isa": "avx512", "checks": {"a": True, "b": False, "c": True}})
+    assert not confirmed(picked, {"isa": "avx2", "checks": {"a": True, "b": False}})     # another ISA
+    assert not confirmed(picked, {"isa": "avx512", "checks": {"a": True, "b": True}})    # one answer differs
+    assert not confirmed(picked, {"isa": "avx512", "checks": {"a": True}})               # one never probed
+    assert not confirmed(picked, {"isa": "avx512"})                                      # no check answers
+    assert not confirmed(picked, None) and not confirmed(None, {"isa": "avx512", "checks": {}})
+
+
+class _Double:
+    """Compiles nothing; the host's probe 'finishes' during the compile (the memo is
+    written), then ``verify`` is called as the real compiler calls it, after the build."""
+
+    verified: list = []
+    write_memo = None
+
+    def __init__(self, inductor_options=None):
+        self._options = dict(inductor_options or {})
+
+    def options(self) -> dict:
+        return dict(self._options)
+
+    def compile(self, sig, workdir: str) -> CompileResult:
+        _Double.write_memo()
+        path = os.path.join(workdir, "kernel.so")
+        with open(path, "wb") as f:
+            f.write(b"placeholder")
+        self.verify(sig, path)
+        return CompileResult(files={"kernel.so": path}, seconds=0.0, build={"wrapper": "split"})
+
+    def verify(self, sig, kernel_path: str) -> dict:
+        _Double.verified.append(kernel_path)   # where the real compiler runs the loader probe
+        return {}
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_host_prep_on_a_predicted_isa_counts_only_once_the_probe_agrees(right, tmp_path, monkeypatch):
+    """On a fresh host (no ISA memo) the host preparation compiles on the predicted
+    ISA.  A prediction the probe confirms: verified (the loader probe), fingerprinted,
+    marked prepared.  A wrong one: no verification, no fingerprint, no marker, and the
+    answer ``mispredicted`` (its process compiles nothing more)."""
+    from aoti_farm import fingerprint, hostprep, isapredict, splitbuild
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(splitbuild, "common_dir", lambda: str(tmp_path / "common"))
+    picked = {"isa": "avx512", "used": {"k1": True, "k2": True}}
+    monkeypatch.setattr(isapredict, "pick", lambda: picked)
+    probed = {"isa": "avx512" if right else "avx2", "checks": {"k1": True, "k2": right},
+              "compiler": fingerprint._compiler_id()}
+
+    def write_memo():
+        path = fingerprint._isa_memo_path()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(probed, f)
+
+    fps: list = []
+    real_fp = fingerprint.fingerprint
+    monkeypatch.setattr(fingerprint, "fingerprint", lambda *a, **k: fps.append(a) or real_fp(*a, **k))
+    monkeypatch.setattr(fingerprint, "cpu_isa", lambda: fingerprint.host_isa_memo()["isa"])   # not lru-cached
+    monkeypatch.setattr(_Double, "verified", [])
+    monkeypatch.setattr(_Double, "write_memo", staticmethod(write_memo))
+    assert hostprep.isa_memo_missing()
+    out = hostprep.prepare(compiler_factory=_Double, predict=True)
+    markers = list((tmp_path / "common").glob("prep-*.json"))
+    if right:
+        assert out["status"] == "prepared" and out["isa"] == {"predicted": "avx512", "confirmed": True}, out
+        assert len(_Double.verified) == 1 and len(fps) == 1 and len(markers) == 1
+        assert dict(real_fp("cpu", {}).fields)["cpu_isa"] == "avx512"
+    else:
+        assert out["status"] == "mispredicted" and out["isa"] == {"predicted": "avx512", "probed": "avx2"}, out
+        assert _Double.verified == [] and fps == [] and markers == []
+
+
+def test_after_a_misprediction_a_new_child_prepares_on_the_probed_memo(monkeypatch):
+    from aoti_farm import hostprep
+
+    answers = [{"status": "mispredicted", "isa": {"predicted": "avx512", "probed": "avx2"}, "seconds": 1.0},
+               {"status": "prepared", "seconds": 2.0}]
+    calls: list = []
+    monkeypatch.setattr(hostprep, "_prepare_child",
+                        lambda opts, timeout, predict: calls.append((opts, predict)) or dict(answers.pop(0)))
+    out = hostprep.prepare_in_child({"x": 1}, predict=True)
+    assert calls == [({"x": 1}, True), ({"x": 1}, False)]   # the second child: on the probed memo
+    assert out["status"] == "prepared" and out["mispredicted"]["isa"]["probed"] == "avx2"
+
+
+def test_a_process_that_picked_by_prediction_never_probes_or_writes_the_memo(tmp_path, monkeypatch):
+    """Its Inductor would answer the probe with the prediction: host_isa_memo refuses."""
+    from aoti_farm import fingerprint, isapredict
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(isapredict, "_PICKED", [True])
+    probes = fingerprint.host_steps()["isa_probe"]
+    with pytest.raises(RuntimeError, match="prediction"):
+        fingerprint.host_isa_memo(need_checks=True)
+    assert not os.path.exists(fingerprint._isa_memo_path())
+    assert fingerprint.host_steps()["isa_probe"] == probes
+
+
+def test_a_preloaded_process_verifies_without_waiting_for_anothers_loader_probe(kernels, tmp_path, monkeypatch):
+    """A process with the libstdc++ preload loads kernels itself whatever the loader
+    memo will say, so while another process holds the probe lock its first verification
+    goes ahead (run 11: 16 first verifications waited 2.1 s); it does not probe."""
+    import functools
+
+    from conftest import sig_add_alpha
+    from filelock import FileLock
+
+    from aoti_farm import compiler, loadenv
+    from aoti_farm.fsutil import memo_dir
+
+    lib = loadenv.system_libstdcxx()
+    if not lib:
+        pytest.skip("needs a system libstdc++")
+    sig = sig_add_alpha()
+    kernels.ensure(sig)
+    path = kernels.cache.open_entry(kernels.fp, sig.key).kernel_path
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("AOTI_FARM_PRELOAD_LIBSTDCXX", raising=False)
+    monkeypatch.setenv("LD_PRELOAD", lib)   # what preloaded() reads
+    # a waiting verification would time out after 2 s and probe: the assertion below fails
+    monkeypatch.setattr(compiler, "_probe_lock", functools.partial(compiler._probe_lock, 2.0))
+    probes: list = []
+    monkeypatch.setattr(loadenv, "probe", lambda *a, **k: probes.append(a))
+    os.makedirs(memo_dir(), exist_ok=True)
+    other = FileLock(os.path.join(memo_dir(), "loadenv-probe.lock"))
+    other.acquire()   # another process probes right now
+    try:
+        assert loadenv.needs_probe()
+        out = compiler.AOTICompiler(measure_speed=False).verify(sig, path)
+    finally:
+        other.release()
+    assert probes == [] and "probe" in out["timing"], out
