@@ -385,20 +385,24 @@ def _warm_hook(hook, items, route) -> bool:
 
 
 def measure(groups: dict[str, list], device: str, work: str, rounds: int, batch_ms: float, serve: str, log,
-            model_names: frozenset = frozenset(), routes: tuple = ("servable-at-install",), pairs: int = 1) -> dict:
+            model_names: frozenset = frozenset(), routes: tuple = ("servable-at-install",), pairs: int = 1,
+            control: bool = False) -> dict:
     """Per item: eager and hooked per-call microseconds per round, and what the hook did.
 
     Each group is timed against its own cache (``cache_dir(work, group)``); every round
     times each group eager and once hooked per route in ``routes``, ``pairs`` times back to
     back, in an order that alternates every time (a ratio pairs the eager and hooked phases
-    of one repetition: a host whose speed drifts over seconds moves both)."""
+    of one repetition: a host whose speed drifts over seconds moves both).  ``control``
+    adds a second eager phase to every repetition: its ratio to the first (eager/eager,
+    an A/A) is the run's own noise floor, beside each hook/eager ratio."""
     ns = {}
     with torch.no_grad():
         for items in groups.values():
             for name, fn in items:
                 # a model's batch is longer (its calls vary more than one op's)
                 ns[name] = _calibrate(fn, device, batch_ms * (4 if name in model_names else 1))
-    phases = ["eager"] + [f"hook:{r}" for r in routes]
+    hooks = [f"hook:{r}" for r in routes]
+    phases = ["eager", *(["control"] if control else []), *hooks]
     res = {name: {"n": ns[name], **{ph: [] for ph in phases}, "hits": {}, "gated": {}}
            for items in groups.values() for name, _ in items}
     hook_info: dict = {}
@@ -408,8 +412,8 @@ def measure(groups: dict[str, list], device: str, work: str, rounds: int, batch_
             for rep in range(pairs):
                 order = phases if (r * pairs + rep) % 2 == 0 else phases[::-1]
                 for phase in order:
-                    route = None if phase == "eager" else routes[phases.index(phase) - 1]
-                    hook = _install(cache_dir(work, gid), device, serve, route) if phase != "eager" else None
+                    route = routes[hooks.index(phase)] if phase in hooks else None
+                    hook = _install(cache_dir(work, gid), device, serve, route) if route else None
                     try:
                         with torch.no_grad():
                             if hook is not None:
@@ -441,26 +445,31 @@ def measure(groups: dict[str, list], device: str, work: str, rounds: int, batch_
                             hook.uninstall()
         done = "; ".join(f"{name[:24]} " + "/".join(f"{res[name][ph][-1] / res[name]['eager'][-1]:.3f}" for ph in phases[1:])
                          for name in res if res[name]["eager"] and all(res[name][ph] for ph in phases[1:]))
-        log(f"round {r + 1}/{rounds} done; hook/eager ({', '.join(p[5:] for p in phases[1:])}): {done}")
+        log(f"round {r + 1}/{rounds} done; hook/eager ({', '.join(p[5:] if p in hooks else 'A/A' for p in phases[1:])}): {done}")
     out = {}
     for name, d in res.items():
         variants = {}
-        for phase in phases[1:]:
+        for phase in hooks:
             ratios = [h / e for h, e in zip(d[phase], d["eager"])]
             variants[phase[5:]] = {
                 "hook_us": round(statistics.median(d[phase]), 2), "ratio": round(statistics.median(ratios), 3),
                 "ratio_iqr": _quartiles(ratios), "ratios": [round(x, 3) for x in ratios],
                 "hook_us_rounds": [round(x, 2) for x in d[phase]],
                 "served": d["hits"].get(phase, 0) > 0, "gated": d["gated"].get(phase, 0) > 0}
-        first = variants[phases[1][5:]]
+        first = variants[hooks[0][5:]]
+        if control:
+            aa = [c / e for c, e in zip(d["control"], d["eager"])]
+            first = {**first, "control_ratio": round(statistics.median(aa), 3), "control_iqr": _quartiles(aa),
+                     "control_ratios": [round(x, 3) for x in aa]}
         out[name] = {"eager_us": round(statistics.median(d["eager"]), 2),
                      "eager_us_rounds": [round(x, 2) for x in d["eager"]], "calls_per_batch": d["n"],
                      **{k: first[k] for k in ("hook_us", "ratio", "ratio_iqr", "ratios", "hook_us_rounds",
-                                              "served", "gated")},
+                                              "served", "gated", "control_ratio", "control_iqr", "control_ratios")
+                        if k in first},
                      "variants": variants}
-    primary = phases[1]
+    primary = hooks[0]
     info = {"route": routes[0], "gate_settled_before_timing": settled,
-            "per_cache": hook_info.get(primary, {}), "other_routes": {p[5:]: hook_info.get(p, {}) for p in phases[2:]}}
+            "per_cache": hook_info.get(primary, {}), "other_routes": {p[5:]: hook_info.get(p, {}) for p in hooks[1:]}}
     # the older flat summary (the bench runner and the smoke test read these)
     firstc = next(iter(hook_info.get(primary, {}).values()), {})
     for k in ("serve", "gate_trials", "gated_signatures", "gate_errors", "kernels_loaded", "kernel_errors",
@@ -483,7 +492,7 @@ def _gate_status() -> dict:
 def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jobs: int | None = None,
         rounds: int | None = None, batch_ms: float | None = None, serve: str = "faster", with_models: bool = True,
         only_ops: list[str] | None = None, log=print, route: str = "servable-at-install", caches: str = "own",
-        also_routes: tuple = (), pairs: int = 1) -> dict:
+        also_routes: tuple = (), pairs: int = 1, control: bool = False) -> dict:
     """``caches="own"``: the op suite and each model are warmed into a cache of their own
     and timed against it (a team that warms its model; the default); ``"shared"``: one
     cache holds every item's entries (a fleet cache warmed by many models).  ``route`` is
@@ -517,7 +526,8 @@ def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jo
         except Exception as e:  # noqa: BLE001 -- measured on the Python path then (reported)
             log(f"native build failed: {e}")
     routes = tuple(dict.fromkeys((route, *also_routes)))
-    m = measure(groups, device, work, rounds, batch_ms, serve, log, frozenset(n for n, _, _ in mods), routes, pairs)
+    m = measure(groups, device, work, rounds, batch_ms, serve, log, frozenset(n for n, _, _ in mods), routes, pairs,
+                control)
     opnames = [n for n, _ in ops]
     served = [n for n in opnames if m["items"][n]["served"]]
     worst = max((m["items"][n]["ratio"] for n in served), default=None)
@@ -529,7 +539,7 @@ def run(device: str = "cpu", quick: bool = False, workdir: str | None = None, jo
                         "met": m["items"][n]["ratio"] <= lim})
     return {"device": device, "device_name": torch.cuda.get_device_name(0) if device == "cuda" else None,
             "threads": torch.get_num_threads(), "quick": quick, "rounds": rounds, "batch_ms": batch_ms,
-            "batches": BATCHES, "pairs": pairs, "serve": serve, "route": route,
+            "batches": BATCHES, "pairs": pairs, "control": control, "serve": serve, "route": route,
             "routes": list(routes), "caches": caches, "groups": {g: [n for n, _ in it] for g, it in groups.items()},
             "gate": _gate_status(), "native_built": native.library_path().exists(),
             "compile": comp, "ops": {n: m["items"][n] for n in opnames},
@@ -544,10 +554,14 @@ def print_report(res: dict, out=sys.stdout) -> None:
       f"route={res.get('route', 'all')}, gate={res['gate']})")
     p(f"compiled: {res['compile']['statuses']} of {res['compile']['signatures']} signatures "
       f"in {res['compile']['seconds']} s")
-    p(f"caches: {res.get('caches', 'shared')}; ratio = median over rounds of hook/eager, [quartiles]")
+    per = "repetitions (rounds x pairs)" if res.get("pairs", 1) > 1 else "rounds"
+    p(f"caches: {res.get('caches', 'shared')}; ratio = median over {per} of hook/eager, [quartiles]"
+      + ("; A/A = the same repetitions' second eager phase / eager (the run's noise)" if res.get("control") else ""))
     for route in res.get("routes", [res.get("route", "all")]):
         p(f"-- route={route}")
-        p(f"{'item':58s} {'eager us':>10s} {'hook us':>10s} {'hook/eager':>10s} {'quartiles':>13s}  what ran")
+        aa = bool(res.get("control"))
+        p(f"{'item':58s} {'eager us':>10s} {'hook us':>10s} {'hook/eager':>10s} {'quartiles':>13s}"
+          + (f" {'A/A':>6s} {'A/A quartiles':>13s}" if aa else "") + "  what ran")
         for section in ("ops", "models"):
             for n, d in res[section].items():
                 v = d.get("variants", {}).get(route, d)
@@ -556,7 +570,9 @@ def print_report(res: dict, out=sys.stdout) -> None:
                     what = f"{'kernels+eager' if v['served'] else 'eager'}{', some gated' if v['gated'] else ''}"
                 q = v.get("ratio_iqr") or []
                 qs = f"{q[0]:.3f}-{q[1]:.3f}" if len(q) == 2 else ""
-                p(f"{n[:58]:58s} {d['eager_us']:10.1f} {v['hook_us']:10.1f} {v['ratio']:10.3f} {qs:>13s}  {what}")
+                cq = d.get("control_iqr") or []
+                ctl = (f" {d['control_ratio']:6.3f} {cq[0]:.3f}-{cq[1]:.3f}" if aa and len(cq) == 2 else "")
+                p(f"{n[:58]:58s} {d['eager_us']:10.1f} {v['hook_us']:10.1f} {v['ratio']:10.3f} {qs:>13s}{ctl}  {what}")
     if res.get("models_skipped"):
         p(f"models skipped: {res['models_skipped']}")
     p(f"hook: {res['hook']}")
@@ -585,6 +601,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-models", action="store_true")
     ap.add_argument("--pairs", type=int, default=1,
                     help="eager/hooked phases back to back per item and round (ratios pair each repetition's phases)")
+    ap.add_argument("--control", action="store_true",
+                    help="a second eager phase in every repetition: eager/eager (A/A), the run's own noise")
     ap.add_argument("--ops", action="append", help="only this op of the suite (repeatable; its name as printed)")
     ap.add_argument("--threads", type=int, help="intra-op threads of this process (torch.set_num_threads)")
     a = ap.parse_args(argv)
@@ -597,7 +615,7 @@ def main(argv=None) -> int:
         res = run(a.device, a.quick, a.workdir, a.jobs, a.rounds, a.batch_ms, a.serve, not a.no_models, a.ops,
                   log=lambda s: print(f"[payoff] {s}", file=sys.stderr, flush=True),
                   route=a.route, caches=a.caches,
-                  also_routes=tuple(a.also_route), pairs=a.pairs)
+                  also_routes=tuple(a.also_route), pairs=a.pairs, control=a.control)
     except Exception:
         traceback.print_exc()
         return 1
