@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,36 @@ def test_a_preloaded_process_verifies_without_waiting_for_anothers_loader_probe(
     finally:
         other.release()
     assert probes == [] and "probe" in out["timing"], out
+
+
+def test_the_forked_probe_answers_through_its_pipe_and_is_not_started_beside_other_threads(tmp_path):
+    """aoti_farm/isafork.py in a fresh interpreter (forking pytest itself, with its
+    threads, is what it must refuse): a fork's answer comes back, the driver's buffered
+    output is not written twice, a child that says nothing within the timeout is killed
+    and reported, and with another Python thread running there is no fork."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import json, os, sys, threading, time
+        from aoti_farm import isafork
+        print("buffered in the driver", end="")          # must not be flushed by the child too
+        f = isafork.start(lambda: {"status": "probed", "pid": os.getpid()})
+        out = f.result()
+        assert out["status"] == "probed" and out["pid"] != os.getpid(), out
+        slow = isafork.start(lambda: time.sleep(30) or {})
+        late = slow.result(timeout=0.5)
+        assert late["status"] == "failed" and "no answer" in late["error"], late
+        ev = threading.Event()
+        th = threading.Thread(target=ev.wait); th.start()
+        assert isafork.start(lambda: {}) is None          # another thread: no fork
+        ev.set(); th.join()
+        os.environ["AOTI_FARM_ISA_FORK"] = "0"
+        assert isafork.start(lambda: {}) is None
+        print(" ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout == "buffered in the driver ok\n", out.stdout

@@ -181,13 +181,30 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
     return th
 
 
-def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None) -> dict | None:
+def isa_probe_forked(n_cpu: int, compiler_factory: Callable | None):
+    """Where :func:`isa_probe_in_child` will probe, start the probe now in a fork of this
+    process, which has torch imported already (:mod:`aoti_farm.isafork`); None where it
+    does not apply or this process may not fork.  Call it before starting any thread."""
+    if n_cpu < 1 or compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES:
+        return None
+    from aoti_farm import hostprep, isafork
+
+    return isafork.start() if hostprep.isa_memo_missing() else None
+
+
+def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None, forked=None) -> dict | None:
     """On a fresh many-core host, the planner's ISA probe runs in a child
     (:func:`aoti_farm.hostprep.isa_in_child`) while this process starts Ray: probing here
     would import Inductor into the driver and hold its interpreter lock while ``import
     ray`` and ``ray.init`` need it.  None where it does not apply (the memo exists, fewer
     than :data:`PREP_MIN_CORES` cores, no CPU signature, a test double compiler);
-    otherwise the child's answer (a failed child: :func:`plan` probes here as before)."""
+    otherwise the child's answer (a failed child: :func:`plan` probes here as before).
+    ``forked``: :func:`isa_probe_forked`'s probe, whose answer is taken first (a failed
+    one: the exec'd child as before)."""
+    if forked is not None:
+        out = forked.result()
+        if out.get("status") == "probed":
+            return {**out, "t0": forked.t0, "forked": True}
     if n_cpu < 1 or compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES:
         return None
     from aoti_farm import hostprep
@@ -235,16 +252,18 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
     warm-up starts at once); the host preparation starts as soon as the plan is known."""
     box: dict = {}
     planned = threading.Event()
+    forked = isa_probe_forked(sure["cpu"], compiler_factory)   # before this function's threads start
     # the signatures in no namespace are compiled whatever the plan says: prepare the host
     # for them at once (its imports overlap a fresh host's ISA probe in the planner)
     box["prep"] = start_host_prep(cfg, sure["cpu"], timeline, compiler_factory, predict=True)
 
     def run() -> None:
         try:
-            isa = isa_probe_in_child(sure["cpu"], compiler_factory)
+            isa = isa_probe_in_child(sure["cpu"], compiler_factory, forked)
             if isa is not None:
                 timeline["isa_child"] = {"span": [isa.pop("t0"), time.time()],
-                                         **{k: isa.get(k) for k in ("status", "import_s", "probe_s") if k in isa}}
+                                         **{k: isa.get(k) for k in ("status", "import_s", "probe_s", "forked")
+                                            if k in isa}}
             box["plan"] = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
             if box["prep"] is None:
                 box["prep"] = start_host_prep(cfg, sum(t.kind == "cpu" for t in box["plan"].todo), timeline,
