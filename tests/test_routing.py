@@ -28,8 +28,11 @@ def test_an_op_whose_only_entry_is_gated_is_not_routed(kernels, tmp_path):
     cache = _gate_cache(kernels, tmp_path, ratio=1.6)   # slower than eager on the compile host
     a, b = _add_call()
     expected = torch.add(a, b, alpha=2)
+    table = {op: torch._C._dispatch_dump(op) for op in OPS}
     with install(cache_dir=str(cache.root), ops=OPS, on_miss="ignore", route="servable", serve="faster") as hook:
         assert hook.ops == [] and hook.stats()["routed_ops"] == 0
+        # nothing routed: the dispatcher's tables are untouched, so every call runs eager's own code
+        assert {op: torch._C._dispatch_dump(op) for op in OPS} == table
         before = hook.stats()
         got = [torch.add(a, b, alpha=2) for _ in range(3)] + [torch.mul(a, a)]
         assert_delta(before, hook.stats(), {}, ignore=("rescans",))   # nothing reached the hook
