@@ -12,9 +12,9 @@ fingerprint and the first compile at 18.9 s, while the actors' own imports were 
 Forking is safe only while the process has no other Python thread, so :func:`start`
 forks only then.  ``warm`` calls it before it starts any thread of its own.  The child
 closes no shared state: it redirects its standard streams to ``/dev/null``, writes its
-bytecode where an exec'd child of ``warm`` would (``PYTHONPYCACHEPREFIX``, see
-:mod:`aoti_farm.pycache`), runs :func:`aoti_farm.hostprep._isa_main` (which writes the
-host's memo under the probe's file lock, as the exec'd child does), sends the answer
+bytecode where an exec'd child of ``warm`` would (:mod:`aoti_farm.pycache`), runs
+:func:`aoti_farm.hostprep._isa_main` (which writes the host's memo under the probe's
+file lock, as the exec'd child does), sends the answer
 through a pipe and leaves with ``os._exit``, so no atexit handler of the driver runs.
 A child that fails or says nothing within the timeout is killed; the caller then runs
 the exec'd child as before.  ``AOTI_FARM_ISA_FORK=0`` turns the fork off.
@@ -32,6 +32,10 @@ import time
 import warnings
 
 ENV = "AOTI_FARM_ISA_FORK"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
 
 
 class Forked:
@@ -81,11 +85,12 @@ class Forked:
         return {**out, "seconds": time.time() - self.t0}
 
 
-def start(fn=None) -> Forked | None:
+def start(fn=None, pycache: str | None = None) -> Forked | None:
     """Fork now and run ``fn`` (default :func:`aoti_farm.hostprep._isa_main`) in the
     child; None where this process may not fork (another Python thread runs, no
-    ``fork``, turned off, or the fork failed)."""
-    if (os.environ.get(ENV) == "0" or not hasattr(os, "fork") or threading.active_count() != 1
+    ``fork``, turned off, or the fork failed).  ``pycache``: the farm's bytecode cache
+    (:func:`aoti_farm.pycache.apply`'s answer), where the child writes bytecode."""
+    if (not enabled() or not hasattr(os, "fork") or threading.active_count() != 1
             or threading.current_thread() is not threading.main_thread()):
         return None
     if fn is None:
@@ -109,10 +114,9 @@ def start(fn=None) -> Forked | None:
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-            prefix = os.environ.get("PYTHONPYCACHEPREFIX")
-            if prefix:   # what an exec'd child of warm would do (aoti_farm/pycache.py)
-                sys.pycache_prefix = prefix
-                sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+            if pycache:   # what an exec'd child of warm does (aoti_farm/pycache.py)
+                sys.pycache_prefix = pycache
+                sys.dont_write_bytecode = False
             data = json.dumps(fn(), default=str).encode()
             while data:
                 data = data[os.write(w, data):]

@@ -181,7 +181,7 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
     return th
 
 
-def isa_probe_forked(n_cpu: int, compiler_factory: Callable | None):
+def isa_probe_forked(n_cpu: int, compiler_factory: Callable | None, pycache: str | None = None):
     """Where :func:`isa_probe_in_child` will probe, start the probe now in a fork of this
     process, which has torch imported already (:mod:`aoti_farm.isafork`); None where it
     does not apply or this process may not fork.  Call it before starting any thread."""
@@ -189,7 +189,7 @@ def isa_probe_forked(n_cpu: int, compiler_factory: Callable | None):
         return None
     from aoti_farm import hostprep, isafork
 
-    return isafork.start() if hostprep.isa_memo_missing() else None
+    return isafork.start(pycache=pycache) if hostprep.isa_memo_missing() else None
 
 
 def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None, forked=None) -> dict | None:
@@ -252,7 +252,7 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
     warm-up starts at once); the host preparation starts as soon as the plan is known."""
     box: dict = {}
     planned = threading.Event()
-    forked = isa_probe_forked(sure["cpu"], compiler_factory)   # before this function's threads start
+    forked = isa_probe_forked(sure["cpu"], compiler_factory, timeline.get("pycache"))   # before any thread starts
     # the signatures in no namespace are compiled whatever the plan says: prepare the host
     # for them at once (its imports overlap a fresh host's ISA probe in the planner)
     box["prep"] = start_host_prep(cfg, sure["cpu"], timeline, compiler_factory, predict=True)
