@@ -213,28 +213,3 @@ def test_no_early_verification_child_where_the_actor_has_the_preload_itself(tmp_
         assert verifyserver.stats()["started"] == before and not verifyserver._alive()
     finally:
         verifyserver.stop()
-
-
-def test_a_fresh_bytecode_cache_is_filled_ahead_in_parallel_never_next_to_the_sources(tmp_path):
-    """``python -m aoti_farm.pycache --precompile N PKG``: every module of the package
-    gets its ``.pyc`` under the farm's prefix (test folders skipped), none next to the
-    sources; without a prefix it writes nothing."""
-    src = tmp_path / "src"
-    pkg = src / "probe_pkg"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "tests").mkdir()
-    for rel in ("__init__.py", "a.py", "sub/__init__.py", "sub/b.py", "tests/test_x.py"):
-        (pkg / rel).write_text("X = 1\n")
-    prefix = tmp_path / "prefix"
-    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")}
-    base["PYTHONPATH"] = f"{src}{os.pathsep}{REPO}"
-    cmd = [sys.executable, "-m", "aoti_farm.pycache", "--precompile", "2", "probe_pkg"]
-    out = subprocess.run(cmd, env={**base, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True,
-                         timeout=120, cwd=str(tmp_path))
-    assert out.returncode == 2 and not list(src.rglob("*.pyc"))   # no prefix: nothing, anywhere
-    out = subprocess.run(cmd, env={**base, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(prefix)},
-                         capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
-    assert out.returncode == 0, out.stderr[-2000:]
-    cached = sorted(p.name.split(".")[0] for p in prefix.rglob("*.pyc") if "probe_pkg" in str(p))
-    assert cached == ["__init__", "__init__", "a", "b"], cached
-    assert not list(src.rglob("*.pyc"))

@@ -35,7 +35,6 @@ ALLOWED = {
     ("aoti_farm/fingerprint.py", "seed_inductor_vec_isa"): "switch AOTI_FARM_ISA_REPLAY",
     ("aoti_farm/isapredict.py", "enabled"): "switch AOTI_FARM_ISA_PREDICT",
     ("aoti_farm/isafork.py", "enabled"): "switch AOTI_FARM_ISA_FORK",
-    ("aoti_farm/pycache.py", "precompile_enabled"): "switch AOTI_FARM_PYC_PRECOMPILE",
     ("aoti_farm/fsutil.py", "memo_dir"): "switch XDG_CACHE_HOME",
     ("runtime/native.py", "disabled"): "switch AOTI_FARM_NATIVE",
     ("runtime/native.py", "compiler"): "switch CXX",

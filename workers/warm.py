@@ -320,7 +320,6 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     from aoti_farm import pycache
 
     timeline["pycache"] = pycache.apply()   # before any child starts (aoti_farm/pycache.py)
-    timeline["pyc_precompile"] = pycache.precompile_start()   # fills that cache on idle cores
     sigs = load_signatures(models)
     cache = open_farm_cache(cfg, signing_key)
     classes = None
@@ -398,9 +397,6 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             timeline["ray_shutdown"] = time.time()
         if prep is not None:
             prep.join(timeout=120)   # one compile, normally long done; never leave it half-way
-        if timeline.get("pyc_precompile"):
-            timeline["pyc_precompile"] = {"processes": timeline["pyc_precompile"],
-                                          "done_by_itself": pycache.precompile_stop()}
     rows = []
     if classes is not None:
         results.update(classes.fallback_done)
