@@ -37,6 +37,7 @@ import time
 import warnings
 
 from aoti_farm.counters import Counters
+from aoti_farm.fsutil import atomic_write
 
 _counters = Counters("prepared", "skipped_done", "skipped_busy", "failed")
 
@@ -103,10 +104,7 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None, predict
                 res = comp.compile(sig, d)
             out = {"status": "prepared", "seconds": time.perf_counter() - t0, "build": res.build,
                    "phases": res.phases}
-            tmp = f"{marker}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump({"fp_id": fp.id, "at": time.time(), "build": res.build}, f)
-            os.replace(tmp, marker)
+            _write_marker(marker, fp.id, res.build)
             _count("prepared")
             return out
         finally:
@@ -115,6 +113,11 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None, predict
         _count("failed")
         return {"status": "failed", "seconds": time.perf_counter() - t0,
                 "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+
+
+def _write_marker(marker: str, fp_id: str, build) -> None:
+    """The per-host marker: this fingerprint's products are built (atomic)."""
+    atomic_write(marker, json.dumps({"fp_id": fp_id, "at": time.time(), "build": build}).encode())
 
 
 class _Mispredicted(Exception):
@@ -194,10 +197,7 @@ def _prepare_predicted(inductor_options: dict | None, compiler_factory, t0: floa
         out = {"status": "prepared", "seconds": time.perf_counter() - t0, "build": res.build,
                "phases": res.phases, "isa": {"predicted": picked["isa"], "confirmed": True}}
         if not os.path.exists(marker):
-            tmpm = f"{marker}.{os.getpid()}.tmp"
-            with open(tmpm, "w") as f:
-                json.dump({"fp_id": fp.id, "at": time.time(), "build": res.build}, f)
-            os.replace(tmpm, marker)
+            _write_marker(marker, fp.id, res.build)
         _count("prepared")
         return out
     finally:
