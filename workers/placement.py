@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aoti_farm.signature import Signature
+if TYPE_CHECKING:   # torch-free at import: warm sizes an early Ray before torch (workers/earlyray.py)
+    from aoti_farm.signature import Signature
 
 CPU, GPU = "cpu", "gpu"
 #: How many times Ray itself restarts a dead actor before the scheduler replaces it.
@@ -22,18 +23,20 @@ def route(sig: Signature) -> str:
     return GPU if sig.device == "cuda" else CPU
 
 
-def worker_env() -> dict[str, str]:
+def worker_env(libstdcxx: bool = True) -> dict[str, str]:
     """Environment for every actor (shipped through ``runtime_env.env_vars``).
 
     Hook for the GPU-machine trap (see :mod:`aoti_farm.loadenv`): when this host was
     probed to need it, or ``AOTI_FARM_PRELOAD_LIBSTDCXX=1``, the system libstdc++ is
-    preloaded into the actors."""
-    from aoti_farm import loadenv
-
+    preloaded into the actors.  ``libstdcxx=False``: without that ``LD_PRELOAD`` (and
+    without importing torch, which the probe needs)."""
     env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONWARNINGS": "ignore:Failed to initialize NumPy"}
-    preload = loadenv.child_env({}).get("LD_PRELOAD")
-    if preload:
-        env["LD_PRELOAD"] = preload
+    if libstdcxx:
+        from aoti_farm import loadenv
+
+        preload = loadenv.child_env({}).get("LD_PRELOAD")
+        if preload:
+            env["LD_PRELOAD"] = preload
     for k in ("AOTI_FARM_PRELOAD_LIBSTDCXX", "XDG_CACHE_HOME"):
         if os.environ.get(k):
             env[k] = os.environ[k]

@@ -223,11 +223,20 @@ def embedded_ray_args(cfg: FarmConfig, sigs: list, compiler_factory: Callable | 
     actors' modules (:mod:`aoti_farm.workers.actor_preload`).  Nothing for a cluster."""
     if cfg.address:
         return {}
-    from aoti_farm.workers.placement import CPU, embedded_cpus, route
+    from aoti_farm.workers.placement import CPU, route
 
     n_cpu = sum(route(s) == CPU for s in sigs)
+    return embedded_ray_args_for(cfg, n_cpu, len(sigs) - n_cpu, compiler_factory)
+
+
+def embedded_ray_args_for(cfg: FarmConfig, n_cpu: int, n_gpu: int, compiler_factory: Callable | None) -> dict:
+    """:func:`embedded_ray_args` from counts of CPU and GPU signatures (upper bounds)."""
+    if cfg.address:
+        return {}
+    from aoti_farm.workers.placement import embedded_cpus
+
     cores = _host_cpus()
-    n = embedded_cpus(cores, cpu_workers=cfg.cpu_workers, n_cpu_sigs=n_cpu, n_gpu_sigs=len(sigs) - n_cpu)
+    n = embedded_cpus(cores, cpu_workers=cfg.cpu_workers, n_cpu_sigs=n_cpu, n_gpu_sigs=n_gpu)
     # below PREP_MIN_CORES start-up is CPU-bound: the workers' imports would only take the
     # CPU from the planner's ISA probe and Ray's own start (the 2-core VM keeps its path)
     preload = (n is not None and cores >= PREP_MIN_CORES and compiler_factory is None
@@ -245,6 +254,17 @@ def _host_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def isa_then_plan(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict, compiler_factory: Callable | None,
+                  forked=None) -> Plan:
+    """:func:`plan`, after a fresh many-core host's ISA probe in a child
+    (:func:`isa_probe_in_child`; ``forked``: one already started)."""
+    isa = isa_probe_in_child(sure["cpu"], compiler_factory, forked)
+    if isa is not None:
+        timeline["isa_child"] = {"span": [isa.pop("t0"), time.time()],
+                                 **{k: isa.get(k) for k in ("status", "import_s", "probe_s", "forked") if k in isa}}
+    return plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
+
+
 def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict, event: Callable,
                          compiler_factory: Callable | None):
     """(plan, ray, started, scheduler, host-prep thread): :func:`plan` runs in a thread
@@ -259,12 +279,7 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
 
     def run() -> None:
         try:
-            isa = isa_probe_in_child(sure["cpu"], compiler_factory, forked)
-            if isa is not None:
-                timeline["isa_child"] = {"span": [isa.pop("t0"), time.time()],
-                                         **{k: isa.get(k) for k in ("status", "import_s", "probe_s", "forked")
-                                            if k in isa}}
-            box["plan"] = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
+            box["plan"] = isa_then_plan(cfg, sigs, cache, sure, timeline, compiler_factory, forked)
             if box["prep"] is None:
                 box["prep"] = start_host_prep(cfg, sum(t.kind == "cpu" for t in box["plan"].todo), timeline,
                                               compiler_factory)
@@ -303,6 +318,31 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
     return box["plan"], ray, started, sched, box.get("prep")
 
 
+def _finish_early(early, cfg: FarmConfig, cache, sure: dict, timeline: dict, event: Callable,
+                  compiler_factory: Callable | None, ray):
+    """(plan, scheduler, host-prep thread) of an early start (:mod:`earlyray`): an actor
+    pool for the ``sure`` signatures at once, then the loader's plan."""
+    sched = None
+    try:
+        if sum(sure.values()) and ray is not None:
+            from aoti_farm.workers.placement import pool_sizes
+
+            sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
+                               gpus_per_worker=cfg.gpus_per_worker, n_cpu_tasks=sure["cpu"], n_gpu_tasks=sure["gpu"])
+            sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
+            timeline["actors_requested"] = time.time()
+        p = early.planned()
+    except BaseException:
+        early.wait()
+        if sched is not None:
+            sched.shutdown()
+        raise
+    prep = early.prep
+    if prep is None:
+        prep = start_host_prep(cfg, sum(t.kind == "cpu" for t in p.todo), timeline, compiler_factory)
+    return p, sched, prep
+
+
 # --- warm -----------------------------------------------------------------------------------
 
 
@@ -312,7 +352,6 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     """Compile every signature of ``models`` into the cache; exit code 0/1 (UserError: 2).
     ``signing_key``: the resolved key's bytes (None: no signing)."""
     from aoti_farm.progress import Progress, command_start_time, write_report
-    from aoti_farm.signature import describe
 
     # wall-clock marks for the report (where a run's time goes: see "timeline")
     timeline: dict = {"process_start": command_start_time(), "warm_start": time.time(), "workers": []}
@@ -320,15 +359,31 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     from aoti_farm import pycache
 
     timeline["pycache"] = pycache.apply()   # before any child starts (aoti_farm/pycache.py)
-    sigs = load_signatures(models)
-    cache = open_farm_cache(cfg, signing_key)
+    from aoti_farm.workers import earlyray
+
+    # a many-core host whose job surely has work: Ray starts now, the traces load meanwhile
+    early = earlyray.begin(cfg, models, signing_key, compiler_factory, timeline)
+    ray = None
+    started = False
+    if early is None:
+        sigs = load_signatures(models)
+        cache = open_farm_cache(cfg, signing_key)
+    else:
+        try:
+            ray, started = early.start_ray()
+            sigs, cache, sure = early.loaded()
+        except BaseException:
+            early.wait()
+            if started:
+                stop_ray(ray)
+            raise
     classes = None
     if getattr(cfg, "dynamic", "off") == "auto":   # class compiles on the same pool (workers/classtasks.py)
         from aoti_farm.workers.classtasks import ClassWork
 
         classes = ClassWork(cfg, cache, stream, plan)
         sigs = classes.split(sigs)   # the members of classes to compile leave the exact plan
-    timeline["loaded"] = time.time()
+    timeline.setdefault("loaded", time.time())   # an early start's loader marked it
     progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
 
     def event(kind: str, data: dict) -> None:
@@ -344,13 +399,13 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         if on_event:
             on_event(kind, data)
 
-    ray = sched = prep = None
-    started = False
+    sched = prep = None
     counters = None
     results: dict = {}
     try:
-        sure = surely_work(sigs, cache, cfg.memory_budget)
-        if sum(sure.values()):
+        if early is not None:
+            p, sched, prep = _finish_early(early, cfg, cache, sure, timeline, event, compiler_factory, ray)
+        elif sum((sure := surely_work(sigs, cache, cfg.memory_budget)).values()):
             # Some signatures are in no namespace of the cache at all, so Ray is needed
             # whatever this host's fingerprint is: start Ray and the actors now, and plan
             # meanwhile (on a fresh host planning probes the CPU's vector ISA, ~10 s of
@@ -397,6 +452,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             timeline["ray_shutdown"] = time.time()
         if prep is not None:
             prep.join(timeout=120)   # one compile, normally long done; never leave it half-way
+    from aoti_farm.signature import describe
+
     rows = []
     if classes is not None:
         results.update(classes.fallback_done)
