@@ -119,9 +119,10 @@ def fresh_host() -> bool:
 
 class Early:
     """A warm whose Ray starts before its traces are loaded: the ISA probe (forked on a
-    fresh host) and the host preparation are running; :meth:`start_ray` starts Ray in
-    this (the main) thread while a loader thread reads the traces, opens the cache and
-    plans; :meth:`loaded` and :meth:`planned` wait for it."""
+    fresh host) and the host preparation are running; :meth:`start_ray` imports Ray, then
+    starts a loader thread that reads the traces, opens the cache and plans, and starts
+    Ray in this (the main) thread meanwhile; :meth:`loaded` and :meth:`planned` wait for
+    the loader."""
 
     def __init__(self, cfg: FarmConfig, models: list[str], counts: dict, signing_key: bytes | None,
                  compiler_factory: Callable | None, timeline: dict):
@@ -142,7 +143,6 @@ class Early:
         self.box: dict = {}
         self._thread = threading.Thread(target=self._load_and_plan, args=(models, signing_key),
                                         name="aoti-farm-load", daemon=True)
-        self._thread.start()
         timeline["early_ray"] = {"entries": counts}
 
     def _load_and_plan(self, models: list[str], signing_key: bytes | None) -> None:
@@ -169,8 +169,10 @@ class Early:
         from aoti_farm.workers import warm as W
         from aoti_farm.workers.raysetup import start_ray
 
-        import ray  # noqa: F401 -- timed apart from ray.init
-
+        try:
+            import ray  # noqa: F401 -- before the loader imports torch: both would hold the interpreter lock
+        finally:
+            self._thread.start()   # reads the traces (importing torch) while ray.init waits for Ray's processes
         self.timeline["ray_imported"] = time.time()
         ray, started = start_ray(self.cfg, **W.embedded_ray_args_for(self.cfg, self.counts["cpu"], self.counts["gpu"],
                                                                  self.compiler_factory))
@@ -193,7 +195,8 @@ class Early:
 
     def wait(self) -> None:
         """Wait for the loader thread (on the way out after an error)."""
-        self._planned.wait()
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._planned.wait()
 
 
 def begin(cfg: FarmConfig, models: list[str], signing_key: bytes | None, compiler_factory: Callable | None,

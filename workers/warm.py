@@ -261,7 +261,7 @@ def isa_then_plan(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict
     isa = isa_probe_in_child(sure["cpu"], compiler_factory, forked)
     if isa is not None:
         timeline["isa_child"] = {"span": [isa.pop("t0"), time.time()],
-                                 **{k: isa.get(k) for k in ("status", "import_s", "probe_s", "forked") if k in isa}}
+                                 **{k: isa.get(k) for k in ("status", "import_s", "probe_s", "forked", "steps") if k in isa}}
     return plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
 
 
