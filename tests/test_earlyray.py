@@ -61,18 +61,19 @@ def test_no_early_start_where_it_does_not_apply(tmp_path, monkeypatch):
     from aoti_farm.workers import warm
 
     monkeypatch.setattr(warm, "PREP_MIN_CORES", 1)
+    steps = warm.early_steps()
     t = _write(tmp_path / "t.json", _entries()[:1])
     cfg = FarmConfig(cache_dir=str(tmp_path / "cache"))
     tl: dict = {}
-    assert earlyray.begin(FarmConfig(cache_dir=cfg.cache_dir, address="auto"), [t], None, None, tl) is None
-    assert earlyray.begin(cfg, [t], None, object(), tl) is None                 # a test double compiler
-    assert earlyray.begin(FarmConfig(cache_dir=cfg.cache_dir, dynamic="auto"), [t], None, None, tl) is None
-    assert earlyray.begin(cfg, [str(tmp_path / "missing.json")], None, None, tl) is None
+    assert earlyray.begin(FarmConfig(cache_dir=cfg.cache_dir, address="auto"), [t], None, None, tl, steps) is None
+    assert earlyray.begin(cfg, [t], None, object(), tl, steps) is None          # a test double compiler
+    assert earlyray.begin(FarmConfig(cache_dir=cfg.cache_dir, dynamic="auto"), [t], None, None, tl, steps) is None
+    assert earlyray.begin(cfg, [str(tmp_path / "missing.json")], None, None, tl, steps) is None
     monkeypatch.setenv(earlyray.ENV, "0")
-    assert earlyray.begin(cfg, [t], None, None, tl) is None
+    assert earlyray.begin(cfg, [t], None, None, tl, steps) is None
     monkeypatch.delenv(earlyray.ENV)
     monkeypatch.setattr(warm, "PREP_MIN_CORES", 10 ** 6)                       # the 2-core path
-    assert earlyray.begin(cfg, [t], None, None, tl) is None
+    assert earlyray.begin(cfg, [t], None, None, tl, warm.early_steps()) is None
     assert tl == {}
 
 
@@ -115,6 +116,8 @@ def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path
     assert [r["status"] for r in rep["signatures"]] == ["compiled"]
     assert rep["pool"]["actors_started"] == 1
     assert earlyray.known_keys(str(tmp_path / "cache")) == 1
+    assert earlyray.known_keys(str(tmp_path / "cache"), enough=0) == 0     # stops once it has enough
+    assert earlyray.known_keys(str(tmp_path / "missing")) == 0
     # everything cached now: no early start, no Ray at all
     out, rep = _warm(tmp_path, t, "second")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -37,6 +37,7 @@ import os
 import re
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from aoti_farm.config import FarmConfig
@@ -51,6 +52,19 @@ _KEY_NAME = re.compile(r"^[0-9a-f]{64}")
 
 def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0"
+
+
+@dataclass(frozen=True)
+class Steps:
+    """What ``warm`` does, handed in by it (:func:`aoti_farm.workers.warm.early_steps`;
+    this module must not import ``warm``, which imports it)."""
+    min_cores: int                # warm.PREP_MIN_CORES
+    load_signatures: Callable     # (models) -> sigs
+    open_cache: Callable          # (cfg, signing_key) -> cache
+    surely_work: Callable         # (sigs, cache, memory_budget) -> {"cpu", "gpu"}
+    isa_then_plan: Callable       # (cfg, sigs, cache, sure, timeline, compiler_factory, forked) -> plan
+    start_host_prep: Callable     # (cfg, n_cpu, timeline, compiler_factory, predict=) -> thread | None
+    ray_args: Callable            # (cfg, n_cpu, n_gpu, compiler_factory) -> start_ray's keywords
 
 
 def count_entries(models: list[str]) -> dict[str, int] | None:
@@ -85,9 +99,10 @@ def _on_cuda(args) -> bool:
     return False
 
 
-def known_keys(cache_dir: str) -> int:
+def known_keys(cache_dir: str, enough: int | None = None) -> int:
     """How many entries and failure records the cache holds, over every namespace (a
-    scan of names only; 0 for a missing cache)."""
+    scan of names only; 0 for a missing cache).  ``enough``: stop counting there (a
+    large shared cache need not be scanned to the end to know it holds that many)."""
     n = 0
     try:
         with os.scandir(cache_dir) as top:
@@ -102,6 +117,8 @@ def known_keys(cache_dir: str) -> int:
             except OSError:
                 continue
             for sh in paths:
+                if enough is not None and n >= enough:
+                    return n
                 try:
                     with os.scandir(sh) as it:
                         n += sum(1 for e in it if _KEY_NAME.match(e.name))
@@ -125,10 +142,8 @@ class Early:
     the loader."""
 
     def __init__(self, cfg: FarmConfig, models: list[str], counts: dict, signing_key: bytes | None,
-                 compiler_factory: Callable | None, timeline: dict):
-        from aoti_farm.workers import warm as W
-
-        self.cfg, self.counts, self.timeline = cfg, counts, timeline
+                 compiler_factory: Callable | None, timeline: dict, steps: Steps):
+        self.cfg, self.counts, self.timeline, self.steps = cfg, counts, timeline, steps
         self.compiler_factory = compiler_factory
         self.forked = None
         if fresh_host():
@@ -136,8 +151,8 @@ class Early:
 
             self.forked = isafork.start(pycache=timeline.get("pycache"))   # no thread yet, no torch
         # the host's per-host products for the compiles to come (a CPU job of >= 2)
-        self.prep = W.start_host_prep(cfg, counts["cpu"], timeline, compiler_factory,
-                                      predict=self.forked is not None)
+        self.prep = steps.start_host_prep(cfg, counts["cpu"], timeline, compiler_factory,
+                                          predict=self.forked is not None)
         self._loaded = threading.Event()
         self._planned = threading.Event()
         self.box: dict = {}
@@ -146,18 +161,17 @@ class Early:
         timeline["early_ray"] = {"entries": counts}
 
     def _load_and_plan(self, models: list[str], signing_key: bytes | None) -> None:
-        from aoti_farm.workers import warm as W
-
+        st = self.steps
         try:
             try:
-                sigs = W.load_signatures(models)
-                cache = W.open_farm_cache(self.cfg, signing_key)
-                self.box.update(sigs=sigs, cache=cache, sure=W.surely_work(sigs, cache, self.cfg.memory_budget))
+                sigs = st.load_signatures(models)
+                cache = st.open_cache(self.cfg, signing_key)
+                self.box.update(sigs=sigs, cache=cache, sure=st.surely_work(sigs, cache, self.cfg.memory_budget))
                 self.timeline["loaded"] = time.time()
             finally:
                 self._loaded.set()
-            self.box["plan"] = W.isa_then_plan(self.cfg, self.box["sigs"], cache, self.box["sure"], self.timeline,
-                                               self.compiler_factory, self.forked)
+            self.box["plan"] = st.isa_then_plan(self.cfg, self.box["sigs"], cache, self.box["sure"], self.timeline,
+                                                self.compiler_factory, self.forked)
         except BaseException as e:  # noqa: BLE001 -- re-raised in the main thread
             self.box["error"] = e
         finally:
@@ -166,7 +180,6 @@ class Early:
 
     def start_ray(self):
         """(ray, started): the embedded Ray, sized from the count of entries."""
-        from aoti_farm.workers import warm as W
         from aoti_farm.workers.raysetup import start_ray
 
         try:
@@ -174,7 +187,7 @@ class Early:
         finally:
             self._thread.start()   # reads the traces (importing torch) while ray.init waits for Ray's processes
         self.timeline["ray_imported"] = time.time()
-        ray, started = start_ray(self.cfg, **W.embedded_ray_args_for(self.cfg, self.counts["cpu"], self.counts["gpu"],
+        ray, started = start_ray(self.cfg, **self.steps.ray_args(self.cfg, self.counts["cpu"], self.counts["gpu"],
                                                                  self.compiler_factory))
         self.timeline["ray_started"] = time.time()
         return ray, started
@@ -200,17 +213,16 @@ class Early:
 
 
 def begin(cfg: FarmConfig, models: list[str], signing_key: bytes | None, compiler_factory: Callable | None,
-          timeline: dict) -> Early | None:
+          timeline: dict, steps: Steps) -> Early | None:
     """Start the early path where it applies (see the module doc), else None."""
-    from aoti_farm.workers.warm import PREP_MIN_CORES
-
     if (not enabled() or cfg.address or compiler_factory is not None or getattr(cfg, "dynamic", "off") != "off"
-            or (os.cpu_count() or 1) < PREP_MIN_CORES):
+            or (os.cpu_count() or 1) < steps.min_cores):
         return None
     counts = count_entries(models)
-    if not counts or sum(counts.values()) <= known_keys(str(cfg.cache_dir or _default_cache_dir())):
+    total = sum(counts.values()) if counts else 0
+    if not total or total <= known_keys(str(cfg.cache_dir or _default_cache_dir()), enough=total):
         return None
-    return Early(cfg, models, counts, signing_key, compiler_factory, timeline)
+    return Early(cfg, models, counts, signing_key, compiler_factory, timeline, steps)
 
 
 def _default_cache_dir() -> str:

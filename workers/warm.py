@@ -318,6 +318,15 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
     return box["plan"], ray, started, sched, box.get("prep")
 
 
+def early_steps():
+    """This module's steps, for :mod:`earlyray` (which must not import this module)."""
+    from aoti_farm.workers.earlyray import Steps
+
+    return Steps(min_cores=PREP_MIN_CORES, load_signatures=load_signatures, open_cache=open_farm_cache,
+                 surely_work=surely_work, isa_then_plan=isa_then_plan, start_host_prep=start_host_prep,
+                 ray_args=embedded_ray_args_for)
+
+
 def _finish_early(early, cfg: FarmConfig, cache, sure: dict, timeline: dict, event: Callable,
                   compiler_factory: Callable | None, ray):
     """(plan, scheduler, host-prep thread) of an early start (:mod:`earlyray`): an actor
@@ -362,7 +371,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     from aoti_farm.workers import earlyray
 
     # a many-core host whose job surely has work: Ray starts now, the traces load meanwhile
-    early = earlyray.begin(cfg, models, signing_key, compiler_factory, timeline)
+    early = earlyray.begin(cfg, models, signing_key, compiler_factory, timeline, early_steps())
     ray = None
     started = False
     if early is None:
