@@ -7,9 +7,9 @@ imports set when compiling can start, began only after it, about 10 s in.
 
 Where the job surely has work, this module lets Ray start first.  The test runs without
 torch: the traces' JSON is counted, and the cache's entries are counted by a scan of its
-directories.  ``ray.init`` then runs in the main thread, because Ray's processes die with
-the thread that started them.  The traces are loaded in a thread meanwhile: the keys,
-then the cache and :func:`~aoti_farm.workers.warm.surely_work`, then the plan.  That
+directories.  ``ray.init`` then runs in the main thread: started from another thread
+that then ends, Ray lost its GCS (tried on the 2-core VM, Ray 2.60.0).  The traces are
+loaded in a thread meanwhile: the keys, then the cache and :func:`~aoti_farm.workers.warm.surely_work`, then the plan.  That
 thread imports torch while ``ray.init`` mostly waits for its processes.  On a fresh host
 the ISA probe is forked first, before any thread exists
 (:mod:`aoti_farm.isafork`; its child imports torch itself).  The host preparation
@@ -208,7 +208,7 @@ class Early:
 
     def wait(self) -> None:
         """Wait for the loader thread (on the way out after an error)."""
-        if self._thread.is_alive() or self._thread.ident is not None:
+        if self._thread.ident is not None:   # started (start_ray always starts it)
             self._planned.wait()
 
 
