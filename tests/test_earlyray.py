@@ -85,17 +85,28 @@ def _imports_of(code: str) -> set:
 
 
 _WARM = textwrap.dedent("""
-    import sys
+    import os, sys
     from aoti_farm.workers import warm
     warm.PREP_MIN_CORES = 1      # take the many-core path on this box
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):   # as on an image without bytecode (aoti_farm/pycache.py)
+        from aoti_farm import pycache, pyprecompile
+        pycache.PROBE = ("probe_pkg", "probe_mod.py")
+        pyprecompile.MIN_CORES = 1
     from aoti_farm.cli import main
     sys.exit(main(["warm", "--model", sys.argv[1], "--cache-dir", sys.argv[2], "--report", sys.argv[3]]))
 """)
 
 
-def _warm(tmp_path: Path, trace_path: str, name: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+def _warm(tmp_path: Path, trace_path: str, name: str, no_bytecode: bool = False
+          ) -> tuple[subprocess.CompletedProcess, dict | None]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")          # a fresh host: no ISA memo yet
+    if no_bytecode:   # Python writes none and the probed package has none: the farm's own cache is used
+        (tmp_path / "src" / "probe_pkg").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / "probe_pkg" / "__init__.py").write_text("")
+        (tmp_path / "src" / "probe_pkg" / "probe_mod.py").write_text("X = 1\n")
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "src"), str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
     report = tmp_path / f"{name}-report.json"
     out = subprocess.run([sys.executable, "-c", _WARM, trace_path, str(tmp_path / "cache"), str(report)],
                          env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
@@ -105,9 +116,14 @@ def _warm(tmp_path: Path, trace_path: str, name: str) -> tuple[subprocess.Comple
 def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path):
     relu = [e for e in _entries() if e["op"] == "aten::relu"]
     t = _write(tmp_path / "relu.json", relu)
-    out, rep = _warm(tmp_path, t, "first")
+    out, rep = _warm(tmp_path, t, "first", no_bytecode=True)
     assert out.returncode == 0, out.stderr[-3000:]
     tl = rep["timeline"]
+    # an image without bytecode: the compile path's bytecode was compiled ahead, into the
+    # farm's own cache (aoti_farm/pyprecompile.py), and the processes imported from it
+    assert tl["pycache"] == str(tmp_path / "xdg" / "aoti-farm" / "pycache")
+    pre = tl["precompile"]
+    assert pre["failed"] == 0 and pre["compiled"] + pre["skipped"] == pre["files"] > 1000, pre
     assert tl["early_ray"] == {"entries": {"cpu": 1, "gpu": 0}}
     # Ray was imported by the main thread while the loader thread still imported torch
     assert tl["ray_imported"] < tl["loaded"] < tl["ray_started"]

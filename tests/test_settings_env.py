@@ -38,6 +38,8 @@ ALLOWED = {
     ("aoti_farm/isaload.py", "fast_loads"): "switch AOTI_FARM_ISA_FAST_LOAD",
     ("aoti_farm/isaload.py", "check_call"): CHILD + " (an ISA load check)",
     ("workers/earlyray.py", "enabled"): "switch AOTI_FARM_EARLY_RAY",
+    ("aoti_farm/pyprecompile.py", "enabled"): "switch AOTI_FARM_PRECOMPILE",
+    ("aoti_farm/pyprecompile.py", "start"): CHILD + " (a bytecode compiler)",
     ("aoti_farm/fsutil.py", "memo_dir"): "switch XDG_CACHE_HOME",
     ("runtime/native.py", "disabled"): "switch AOTI_FARM_NATIVE",
     ("runtime/native.py", "compiler"): "switch CXX",

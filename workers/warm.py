@@ -368,6 +368,10 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     from aoti_farm import pycache
 
     timeline["pycache"] = pycache.apply()   # before any child starts (aoti_farm/pycache.py)
+    from aoti_farm import pyprecompile
+
+    # a fresh bytecode cache: compile what every process here will import, in parallel, now
+    precompiled = pyprecompile.start(timeline["pycache"]) if compiler_factory is None else None
     from aoti_farm.workers import earlyray
 
     # a many-core host whose job surely has work: Ray starts now, the traces load meanwhile
@@ -484,6 +488,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         progress._log(line)
     if counters_out is not None and counters is not None:
         counters_out.update(counters)
+    if precompiled is not None:
+        timeline["precompile"] = precompiled.result()
     if report:
         timeline["end"] = time.time()
         write_report(report, rows, {"cache_dir": str(cache.root), "models": list(models),
