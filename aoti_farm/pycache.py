@@ -8,7 +8,8 @@ module it imports from source: there, importing torch and the compile path took
 ``warm`` starts dozens of such processes (one per actor, their verification children,
 the loader probe's and the ISA checks' loaders, the host preparation).
 
-:func:`apply` gives the farm's child processes a bytecode cache of their own instead:
+:func:`apply` gives the farm's child processes (and ``warm``'s driver) a bytecode cache of
+their own instead (on a fresh host :mod:`aoti_farm.pyprecompile` fills it ahead of them):
 ``PYTHONPYCACHEPREFIX=<memo dir>/pycache`` and no ``PYTHONDONTWRITEBYTECODE`` in this
 process's environment, which every child it starts (Ray's workers, through the raylet)
 inherits.  Python then writes and reads ``.pyc`` files only under that private
@@ -75,10 +76,12 @@ def _private_dir(path: str) -> bool:
         return False
 
 
-def apply() -> str | None:
+def apply(here: bool = False) -> str | None:
     """Set up the bytecode cache for the children this process starts from now on (see
     the module doc); returns its directory, or None when it is not wanted or not usable.
-    Never raises."""
+    ``here``: this process imports through it too (``warm``'s driver: its loader thread
+    imported torch from source, 5 s holding the interpreter lock that ``ray.init`` needed
+    beside it, run 14 on the GPU host).  Never raises."""
     global _applied
     try:
         if not wanted():
@@ -90,6 +93,9 @@ def apply() -> str | None:
             return None
         os.environ["PYTHONPYCACHEPREFIX"] = d
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        if here:   # Python reads both at each import
+            sys.pycache_prefix = d
+            sys.dont_write_bytecode = False
         _applied = d
         return d
     except Exception:  # noqa: BLE001 -- a speed-up only: Python's own setting stays

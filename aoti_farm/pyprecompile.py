@@ -1,29 +1,30 @@
-"""The compile path's bytecode, compiled in parallel before the farm's processes import it.
+"""The bytecode of what a ``warm``'s processes import, compiled in parallel before they import it.
 
 Where :mod:`aoti_farm.pycache` gives the farm's processes a bytecode cache of their own
 (an image that ships its packages without bytecode), that cache starts empty on a fresh
-host, and every process of a ``warm`` compiles the same ~2,500 modules from source at
-once: the ISA probe's child, the host preparation, the driver's loader thread and 16
-actors.  On the 2-core VM importing the compile path took 10.2-11.5 s from source and
-3.0 s from bytecode (torch 2.13, 2026-11-27).  On the 16-core GPU host the actors'
-imports took 6-7 s each and ended together at about 14 s, while the ISA probe's child
-imported torch from source too (run 13, ``docs/bench/2026-11-27-gpu-13-scaling.md``).
+host, and every process of a ``warm`` compiles the same modules from source at once:
+the driver, Ray's own processes and agents, the ISA probe's child, the host preparation
+and 16 actors.  On the 2-core VM importing the compile path took 10.2-11.5 s from source
+and 3.0 s from bytecode, and ``ray.init`` took 8.7-9.1 s with Ray's processes compiling
+from source against 2.6 s (torch 2.13, 2026-11-27).  On the 16-core GPU host the ISA
+probe's child imported torch in 4.1-4.8 s and the plan came at 13.7-15.2 s (run 14).
 
-:func:`start` compiles the modules those processes import, in the order they import
-them, in ``K`` short-lived children that each take every ``K``-th file, so together they
-run ahead of any one importing process.  A process that reaches a module before its
-bytecode is written compiles it itself, as it would without this module; Python writes
-and validates each ``.pyc`` atomically (source mtime and size), so the race only decides
-who compiles a module, never what is imported.  The children compile exactly what
-Python's import would: the same source files, the same ``.pyc`` paths under the prefix,
+:func:`start` compiles those modules, in the order they are imported, in ``K``
+short-lived children that each take every ``K``-th file, so together they run ahead of
+any one importing process.  A process that reaches a module before its bytecode is
+written compiles it itself, as it would without this module; Python writes and
+validates each ``.pyc`` atomically (source mtime and size), so the race only decides who
+compiles a module, never what is imported.  The children compile exactly what Python's
+import would: the same source files into the same ``.pyc`` paths under the prefix,
 timestamp-validated.
 
-Which modules: :data:`LIST`, module names in import order, recorded by
-:func:`record` from a real compile of the farm's (``python -m aoti_farm.pyprecompile
---write``).  A name the installed packages lack is skipped, and a module the list lacks
-is compiled by its importer, so a list recorded on another torch only costs time.
-``tests/test_pyprecompile.py`` fails when the list no longer covers what the compile
-path imports here.
+Which modules: :data:`LIST`, module names in import order, recorded by :func:`record`
+(``python -m aoti_farm.pyprecompile --write``): a real ``warm`` of one signature whose
+processes all import through a fresh bytecode cache; the ``.pyc`` files it holds
+afterwards, by the time each was written, are the list.  A name the installed packages
+lack is skipped, and a module the list lacks is compiled by its importer, so a list
+recorded on another torch or Ray only costs time.  ``tests/test_pyprecompile.py`` fails
+when the list no longer covers what the compile path imports here.
 
 Only where it helps: the farm's bytecode cache is in use (:func:`aoti_farm.pycache.apply`),
 the host has at least :data:`MIN_CORES` cores, and the cache does not hold the list's
@@ -90,7 +91,7 @@ def source_files(names: list[str], search: list[str] | None = None) -> list[str]
     modules) are left out.  Order kept, duplicates dropped."""
     from importlib.machinery import PathFinder
 
-    search = list(sys.path if search is None else search)
+    search = list(_search_path() if search is None else search)
     tops: dict[str, list[str] | str | None] = {}
     out: list[str] = []
     seen: set[str] = set()
@@ -230,25 +231,89 @@ def start(prefix: str | None, n_cpu: int | None = None) -> Precompile | None:
 # --- the list -------------------------------------------------------------------------
 
 _RECORD = r"""
-import os, sys, tempfile
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="aoti-farm-rec-ind-")
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="aoti-farm-rec-xdg-")
-import ray, ray.actor  # the driver's and Ray workers' imports
-import aoti_farm.workers.actor_preload  # the actors' warm-up imports
-import aoti_farm.workers.compile_actor, aoti_farm.verifyserver, aoti_farm.hostprep
-out = aoti_farm.hostprep.prepare()  # the ISA probe and a real compile (lazy imports of lowering and codegen)
-if out.get("status") not in ("prepared", "done"):
-    sys.exit("the trivial compile did not run: %r" % (out,))
-print("\n".join(sys.modules))
+import json, sys
+from aoti_farm.workers import warm
+warm.PREP_MIN_CORES = 1   # the many-core path (early Ray, forked ISA probe, host preparation) on any host
+from aoti_farm.cli import main
+sys.exit(main(["warm", "--model", sys.argv[1], "--cache-dir", sys.argv[2]]))
 """
 
 
 def record() -> list[str]:
-    """Module names in the order a fresh process imports them on the farm's compile path
-    (Ray, the actors' warm-up, the ISA probe, one real compile), from a child."""
-    out = subprocess.run([sys.executable, "-c", _RECORD], capture_output=True, text=True, timeout=900, check=True)
-    names = [n for n in out.stdout.split() if n and n != "__main__"]
-    return [n for n in names if n.split(".")[0] not in sys.builtin_module_names]
+    """Module names in the order the processes of a real ``warm`` import them: the driver,
+    Ray's own processes, an actor, the ISA probe, the host preparation and a
+    verification, each through a fresh bytecode cache whose ``.pyc`` files, by the time
+    they were written, give the modules and their order.  One real compile, in a child."""
+    import json
+    import tempfile
+
+    import importlib
+
+    from aoti_farm.trace import FORMAT
+
+    # this project's packages, wherever their directories are (an editable install maps them)
+    roots = {os.path.dirname(importlib.import_module(m).__file__): m
+             for m in ("aoti_farm", "aoti_farm.cli", "aoti_farm.signature", "aoti_farm.workers", "aoti_farm.runtime")}
+
+    with tempfile.TemporaryDirectory(prefix="aoti-farm-record-") as tmp:
+        entry = next(e for e in json.loads((Path(__file__).resolve().parents[1] / "configs" / "examples"
+                                            / "mlp_trace.json").read_text())["entries"] if e["op"] == "aten::relu")
+        trace = os.path.join(tmp, "relu.json")
+        Path(trace).write_text(json.dumps({"format": FORMAT, "version": 1, "entries": [entry]}))
+        prefix = os.path.join(tmp, "pycache")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "RAY_ADDRESS")}
+        env.update(PYTHONPYCACHEPREFIX=prefix, XDG_CACHE_HOME=os.path.join(tmp, "xdg"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"))
+        subprocess.run([sys.executable, "-c", _RECORD, trace, os.path.join(tmp, "cache")], env=env, cwd=tmp,
+                       capture_output=True, text=True, timeout=900, check=True)
+        pycs = []
+        for root, _, files in os.walk(prefix):
+            for f in files:
+                if f.endswith(f".{sys.implementation.cache_tag}.pyc"):
+                    p = os.path.join(root, f)
+                    pycs.append((os.stat(p).st_mtime_ns, p))
+        names = []
+        for _, p in sorted(pycs):
+            src = os.sep + os.path.relpath(os.path.dirname(p), prefix)
+            n = module_name(os.path.join(src, os.path.basename(p).split(".")[0] + ".py"), roots)
+            if n and n not in names:
+                names.append(n)
+        return names
+
+
+def _search_path() -> list[str]:
+    """Where the farm's processes find modules: ``sys.path`` and the directory of
+    third-party packages Ray adds to it when imported (found without importing Ray)."""
+    from importlib.machinery import PathFinder
+
+    out = list(sys.path)
+    try:
+        spec = PathFinder.find_spec("ray")
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            out.append(os.path.join(d, "thirdparty_files"))
+    except (ImportError, ValueError):
+        pass
+    return out
+
+
+def module_name(src: str, roots: dict | None = None) -> str | None:
+    """The dotted name under which ``src`` is imported: from a package directory of
+    ``roots`` (``{directory: package}``), else from the search path; or None."""
+    d = os.path.dirname(src)
+    if roots and d in roots:
+        base = os.path.basename(src)[:-3]
+        return roots[d] if base == "__init__" else f"{roots[d]}.{base}"
+    best = None
+    for d in _search_path():
+        d = os.path.abspath(d or ".")
+        if src.startswith(d + os.sep) and (best is None or len(d) > len(best)):
+            best = d
+    if best is None:
+        return None
+    parts = os.path.relpath(src, best)[:-3].split(os.sep)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts) if parts and all(p.isidentifier() for p in parts) else None
 
 
 def _main(argv: list[str]) -> int:

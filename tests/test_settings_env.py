@@ -40,6 +40,7 @@ ALLOWED = {
     ("workers/earlyray.py", "enabled"): "switch AOTI_FARM_EARLY_RAY",
     ("aoti_farm/pyprecompile.py", "enabled"): "switch AOTI_FARM_PRECOMPILE",
     ("aoti_farm/pyprecompile.py", "start"): CHILD + " (a bytecode compiler)",
+    ("aoti_farm/pyprecompile.py", "record"): CHILD + " (the list's recording warm, a developer's tool)",
     ("aoti_farm/fsutil.py", "memo_dir"): "switch XDG_CACHE_HOME",
     ("runtime/native.py", "disabled"): "switch AOTI_FARM_NATIVE",
     ("runtime/native.py", "compiler"): "switch CXX",

@@ -367,7 +367,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     from aoti_farm import pycache
 
-    timeline["pycache"] = pycache.apply()   # before any child starts (aoti_farm/pycache.py)
+    timeline["pycache"] = pycache.apply(here=True)   # before any child starts (aoti_farm/pycache.py)
     from aoti_farm import pyprecompile
 
     # a fresh bytecode cache: compile what every process here will import, in parallel, now
