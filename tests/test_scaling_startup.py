@@ -76,6 +76,31 @@ def test_bytecode_cache_left_alone_where_python_already_has_it(tmp_path):
     assert answer == "applied: None"
 
 
+def test_warm_driver_imports_through_the_farm_bytecode_cache_too(tmp_path):
+    """``apply(here=True)`` (``warm``'s driver): this process's own later imports write
+    and read their bytecode under the farm's prefix, never next to the sources."""
+    src = tmp_path / "src" / "here_pkg"
+    src.mkdir(parents=True)
+    (src / "__init__.py").write_text("")
+    (src / "mod.py").write_text("X = 1\n")
+    code = textwrap.dedent("""
+        import sys
+        from aoti_farm import pycache
+        pycache.PROBE = ("here_pkg", "mod.py")
+        d = pycache.apply(here=True)
+        import here_pkg.mod
+        print(d, sys.pycache_prefix == d, sys.dont_write_bytecode)
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX",)}
+    env.update({"XDG_CACHE_HOME": str(tmp_path / "xdg"), "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONPATH": f"{tmp_path / 'src'}{os.pathsep}{REPO}"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    prefix = tmp_path / "xdg" / "aoti-farm" / "pycache"
+    assert out.stdout.split() == [str(prefix), "True", "False"]
+    assert list(prefix.rglob("here_pkg/mod.*.pyc")) and not (src / "__pycache__").exists()
+
+
 def _child_env_of(pid: int) -> dict:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:   # until the child has exec'ed (its own environment)
