@@ -79,9 +79,8 @@ def _private_dir(path: str) -> bool:
 def apply(here: bool = False) -> str | None:
     """Set up the bytecode cache for the children this process starts from now on (see
     the module doc); returns its directory, or None when it is not wanted or not usable.
-    ``here``: this process imports through it too (``warm``'s driver: its loader thread
-    imported torch from source, 5 s holding the interpreter lock that ``ray.init`` needed
-    beside it, run 14 on the GPU host).  Never raises."""
+    ``here``: this process imports through it too (``warm``'s driver, whose loader thread
+    otherwise compiles torch from source beside ``ray.init``).  Never raises."""
     global _applied
     try:
         if not wanted():

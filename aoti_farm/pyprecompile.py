@@ -46,14 +46,16 @@ MIN_CORES = 4
 #: At most this many children.
 MAX_WORKERS = 16
 
+#: A child: compiles the files named on its standard input, skipping those whose bytecode
+#: is current (the header test of :func:`_fresh`), and prints what it did and when it ended.
 _CHILD = r"""
-import py_compile, sys, time
+import os, py_compile, sys, time
 from importlib.util import MAGIC_NUMBER, cache_from_source
 files = [f for f in sys.stdin.read().split("\0") if f]
 done = skipped = failed = 0
 for src in files:
     try:
-        st = __import__("os").stat(src)
+        st = os.stat(src)
         with open(cache_from_source(src), "rb") as f:
             h = f.read(16)
         if (len(h) == 16 and h[:4] == MAGIC_NUMBER and h[4:8] == b"\0\0\0\0"
@@ -175,14 +177,16 @@ class Precompile:
 
     def result(self, timeout: float = 60.0) -> dict:
         """``{"files", "workers", "compiled", "skipped", "failed", "span"}``: what the
-        children did and when the last one ended."""
+        children did and when the last one ended; a child still running after ``timeout``
+        seconds in all is killed and counted as failed."""
         if self._result is not None:
             return self._result
         done = skipped = failed = 0
         end = self.t0
+        deadline = time.monotonic() + timeout
         for p in self.procs:
             try:
-                out, _ = p.communicate(timeout=timeout)
+                out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
                 d, s, f, t = out.split()
                 done, skipped, failed = done + int(d), skipped + int(s), failed + int(f)
                 end = max(end, float(t))
@@ -208,7 +212,7 @@ def start(prefix: str | None, n_cpu: int | None = None) -> Precompile | None:
         files = source_files(module_names())
         if not files or all(_fresh(f, prefix) for f in (files[0], files[len(files) // 2], files[-1])):
             return None
-        k = max(1, min(MAX_WORKERS, n_cpu - 2, len(files)))
+        k = max(1, min(MAX_WORKERS, n_cpu - 2, len(files)))   # two cores stay for the driver and Ray's start
         env = {key: v for key, v in os.environ.items() if key not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
         argv = [sys.executable, "-S", "-X", f"pycache_prefix={prefix}", "-c", _CHILD]
         procs = []
@@ -231,7 +235,7 @@ def start(prefix: str | None, n_cpu: int | None = None) -> Precompile | None:
 # --- the list -------------------------------------------------------------------------
 
 _RECORD = r"""
-import json, sys
+import sys
 from aoti_farm.workers import warm
 warm.PREP_MIN_CORES = 1   # the many-core path (early Ray, forked ISA probe, host preparation) on any host
 from aoti_farm.cli import main
@@ -243,7 +247,8 @@ def record() -> list[str]:
     """Module names in the order the processes of a real ``warm`` import them: the driver,
     Ray's own processes, an actor, the ISA probe, the host preparation and a
     verification, each through a fresh bytecode cache whose ``.pyc`` files, by the time
-    they were written, give the modules and their order.  One real compile, in a child."""
+    they were written, give the modules and their order.  One real compile, in a child;
+    run from a checkout (it warms ``configs/examples/mlp_trace.json``'s relu)."""
     import json
     import tempfile
 
