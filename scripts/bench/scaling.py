@@ -7,7 +7,9 @@
 
 The job: a tiny BERT (transformers, built from a config, no download) recorded at seven
 sequence lengths when ``transformers`` is importable (85 signatures with transformers 5.24), else the
-benchmark MLP recorded at batch sizes 1..21 (about 84); or ``--trace FILE``.
+benchmark MLP recorded at batch sizes 1..21 (about 84); or ``--trace FILE``.  For a host
+with many more cores, ``--lengths`` records more lengths: the 22 lengths 8, 12, ..., 92
+gave 265 signatures (transformers 5.24, torch 2.13).
 
 Each run is a fresh `aoti-farm warm` process with a fresh cache, a fresh Inductor cache
 (TORCHINDUCTOR_CACHE_DIR) and fresh host memos (XDG_CACHE_HOME: the ISA and loader
@@ -67,7 +69,7 @@ def _pct(xs: list, p: float):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def make_trace(work: Path, source: str, unique: int | None) -> tuple[str, dict]:
+def make_trace(work: Path, source: str, unique: int | None, lengths: tuple = BERT_LENGTHS) -> tuple[str, dict]:
     """(trace path, what it is) -- see the module doc."""
     from aoti_farm.trace import Trace, load_trace, save_trace
 
@@ -82,9 +84,9 @@ def make_trace(work: Path, source: str, unique: int | None) -> tuple[str, dict]:
         except ImportError:
             have = False
         if have:
-            lengths = ",".join(map(str, BERT_LENGTHS))
-            subprocess.run([sys.executable, "-c", _RECORD_BERT, str(raw), lengths], check=True, timeout=600)
-            info.update(source=f"tiny BERT (2 layers, hidden 64), lengths {lengths}")
+            ls = ",".join(map(str, lengths))
+            subprocess.run([sys.executable, "-c", _RECORD_BERT, str(raw), ls], check=True, timeout=600)
+            info.update(source=f"tiny BERT (2 layers, hidden 64), lengths {ls}")
         elif source == "bert":
             raise SystemExit("scaling: --source bert needs transformers; pip install transformers (benchmarks only)")
     if not info.get("source"):
@@ -310,7 +312,7 @@ def table(rows: list[list], header: list[str]) -> str:
 
 def bench(workers: list[int], work: Path, source: str = "auto", trace: str | None = None, unique: int | None = None,
           isa_replay_off_too: bool = False, log=print, fresh_headers: bool = False, save=None,
-          also_env: list[str] | None = None, run_timeout: float = 3600) -> dict:
+          also_env: list[str] | None = None, run_timeout: float = 3600, lengths: tuple = BERT_LENGTHS) -> dict:
     import common as C
 
     out: dict = {"machine": C.machine(), "fresh_headers": fresh_headers}
@@ -323,7 +325,7 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
             save_trace(Trace([e for e in load_trace(trace) if e.sig.device == "cpu"][:unique]), str(cut))
             trace = str(cut)
     else:
-        trace, out["job"] = make_trace(work, source, unique)
+        trace, out["job"] = make_trace(work, source, unique, lengths)
     from aoti_farm.trace import load_trace
 
     out["job"]["signatures"] = len(load_trace(trace))
@@ -414,6 +416,8 @@ def main(argv=None) -> int:
     ap.add_argument("--source", choices=("auto", "bert", "mlp"), default="auto")
     ap.add_argument("--trace", default=None, help="warm this trace instead of recording one")
     ap.add_argument("--unique", type=int, default=0, help="only the first N signatures")
+    ap.add_argument("--lengths", default=",".join(map(str, BERT_LENGTHS)),
+                    help="the tiny BERT's sequence lengths (more lengths, more signatures: a job for many cores)")
     ap.add_argument("--isa-replay-off-too", action="store_true",
                     help="also a W=max run with AOTI_FARM_ISA_REPLAY=0 (every actor runs Inductor's ISA checks)")
     ap.add_argument("--also-env", action="append", default=[], metavar="NAME=VALUE",
@@ -433,7 +437,8 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps(res, indent=1, default=str))
 
     res = bench(workers, work, a.source, a.trace, a.unique or None, a.isa_replay_off_too,
-                fresh_headers=a.fresh_headers, save=save, also_env=a.also_env, run_timeout=a.run_timeout)
+                fresh_headers=a.fresh_headers, save=save, also_env=a.also_env, run_timeout=a.run_timeout,
+                lengths=tuple(int(x) for x in a.lengths.split(",") if x.strip()))
     save(res)
     if a.json:
         print(f"[scaling] wrote {a.json}")
