@@ -21,7 +21,9 @@ timestamp-validated.
 Which modules: :data:`LIST`, module names in import order, recorded by :func:`record`
 (``python -m aoti_farm.pyprecompile --write``): a real ``warm`` of one signature whose
 processes all import through a fresh bytecode cache; the ``.pyc`` files it holds
-afterwards, by the time each was written, are the list.  A name the installed packages
+afterwards, by the time each was written, are the list.  A new recording is added to
+the list, not put in its place: environments differ (a CUDA build of torch imports
+triton, Python builds freeze different modules).  A name the installed packages
 lack is skipped, and a module the list lacks is compiled by its importer, so a list
 recorded on another torch or Ray only costs time.  ``tests/test_pyprecompile.py`` fails
 when the list no longer covers what the compile path imports here.
@@ -323,16 +325,22 @@ def module_name(src: str, roots: dict | None = None) -> str | None:
 
 def _main(argv: list[str]) -> int:
     if argv[:1] != ["--write"]:
-        print("usage: python -m aoti_farm.pyprecompile --write   (records the compile path's modules into "
-              f"{LIST.name})", file=sys.stderr)
+        print("usage: python -m aoti_farm.pyprecompile --write   (records the compile path's modules here and adds "
+              f"them to {LIST.name})", file=sys.stderr)
         return 2
     names = record()
+    # a union: what a warm imports differs between environments (a CUDA build of torch
+    # imports triton; Python builds freeze different modules), and a listed module the
+    # host lacks is skipped
+    new = set(names)
+    merged = names + [n for n in module_names() if n not in new]
     import torch
 
-    LIST.write_text(f"# the compile path's modules in import order, recorded by `python -m aoti_farm.pyprecompile "
-                    f"--write` (torch {torch.__version__}, Python {sys.version.split()[0]})\n" + "\n".join(names) + "\n",
-                    encoding="utf-8")
-    print(f"{LIST}: {len(names)} modules")
+    LIST.write_text("# the modules a warm's processes import, in import order: the union of recordings by "
+                    "`python -m aoti_farm.pyprecompile --write`\n"
+                    f"# (the last: torch {torch.__version__}, Python {sys.version.split()[0]})\n"
+                    + "\n".join(merged) + "\n", encoding="utf-8")
+    print(f"{LIST}: {len(merged)} modules ({len(merged) - len(names)} from earlier recordings)")
     return 0
 
 
