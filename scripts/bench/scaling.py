@@ -29,6 +29,7 @@ own scaling W1 / (W x Wall).  Nothing here asserts on time.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -310,49 +311,10 @@ def table(rows: list[list], header: list[str]) -> str:
     return "\n".join(out)
 
 
-def bench(workers: list[int], work: Path, source: str = "auto", trace: str | None = None, unique: int | None = None,
-          isa_replay_off_too: bool = False, log=print, fresh_headers: bool = False, save=None,
-          also_env: list[str] | None = None, run_timeout: float = 3600, lengths: tuple = BERT_LENGTHS) -> dict:
-    import common as C
-
-    out: dict = {"machine": C.machine(), "fresh_headers": fresh_headers}
-    if trace:
-        out["job"] = {"source": f"--trace {trace}" + (f", its first {unique} CPU signatures" if unique else "")}
-        if unique:
-            from aoti_farm.trace import Trace, load_trace, save_trace
-
-            cut = work / "trace-first.json"
-            save_trace(Trace([e for e in load_trace(trace) if e.sig.device == "cpu"][:unique]), str(cut))
-            trace = str(cut)
-    else:
-        trace, out["job"] = make_trace(work, source, unique, lengths)
-    from aoti_farm.trace import load_trace
-
-    out["job"]["signatures"] = len(load_trace(trace))
-    log(f"[scaling] job: {out['job']}; runs: W={workers}" + (" + W=max with AOTI_FARM_ISA_REPLAY=0" if isa_replay_off_too else ""))
-    if not fresh_headers:
-        out["headers_prebuilt"] = prebuild_headers(work)
-        log(f"[scaling] precompiled headers built before the runs: {out['headers_prebuilt']}")
-    runs = []
-    out["runs"] = runs
-    plan = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
-    if isa_replay_off_too:
-        wmax = max(workers)
-        plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_ISA_REPLAY": "0"}))
-    for i, kv in enumerate(also_env or []):   # A/B: W=max again with one variable set
-        name, _, value = kv.partition("=")
-        plan.insert(i, (max(workers), f"w{max(workers)}-{name.lower().split('_')[-1]}-{value}", {name: value}))
-    for w, label, env in plan:
-        log(f"[scaling] warm W={w} ({label}) ...")
-        r = run_warm(trace, w, work, label, env, fresh_headers=fresh_headers, timeout=run_timeout)
-        runs.append(r)
-        if save:
-            save(out)
-        log(f"[scaling]   rc={r['rc']} wall {r['wall_s']:.1f}s, all actors ready {r.get('all_actors_ready_s')}s "
-            f"({r.get('all_actors_ready_after_ray_s')}s after Ray up), first compile {r.get('first_compile_start_s')}s, "
-            f"compile s median {(r.get('compile_s') or {}).get('median')}")
-        if r["rc"] not in (0, 1):
-            log(r["stderr_tail"][-4000:])
+def summarise(out: dict, workers: list[int], log=print) -> None:
+    """The comparison across ``out["runs"]``: speed-up and the farm's own scaling into
+    ``out``, and the tables and per-run detail into ``log``."""
+    runs = out["runs"]
     by = {r["label"]: r for r in runs}
     w1 = by.get("w1")
     wmax = max(workers)
@@ -387,6 +349,53 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
             log(f"  pid {a['pid']}: ready {a['ready']}  " + " ".join(f"{k}={v}" for k, v in a["phases"].items())
                 + f"  isa checks run/replayed {hs.get('isa_checks_run')}/{hs.get('isa_checks_replayed')}"
                 + f" ({hs.get('isa_checks_s', 0):.1f}s), isa lock wait {hs.get('isa_lock_wait_s', 0):.1f}s")
+
+
+def bench(workers: list[int], work: Path, source: str = "auto", trace: str | None = None, unique: int | None = None,
+          isa_replay_off_too: bool = False, log=print, fresh_headers: bool = False, save=None,
+          also_env: list[str] | None = None, run_timeout: float = 3600, lengths: tuple = BERT_LENGTHS) -> dict:
+    import common as C
+
+    out: dict = {"machine": C.machine(), "fresh_headers": fresh_headers}
+    if trace:
+        out["job"] = {"source": f"--trace {trace}" + (f", its first {unique} CPU signatures" if unique else "")}
+        if unique:
+            from aoti_farm.trace import Trace, load_trace, save_trace
+
+            cut = work / "trace-first.json"
+            save_trace(Trace([e for e in load_trace(trace) if e.sig.device == "cpu"][:unique]), str(cut))
+            trace = str(cut)
+    else:
+        trace, out["job"] = make_trace(work, source, unique, lengths)
+    from aoti_farm.trace import load_trace
+
+    out["job"]["signatures"] = len(load_trace(trace))
+    out["job"]["trace_sha256"] = hashlib.sha256(Path(trace).read_bytes()).hexdigest()
+    log(f"[scaling] job: {out['job']}; runs: W={workers}" + (" + W=max with AOTI_FARM_ISA_REPLAY=0" if isa_replay_off_too else ""))
+    if not fresh_headers:
+        out["headers_prebuilt"] = prebuild_headers(work)
+        log(f"[scaling] precompiled headers built before the runs: {out['headers_prebuilt']}")
+    runs = []
+    out["runs"] = runs
+    plan = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
+    if isa_replay_off_too:
+        wmax = max(workers)
+        plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_ISA_REPLAY": "0"}))
+    for i, kv in enumerate(also_env or []):   # A/B: W=max again with one variable set
+        name, _, value = kv.partition("=")
+        plan.insert(i, (max(workers), f"w{max(workers)}-{name.lower().split('_')[-1]}-{value}", {name: value}))
+    for w, label, env in plan:
+        log(f"[scaling] warm W={w} ({label}) ...")
+        r = run_warm(trace, w, work, label, env, fresh_headers=fresh_headers, timeout=run_timeout)
+        runs.append(r)
+        if save:
+            save(out)
+        log(f"[scaling]   rc={r['rc']} wall {r['wall_s']:.1f}s, all actors ready {r.get('all_actors_ready_s')}s "
+            f"({r.get('all_actors_ready_after_ray_s')}s after Ray up), first compile {r.get('first_compile_start_s')}s, "
+            f"compile s median {(r.get('compile_s') or {}).get('median')}")
+        if r["rc"] not in (0, 1):
+            log(r["stderr_tail"][-4000:])
+    summarise(out, workers, log)
     return out
 
 
@@ -410,6 +419,30 @@ def bench_ctx(ctx) -> dict:
     return res
 
 
+def combine(paths: list[str], log=print) -> dict:
+    """One comparison from runs measured in separate processes (``--json`` files) of one
+    job on one machine: where W=1 on a big job outlasts what one command may take."""
+    parts = []
+    for p in paths:
+        try:
+            parts.append(json.loads(Path(p).read_text()))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"scaling: --combine {p}: not a readable --json output of this script ({e}); "
+                             "pass the files --json wrote")
+    jobs = {(d.get("job") or {}).get("trace_sha256") for d in parts}
+    if len(jobs) != 1 or None in jobs:
+        raise SystemExit(f"scaling: --combine {' '.join(paths)}: the runs warmed different traces (or a file "
+                         "lacks job.trace_sha256); combine runs of one --trace file")
+    hosts = {json.dumps(d.get("machine"), sort_keys=True) for d in parts}
+    if len(hosts) != 1:
+        raise SystemExit(f"scaling: --combine {' '.join(paths)}: the runs were measured on different machines; "
+                         "combine runs of one host")
+    out = {**parts[0], "runs": [r for d in parts for r in d.get("runs", [])], "combined_from": paths}
+    out.pop("speedup", None), out.pop("farm_scaling", None)
+    summarise(out, [r["workers"] for r in out["runs"]], log)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", default="", help="comma-separated W values (default: 1 and os.cpu_count())")
@@ -427,6 +460,8 @@ def main(argv=None) -> int:
     ap.add_argument("--run-timeout", type=float, default=3600, help="seconds one warm may take (then: ps)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--combine", nargs="+", metavar="JSON", default=None,
+                    help="compare runs written by separate invocations (their --json files, one trace, one host)")
     a = ap.parse_args(argv)
     n = os.cpu_count() or 1
     workers = [int(x) for x in a.workers.split(",") if x.strip()] if a.workers else sorted({1, n})
@@ -436,6 +471,10 @@ def main(argv=None) -> int:
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1, default=str))
 
+    if a.combine:
+        res = combine(a.combine)
+        save(res)
+        return 0 if all(r.get("rc") == 0 for r in res["runs"]) else 1
     res = bench(workers, work, a.source, a.trace, a.unique or None, a.isa_replay_off_too,
                 fresh_headers=a.fresh_headers, save=save, also_env=a.also_env, run_timeout=a.run_timeout,
                 lengths=tuple(int(x) for x in a.lengths.split(",") if x.strip()))
