@@ -13,9 +13,11 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "bench" / "scaling.py"
 
 
-def _part(path: Path, workers: int, wall: float, sha: str = "ab" * 32, machine=None) -> str:
+def _part(path: Path, workers: int, wall: float, sha: str = "ab" * 32, cpu: str = "Xeon") -> str:
     run = {"label": f"w{workers}", "workers": workers, "rc": 0, "wall_s": wall, "compile_s": {"median": 5.0}}
-    path.write_text(json.dumps({"machine": machine or {"cpu": "x", "cores": 64},
+    machine = {"platform": "Linux", "cpu_count": 64, "cpu_model": cpu, "python": "3.12", "torch": "2.11",
+               "date": f"2026-11-27T06:{workers:02d}:00+00:00", "loadavg_at_start": [workers / 10, 0, 0]}
+    path.write_text(json.dumps({"machine": machine,
                                 "job": {"source": "t", "signatures": 169, "trace_sha256": sha}, "runs": [run]}))
     return str(path)
 
@@ -39,7 +41,7 @@ def test_combine_compares_runs_of_one_trace(tmp_path):
 def test_combine_refuses_runs_of_different_traces_or_hosts(tmp_path):
     a = _part(tmp_path / "a.json", 64, 20.0)
     for other in (_part(tmp_path / "b.json", 1, 800.0, sha="cd" * 32),
-                  _part(tmp_path / "c.json", 1, 800.0, machine={"cpu": "y", "cores": 16})):
+                  _part(tmp_path / "c.json", 1, 800.0, cpu="EPYC")):
         p = _combine(a, other, cwd=tmp_path)
         assert p.returncode != 0 and "Traceback" not in p.stderr
         assert p.stderr.strip().count("\n") == 0 and "--combine" in p.stderr

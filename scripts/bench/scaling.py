@@ -311,6 +311,69 @@ def table(rows: list[list], header: list[str]) -> str:
     return "\n".join(out)
 
 
+_CEILING_CPP = r"""
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+template <int N> struct Step {
+  static long run(std::vector<long>& v, std::map<std::string, long>& m) {
+    std::sort(v.begin(), v.end());
+    std::ostringstream os; os << N << v[N % v.size()];
+    m[os.str()] += N;
+    return Step<N - 1>::run(v, m) + static_cast<long>(m.size());
+  }
+};
+template <> struct Step<0> {
+  static long run(std::vector<long>&, std::map<std::string, long>&) { return 0; }
+};
+long entry(std::vector<long>& v, std::map<std::string, long>& m) { return Step<%d>::run(v, m); }
+"""
+
+_CEILING_PY = "import sys; sum(i * i for i in range(int(sys.argv[1])))"
+
+
+def host_ceiling(copies: int, work: Path, log=print) -> dict:
+    """What the host itself allows ``copies`` workers, before any farm: the seconds of one
+    CPU-bound job (a C++ compile with the compiler Inductor uses, and a Python loop) run
+    alone (median of 3) and as ``copies`` copies at once (median of the copies).  Where a
+    job takes k times as long among ``copies``, no farm of that many workers can scale past
+    about 1/k: the host's cores share clocks, caches, memory and hyper-threads."""
+    import shutil
+    import statistics as st
+    from concurrent.futures import ThreadPoolExecutor
+
+    d = work / "ceiling"
+    d.mkdir(parents=True, exist_ok=True)
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    (d / "job.cpp").write_text(_CEILING_CPP.replace("%d", "120"))
+    jobs = {"python loop": lambda i: [sys.executable, "-S", "-c", _CEILING_PY, "12000000"]}
+    if cxx:
+        jobs["c++ compile"] = lambda i: [cxx, "-O2", "-c", str(d / "job.cpp"), "-o", str(d / f"job{i}.o")]
+
+    def timed(argv):
+        t0 = time.time()
+        rc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600).returncode
+        return time.time() - t0 if rc == 0 else None
+
+    out: dict = {"copies": copies, "compiler": cxx}
+    for name, argv in jobs.items():
+        alone = [timed(argv(0)) for _ in range(3)]
+        with ThreadPoolExecutor(copies) as ex:
+            together = list(ex.map(timed, [argv(i) for i in range(copies)]))
+        if None in alone or None in together:
+            out[name] = {"error": "a job failed"}
+            continue
+        a, t = st.median(alone), st.median(together)
+        out[name] = {"alone_s": _r(a), "together_median_s": _r(t), "together_max_s": _r(max(together)),
+                     "slowdown": _r(t / a), "scaling_ceiling": _r(a / t)}
+    log(f"[scaling] the host's own ceiling at {copies} copies at once: " + "; ".join(
+        f"{k}: alone {v['alone_s']} s, together {v['together_median_s']} s each (x{v['slowdown']}, "
+        f"ceiling {v['scaling_ceiling']})" for k, v in out.items() if isinstance(v, dict) and "slowdown" in v))
+    return out
+
+
 def summarise(out: dict, workers: list[int], log=print) -> None:
     """The comparison across ``out["runs"]``: speed-up and the farm's own scaling into
     ``out``, and the tables and per-run detail into ``log``."""
@@ -353,7 +416,8 @@ def summarise(out: dict, workers: list[int], log=print) -> None:
 
 def bench(workers: list[int], work: Path, source: str = "auto", trace: str | None = None, unique: int | None = None,
           isa_replay_off_too: bool = False, log=print, fresh_headers: bool = False, save=None,
-          also_env: list[str] | None = None, run_timeout: float = 3600, lengths: tuple = BERT_LENGTHS) -> dict:
+          also_env: list[str] | None = None, run_timeout: float = 3600, lengths: tuple = BERT_LENGTHS,
+          ceiling: bool = True) -> dict:
     import common as C
 
     out: dict = {"machine": C.machine(), "fresh_headers": fresh_headers}
@@ -375,6 +439,8 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
     if not fresh_headers:
         out["headers_prebuilt"] = prebuild_headers(work)
         log(f"[scaling] precompiled headers built before the runs: {out['headers_prebuilt']}")
+    if ceiling and max(workers) > 1:
+        out["host_ceiling"] = host_ceiling(max(workers), work, log)
     runs = []
     out["runs"] = runs
     plan = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
@@ -433,7 +499,8 @@ def combine(paths: list[str], log=print) -> dict:
     if len(jobs) != 1 or None in jobs:
         raise SystemExit(f"scaling: --combine {' '.join(paths)}: the runs warmed different traces (or a file "
                          "lacks job.trace_sha256); combine runs of one --trace file")
-    hosts = {json.dumps(d.get("machine"), sort_keys=True) for d in parts}
+    same = ("platform", "cpu_count", "cpu_model", "python", "torch")   # not the date or the load
+    hosts = {json.dumps({k: (d.get("machine") or {}).get(k) for k in same}, sort_keys=True) for d in parts}
     if len(hosts) != 1:
         raise SystemExit(f"scaling: --combine {' '.join(paths)}: the runs were measured on different machines; "
                          "combine runs of one host")
@@ -460,6 +527,9 @@ def main(argv=None) -> int:
     ap.add_argument("--run-timeout", type=float, default=3600, help="seconds one warm may take (then: ps)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="skip measuring the host's own ceiling (W copies of a CPU-bound job against one alone)")
+    ap.add_argument("--ceiling-only", action="store_true", help="measure the host's ceiling at max(--workers), no warms")
     ap.add_argument("--combine", nargs="+", metavar="JSON", default=None,
                     help="compare runs written by separate invocations (their --json files, one trace, one host)")
     a = ap.parse_args(argv)
@@ -471,13 +541,19 @@ def main(argv=None) -> int:
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1, default=str))
 
+    if a.ceiling_only:
+        import common as C
+
+        res = {"machine": C.machine(), "host_ceiling": host_ceiling(max(workers), work)}
+        save(res)
+        return 0
     if a.combine:
         res = combine(a.combine)
         save(res)
         return 0 if all(r.get("rc") == 0 for r in res["runs"]) else 1
     res = bench(workers, work, a.source, a.trace, a.unique or None, a.isa_replay_off_too,
                 fresh_headers=a.fresh_headers, save=save, also_env=a.also_env, run_timeout=a.run_timeout,
-                lengths=tuple(int(x) for x in a.lengths.split(",") if x.strip()))
+                lengths=tuple(int(x) for x in a.lengths.split(",") if x.strip()), ceiling=not a.no_ceiling)
     save(res)
     if a.json:
         print(f"[scaling] wrote {a.json}")
