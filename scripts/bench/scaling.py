@@ -336,10 +336,12 @@ _CEILING_PY = "import sys; sum(i * i for i in range(int(sys.argv[1])))"
 
 def host_ceiling(copies: int, work: Path, log=print) -> dict:
     """What the host itself allows ``copies`` workers, before any farm: the seconds of one
-    CPU-bound job (a C++ compile with the compiler Inductor uses, and a Python loop) run
-    alone (median of 3) and as ``copies`` copies at once (median of the copies).  Where a
-    job takes k times as long among ``copies``, no farm of that many workers can scale past
-    about 1/k: the host's cores share clocks, caches, memory and hyper-threads."""
+    job run alone (median of 3) and as ``copies`` copies at once (median of the copies).
+    The jobs: a C++ compile with the compiler Inductor uses, a Python loop, and what each
+    actor does first, ``import torch`` and Inductor's compile path from bytecode.  Where
+    a job takes k times as long among ``copies``, no farm of that many workers can scale
+    past about 1/k on it: the host's cores share clocks, caches, memory, hyper-threads
+    and, in a sandbox, its file system."""
     import shutil
     import statistics as st
     from concurrent.futures import ThreadPoolExecutor
@@ -351,6 +353,11 @@ def host_ceiling(copies: int, work: Path, log=print) -> dict:
     jobs = {"python loop": lambda i: [sys.executable, "-S", "-c", _CEILING_PY, "12000000"]}
     if cxx:
         jobs["c++ compile"] = lambda i: [cxx, "-O2", "-c", str(d / "job.cpp"), "-o", str(d / f"job{i}.o")]
+    # what each actor does first: import torch and Inductor's compile path, from bytecode
+    # (a bytecode cache of its own, filled by one untimed import first)
+    jobs["import torch"] = lambda i: [sys.executable, "-X", f"pycache_prefix={d / 'pyc'}", "-c",
+                                      "import torch, torch._inductor.codecache"]
+    subprocess.run(jobs["import torch"](0), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
 
     def timed(argv):
         t0 = time.time()
