@@ -147,7 +147,8 @@ def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict |
                 ln[:220] for ln in ps.splitlines() if "python" in ln or "PID" in ln or "ray" in ln))
     wall = time.time() - t0
     res = {"label": label, "workers": workers, "env": extra_env or {}, "rc": rc, "wall_s": wall,
-           "stderr_tail": errlog.read_text()[-6000:], "cpu_busy": cpu.summary(t0)}
+           "stderr_tail": errlog.read_text()[-6000:], "cpu_busy": cpu.summary(t0),
+           "cpu_by_kind": cpu.cpu_by_kind()}
     try:
         rep = json.loads(report.read_text())
     except (OSError, ValueError):
@@ -157,15 +158,76 @@ def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict |
     return res
 
 
+def _proc_kind(pid: str) -> str | None:
+    """Which part of a warm a process is, from its command line (None: not the farm's)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    if "CompileActor" in cmd or "default_worker.py" in cmd:
+        return "actors"              # Ray's workers: the compile actors (prestarted or named)
+    if "raylet" in cmd or "gcs_server" in cmd:
+        return "ray daemons"
+    if "ray/" in cmd or "ray." in cmd or "dashboard" in cmd:
+        return "ray python"          # log monitor, agents, the autoscaler monitor
+    if "aoti_farm" in cmd:
+        return "driver and its children"
+    return None
+
+
 class CpuSampler:
     """The host's busy CPUs (from /proc/stat, every second) while a run goes: how many
-    of the cores the farm kept busy, by phase of the run (read against the timeline)."""
+    of the cores the farm kept busy, by phase of the run (read against the timeline).
+    Also where the CPU went: every second each process's own and waited-for children's
+    CPU seconds (/proc/PID/stat), summed at the end by kind (:func:`_proc_kind`).  An
+    actor's children are its compilers (g++ and what g++ runs), counted when reaped; a
+    process's last second before it exits is lost."""
 
     def __init__(self, every: float = 1.0):
         import threading
 
         self.every, self.samples, self._stop = every, [], threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
+        self._procs: dict = {}     # pid -> [kind, own s, children s]
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._before = {p for p in os.listdir("/proc") if p.isdigit()} if os.path.isdir("/proc") else set()
+
+    _RAY = ("actors", "ray daemons", "ray python")
+
+    def _scan(self):
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or pid in self._before:
+                continue
+            ent = self._procs.get(pid)
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    v = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if ent is None:
+                kind = _proc_kind(pid)
+                parent = self._procs.get(v[1])
+                if parent and parent[0] in ("actors", "driver and its children") and kind not in self._RAY:
+                    kind = None     # reaped by its parent: counted in the parent's children_s
+                if kind is None:
+                    self._before.add(pid)   # not counted on its own: never read again
+                    continue
+                ent = self._procs[pid] = [kind, 0.0, 0.0]
+            try:
+                ent[1] = (int(v[11]) + int(v[12])) / self._tick
+                ent[2] = (int(v[13]) + int(v[14])) / self._tick
+            except (OSError, ValueError, IndexError):
+                pass
+
+    def cpu_by_kind(self) -> dict:
+        out: dict = {}
+        for kind, own, kids in self._procs.values():
+            k = out.setdefault(kind, {"processes": 0, "own_s": 0.0, "children_s": 0.0})
+            k["processes"] += 1
+            k["own_s"] = round(k["own_s"] + own, 1)
+            k["children_s"] = round(k["children_s"] + kids, 1)
+        return out
 
     @staticmethod
     def _read():
@@ -179,6 +241,10 @@ class CpuSampler:
     def _run(self):
         last = self._read()
         while not self._stop.wait(self.every):
+            try:
+                self._scan()
+            except OSError:
+                pass
             cur = self._read()
             if cur and last and cur[0] > last[0]:
                 tot, idle = cur[0] - last[0], cur[1] - last[1]
@@ -407,6 +473,11 @@ def summarise(out: dict, workers: list[int], log=print) -> None:
             + "; ".join(f"{k} {v['median']}/{v['p90']}/{v['sum']}" for k, v in cp.items() if isinstance(v, dict)))
         cb = r.get("cpu_busy") or {}
         log(f"[scaling] {r['label']}: busy CPUs mean {cb.get('mean')}, max {cb.get('max')}, per 5 s: {cb.get('per_5s')}")
+        n = (r.get("compile_s") or {}).get("n") or 0
+        if r.get("cpu_by_kind") and n:
+            log(f"[scaling] {r['label']}: CPU seconds per signature by process (own + children, {n} signatures): "
+                + "; ".join(f"{k} x{v['processes']}: {v['own_s'] / n:.2f} + {v['children_s'] / n:.2f}"
+                            for k, v in sorted(r["cpu_by_kind"].items())))
     if "speedup" in out:
         log(f"\n[scaling] speed-up W=1 / W={wmax}: {out['speedup']:.2f}x; farm's own scaling "
             f"W1 / ({wmax} x W{wmax}): {out['farm_scaling']:.3f}")
