@@ -162,17 +162,26 @@ def _proc_kind(pid: str) -> str | None:
     """Which part of a warm a process is, from its command line (None: not the farm's)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            argv = f.read().decode(errors="replace").split("\0")
     except OSError:
         return None
-    if "CompileActor" in cmd or "default_worker.py" in cmd:
-        return "actors"              # Ray's workers: the compile actors (prestarted or named)
-    if "raylet" in cmd or "gcs_server" in cmd:
+    return kind_of(argv)
+
+
+def kind_of(argv: list[str]) -> str | None:
+    """:func:`_proc_kind` of one command line."""
+    exe = argv[0]
+    if exe.startswith("ray::"):      # a process Ray named: a worker (IDLE, CompileActor) or an agent
+        return "ray python" if exe.split()[0].endswith("Agent") else "actors"
+    if os.path.basename(exe) in ("raylet", "gcs_server"):
         return "ray daemons"
-    if "ray/" in cmd or "ray." in cmd or "dashboard" in cmd:
-        return "ray python"          # log monitor, agents, the autoscaler monitor
-    if "aoti_farm" in cmd:
-        return "driver and its children"
+    script = next((a for a in argv[1:] if not a.startswith("-")), "")
+    if script.endswith("default_worker.py"):
+        return "actors"              # a Ray worker before it names itself
+    if "/ray/" in script:
+        return "ray python"          # log monitor, dashboard, the autoscaler monitor
+    if "aoti_farm" in argv[1:4]:
+        return "driver and its children"   # python -m aoti_farm warm ...
     return None
 
 
@@ -193,27 +202,28 @@ class CpuSampler:
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._before = {p for p in os.listdir("/proc") if p.isdigit()} if os.path.isdir("/proc") else set()
 
-    _RAY = ("actors", "ray daemons", "ray python")
+    _DAEMONS = ("ray daemons", "ray python")   # what the driver starts that is not its own work
 
     def _scan(self):
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or pid in self._before:
                 continue
-            ent = self._procs.get(pid)
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     v = f.read().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            if ent is None:
-                kind = _proc_kind(pid)
-                parent = self._procs.get(v[1])
-                if parent and parent[0] in ("actors", "driver and its children") and kind not in self._RAY:
-                    kind = None     # reaped by its parent: counted in the parent's children_s
-                if kind is None:
-                    self._before.add(pid)   # not counted on its own: never read again
-                    continue
-                ent = self._procs[pid] = [kind, 0.0, 0.0]
+            # classified every time: a process between fork and exec, or before Ray names a
+            # worker, shows its parent's command line
+            kind = _proc_kind(pid)
+            parent = self._procs.get(v[1])
+            if parent and parent[0] in ("actors", "driver and its children") and kind not in self._DAEMONS:
+                kind = None     # reaped by its parent: counted in the parent's children_s
+            if kind is None:
+                self._procs.pop(pid, None)
+                continue
+            ent = self._procs.setdefault(pid, [kind, 0.0, 0.0])
+            ent[0] = kind
             try:
                 ent[1] = (int(v[11]) + int(v[12])) / self._tick
                 ent[2] = (int(v[13]) + int(v[14])) / self._tick
@@ -423,11 +433,12 @@ def host_ceiling(copies: int, work: Path, log=print) -> dict:
     # (a bytecode cache of its own, filled by one untimed import first)
     jobs["import torch"] = lambda i: [sys.executable, "-X", f"pycache_prefix={d / 'pyc'}", "-c",
                                       "import torch, torch._inductor.codecache"]
-    subprocess.run(jobs["import torch"](0), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}   # an image may set it
+    subprocess.run(jobs["import torch"](0), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, env=env)
 
     def timed(argv):
         t0 = time.time()
-        rc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600).returncode
+        rc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, env=env).returncode
         return time.time() - t0 if rc == 0 else None
 
     out: dict = {"copies": copies, "compiler": cxx}

@@ -1,6 +1,7 @@
-"""scripts/bench/scaling.py --combine: a comparison from runs measured by separate
-invocations (W=1 on a big job outlasts one command on a lent machine).  Arithmetic and
-refusals only; the runs themselves are real in the benchmark, never here."""
+"""scripts/bench/scaling.py's own logic, without running a warm: --combine (a comparison
+from runs measured by separate invocations: W=1 on a big job outlasts one command on a
+lent machine) and the CPU breakdown by process.  The runs themselves are real in the
+benchmark, never here."""
 
 from __future__ import annotations
 
@@ -48,3 +49,27 @@ def test_combine_refuses_runs_of_different_traces_or_hosts(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     p = _combine(a, str(tmp_path / "bad.json"), cwd=tmp_path)
     assert p.returncode != 0 and "Traceback" not in p.stderr and "bad.json" in p.stderr
+
+
+def test_cpu_by_process_kind_reads_the_command_lines_ray_and_the_farm_use():
+    """The benchmark's CPU breakdown: Ray's raylet names default_worker.py in its own
+    arguments and Ray names its agents ray::...Agent, neither of which is an actor."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import scaling
+
+    site = "/v/lib/python3.11/site-packages/ray"
+    cases = {
+        (f"{site}/core/src/ray/raylet/raylet", "--python_worker_command=/v/bin/python "
+         f"{site}/_private/workers/default_worker.py"): "ray daemons",
+        (f"{site}/core/src/ray/gcs/gcs_server", "--log_dir=/tmp/x"): "ray daemons",
+        ("ray::DashboardAgent",): "ray python",
+        ("ray::RuntimeEnvAgent",): "ray python",
+        ("/v/bin/python", "-u", f"{site}/_private/log_monitor.py", "--session-dir=/tmp/x"): "ray python",
+        ("ray::IDLE",): "actors",
+        ("ray::CompileActor.compile",): "actors",
+        ("/v/bin/python", f"{site}/_private/workers/default_worker.py", "--node-ip-address=1"): "actors",
+        ("/v/bin/python", "-m", "aoti_farm", "warm", "--model", "t.json"): "driver and its children",
+        ("/opt/gcc/bin/g++", "-O2", "-c", "k.cpp"): None,
+    }
+    for argv, kind in cases.items():
+        assert scaling.kind_of(list(argv)) == kind, argv
