@@ -22,8 +22,14 @@ so each run builds them too, as on a brand-new host).  Runs are sequential, W=al
 Reported per run, from the CLI process's wall time and its --report timeline:
 wall; time to Ray up; time until every actor is ready (from the process start and from
 Ray up); time to the first compile; each actor's warm-up phases; per-signature compile
-seconds (median, mean, p90, sum); and across runs the speed-up W1/Wall and the farm's
-own scaling W1 / (W x Wall).  Nothing here asserts on time.
+seconds (median, mean, p90, sum); busy CPUs every 5 s and CPU seconds per signature by
+process kind; and across runs the speed-up W1/Wall and the farm's own scaling
+W1 / (W x Wall).  Before the runs, the host's own ceiling (:func:`host_ceiling`): how much
+one job slows among W copies of it.  Nothing here asserts on time.
+
+    python scripts/bench/scaling.py --workers 64 --lengths 8,12,16,20,24,28,32,36,40,44,48,52,56,60 --json a.json
+    python scripts/bench/scaling.py --workers 1 --trace <a's trace.json> --json b.json
+    python scripts/bench/scaling.py --combine a.json b.json      # one comparison of the two
 """
 
 from __future__ import annotations
