@@ -99,9 +99,21 @@ class CompileResult:
     seconds: float                     # wall time of the compile alone
     verification: dict = field(default_factory=dict)
     phases: dict = field(default_factory=dict)   # export/inductor/verify seconds
+    cpu: dict = field(default_factory=dict)      # Inductor's CPU seconds, own and its compilers' (cpu_seconds)
     build: dict = field(default_factory=dict)    # how the wrapper was built (splitbuild)
     speed: dict | None = None          # kernel against eager on this device (runtime/gate.py)
     threads: str | None = None         # how a CPU kernel threads: "dynamic" or "fixed:N"
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(this process's CPU seconds, its reaped children's): around Inductor's part of a
+    compile, how much went to Python and how much to the C++ compilers it ran (a child's
+    seconds count once the child is reaped, with those of the processes it reaped).  Wall
+    time above their sum was spent waiting: for a core, the disk, a lock."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time(), ru.ru_utime + ru.ru_stime
 
 
 def thread_mode(options: dict, device: str) -> str | None:
@@ -230,9 +242,11 @@ class AOTICompiler:
                     # directory at run time; a published entry must be self-contained.
                     opts.setdefault("aot_inductor.embed_kernel_binary", True)
                 min_work = self._options.get("aoti_farm.parallel_min_work") if opts.get("cpp.dynamic_threads") else None
+                c1 = cpu_seconds()
                 with splitbuild.active(), parallel_like_eager(min_work):
                     built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
                     build_info = splitbuild.last_build()
+                c2 = cpu_seconds()
         except CompileRefused:
             raise
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
@@ -258,6 +272,7 @@ class AOTICompiler:
         t3 = time.perf_counter()
         return CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,
                              phases={"export": t1 - t0, "inductor": t2 - t1, "verify": t3 - t2},
+                             cpu={"inductor_own": round(c2[0] - c1[0], 3), "inductor_compilers": round(c2[1] - c1[1], 3)},
                              build=build_info, speed=speed, threads=thread_mode(self._options, device))
 
     def verify(self, sig: S.Signature, kernel_path: str) -> dict:

@@ -85,6 +85,7 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
             "compile_seconds": res.seconds, "phases": res.phases, "verification": res.verification,
             "worker": worker, "compiler": compiler.name, "attempts": attempts,
             "build": getattr(res, "build", None) or {},
+            **({"cpu": res.cpu} if getattr(res, "cpu", None) else {}),
             # the speed gate (runtime/gate.py) and how a CPU kernel threads (compiler.thread_mode)
             **({"speed": res.speed} if getattr(res, "speed", None) else {}),
             **({"threads": res.threads} if getattr(res, "threads", None) else {}),

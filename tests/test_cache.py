@@ -36,6 +36,10 @@ def test_publish_open_round_trip(kernels, tmp_path):
     e = cache.open_entry(kernels.fp, sig.key)
     assert e.signature == sig and e.manifest["fingerprint_id"] == kernels.fp.id
     assert e.manifest["compile_seconds"] > 0 and e.manifest["verification"]["ok"] is True
+    # Inductor's CPU seconds, its own and its compilers' (the benchmark's breakdown)
+    cpu = e.manifest["cpu"]
+    assert set(cpu) == {"inductor_own", "inductor_compilers"} and cpu["inductor_own"] > 0
+    assert 0 <= cpu["inductor_compilers"] and cpu["inductor_own"] < e.manifest["phases"]["inductor"] * 4
     # the kernel really is the op: run it through the runner
     from aoti_farm.compiler import compare, flat_tensors, load_runner
 

@@ -322,6 +322,8 @@ def compile_phases(rep: dict, cache_dir: Path) -> dict:
             in_child += bool(v.get("in_child"))
             for k, x in (v.get("timing") or {}).items():
                 add(f"verify.{k}", x)
+            for k, x in (m.get("cpu") or {}).items():   # Inductor's CPU seconds (compiler.cpu_seconds)
+                add(f"cpu.{k}", x)
     except Exception as e:  # noqa: BLE001 -- a benchmark detail, never the run's result
         parts.setdefault("_error", []).append(str(e)[:200])
     out = {k: {"n": len(v), "median": _r(statistics.median(v)), "p90": _r(_pct(v, 90)), "sum": _r(sum(v))}
