@@ -118,6 +118,10 @@ def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path
     t = _write(tmp_path / "relu.json", relu)
     out, rep = _warm(tmp_path, t, "first", no_bytecode=True)
     assert out.returncode == 0, out.stderr[-3000:]
+    # no notice a user cannot act on, from Ray or (a CUDA build of torch on a CPU host) torch,
+    # in the driver, the actors or the children (aoti_farm/notices.py)
+    assert "Token authentication is enabled" not in out.stderr, out.stderr[-3000:]
+    assert "No CUDA runtime is found" not in out.stderr, out.stderr[-3000:]
     tl = rep["timeline"]
     # an image without bytecode: the compile path's bytecode was compiled ahead, into the
     # farm's own cache (aoti_farm/pyprecompile.py), and the processes imported from it

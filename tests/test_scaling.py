@@ -70,7 +70,26 @@ def test_embedded_ray_token_notice_is_dropped_and_other_warnings_kept(caplog):
         lg.warning("Token authentication is enabled but no authentication token was found")
     msgs = [r.getMessage() for r in caplog.records if r.name == name]
     assert msgs == ["Token authentication is enabled but no authentication token was found"]
-    assert sum(type(f).__name__ == "_DropNotices" for f in lg.filters) == 1
+    assert sum(type(f).__name__ == "DropNotices" for f in lg.filters) == 1
+
+
+def test_torch_cuda_runtime_notice_is_dropped_and_other_warnings_kept(caplog):
+    """torch's CUDA build on a host without a GPU logs "No CUDA runtime is found" once per
+    process that imports torch.utils.cpp_extension: the farm's own processes drop it
+    (warm, serve, the actors); its other warnings still show."""
+    from aoti_farm import notices
+
+    name = "torch.utils.cpp_extension"
+    assert name in notices.TORCH_NOTICES
+    lg = logging.getLogger(name)
+    notices.drop(notices.TORCH_NOTICES)
+    notices.drop(notices.TORCH_NOTICES)   # idempotent
+    with caplog.at_level(logging.WARNING, logger=name):
+        lg.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local")
+        lg.warning("There are no g++ version bounds defined for CUDA version 13.0")
+    msgs = [r.getMessage() for r in caplog.records if r.name == name]
+    assert msgs == ["There are no g++ version bounds defined for CUDA version 13.0"]
+    assert sum(type(f).__name__ == "DropNotices" for f in lg.filters) == 1
 
 
 def test_startup_line_names_the_slowest_phase():

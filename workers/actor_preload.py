@@ -34,6 +34,9 @@ def _preload() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     try:
+        from aoti_farm import notices
+
+        notices.drop(notices.TORCH_NOTICES)
         import torch  # noqa: F401
         import torch._inductor  # noqa: F401
         from torch._inductor import codecache  # noqa: F401

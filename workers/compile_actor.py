@@ -61,6 +61,9 @@ class CompileActor:
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=UserWarning)
+        from aoti_farm import notices
+
+        notices.drop(notices.TORCH_NOTICES)   # before warmup() imports torch
         self.cache_root = cache_root
         self.device = "cuda:0" if device.startswith("cuda") or device == "gpu" else "cpu"
         self.inductor_options = dict(inductor_options or {})

@@ -87,25 +87,11 @@ EMBEDDED_RAY_NOTICES = {
 }
 
 
-class _DropNotices:
-    def __init__(self, prefixes: tuple):
-        self.prefixes = prefixes
-
-    def filter(self, record) -> bool:
-        try:
-            return not str(record.getMessage()).startswith(self.prefixes)
-        except Exception:  # noqa: BLE001 -- a record that cannot format: keep it
-            return True
-
-
 def quiet_embedded_ray() -> None:
     """Drop :data:`EMBEDDED_RAY_NOTICES` (once per process)."""
-    import logging
+    from aoti_farm import notices
 
-    for name, prefixes in EMBEDDED_RAY_NOTICES.items():
-        lg = logging.getLogger(name)
-        if not any(isinstance(f, _DropNotices) for f in lg.filters):
-            lg.addFilter(_DropNotices(prefixes))
+    notices.drop(EMBEDDED_RAY_NOTICES)
 
 
 def stop_ray(ray) -> None:
