@@ -111,18 +111,64 @@ def make_trace(work: Path, source: str, unique: int | None, lengths: tuple = BER
     return str(out), info
 
 
+# One real compile of a small signature by the farm's compiler, recording the C++ compiles
+# it runs: the wrapper's model half (aoti_farm.splitbuild) and the kernel, each with its
+# source copied beside (Inductor deletes its build directory).  host_ceiling replays them.
+_CAPTURE_FARM_COMPILE = r"""
+import json, os, shlex, shutil, sys, tempfile
+import torch
+from torch._inductor import cpp_builder
+from aoti_farm import signature as S, splitbuild
+from aoti_farm.compiler import AOTICompiler
+out = sys.argv[1]
+got = {}
+def keep(name, argv, src_i, cwd):
+    dst = os.path.join(out, name + ".cpp")
+    shutil.copy(argv[src_i], dst)
+    a = list(argv); a[src_i] = dst
+    got[name] = {"argv": a, "cwd": cwd}
+start = splitbuild._start
+def _start(argv, cwd):
+    if argv[1].endswith(".model.cpp"):
+        keep("model_half", argv, 1, cwd)
+    return start(argv, cwd)
+splitbuild._start = _start
+build = cpp_builder.CppBuilder.build
+def _build(self):
+    src = getattr(self, "_sources_args", "")
+    if isinstance(src, str) and src.endswith(".kernel.cpp") and getattr(self, "_compile_only", False):
+        argv = shlex.split(self.get_command_line())
+        keep("kernel", argv, argv.index(src), os.path.dirname(src))
+    return build(self)
+cpp_builder.CppBuilder.build = _build
+a, w, b = torch.randn(16, 128), torch.randn(128, 128), torch.randn(128)
+r = AOTICompiler().compile(S.from_call(torch.ops.aten.addmm.default, (b, a, w), {}), tempfile.mkdtemp())
+got["build"] = r.build
+print(json.dumps(got))
+"""
+
+
 def prebuild_headers(work: Path) -> dict:
     """Build Inductor's precompiled headers (its global header directory) with one
-    throwaway compile: throwaway Inductor cache, host memos and kernel."""
+    throwaway compile: throwaway Inductor cache, host memos and kernel.  Then one real
+    compile by the farm's compiler there, whose C++ compiles (the wrapper's model half,
+    the kernel) are recorded for :func:`host_ceiling` (``farm_compile``)."""
     d = work / "headers"
-    for sub in ("xdg", "inductor"):
+    for sub in ("xdg", "inductor", "captured"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "XDG_CACHE_HOME": str(d / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor")}
     t0 = time.time()
     p = subprocess.run([sys.executable, "-c", "import json; from aoti_farm.hostprep import prepare; "
                         "print(json.dumps(prepare()['status']))"], env=env, capture_output=True, text=True,
                        timeout=1800)
-    return {"seconds": round(time.time() - t0, 1), "rc": p.returncode, "out": p.stdout.strip()[-200:]}
+    out = {"seconds": round(time.time() - t0, 1), "rc": p.returncode, "out": p.stdout.strip()[-200:]}
+    c = subprocess.run([sys.executable, "-c", _CAPTURE_FARM_COMPILE, str(d / "captured")], env=env,
+                       capture_output=True, text=True, timeout=1800)
+    try:
+        out["farm_compile"] = json.loads(c.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        out["farm_compile"] = {"error": f"rc {c.returncode}: {c.stderr.strip()[-300:]}"}
+    return out
 
 
 def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict | None = None,
@@ -245,17 +291,21 @@ class CpuSampler:
             k["children_s"] = round(k["children_s"] + kids, 1)
         return out
 
-    @staticmethod
-    def _read():
+    #: /proc/stat's first line, in order (the host's CPU time by state, in ticks)
+    STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+    def _read(self):
         try:
             with open("/proc/stat") as f:
                 v = [int(x) for x in f.readline().split()[1:]]
-            return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
+            self._states = v[:len(self.STATES)]
+            return sum(v[:len(self.STATES)]), v[3] + (v[4] if len(v) > 4 else 0)
         except (OSError, ValueError, IndexError):
             return None
 
     def _run(self):
         last = self._read()
+        self._first_states = list(getattr(self, "_states", []))
         while not self._stop.wait(self.every):
             try:
                 self._scan()
@@ -277,7 +327,12 @@ class CpuSampler:
 
     def summary(self, t0: float) -> dict:
         xs = [b for _, b in self.samples]
-        return {"mean": _r(statistics.mean(xs)) if xs else None, "max": max(xs) if xs else None,
+        a, b = getattr(self, "_first_states", []), getattr(self, "_states", [])
+        # CPU seconds by state over the run, every core: "steal" is time the hypervisor
+        # gave this VM's busy vCPUs to someone else (a host's neighbours), "system" the kernel's
+        states = ({k: _r((y - x) / self._tick) for k, x, y in zip(self.STATES, a, b)}
+                  if a and len(a) == len(b) else {})
+        return {"mean": _r(statistics.mean(xs)) if xs else None, "max": max(xs) if xs else None, "states_s": states,
                 "per_5s": [_r(statistics.mean([b for t, b in self.samples if i <= t - t0 < i + 5]))
                            for i in range(0, int(self.samples[-1][0] - t0) + 1, 5)
                            if any(i <= t - t0 < i + 5 for t, _ in self.samples)] if xs else []}
@@ -418,14 +473,26 @@ long entry(std::vector<long>& v, std::map<std::string, long>& m) { return Step<%
 _CEILING_PY = "import sys; sum(i * i for i in range(int(sys.argv[1])))"
 
 
-def host_ceiling(copies: int, work: Path, log=print) -> dict:
+def _replay(rec: dict, i: int) -> list[str]:
+    """A recorded C++ compile (``_CAPTURE_FARM_COMPILE``), writing copy ``i``'s object."""
+    a = list(rec["argv"])
+    src = next(x for x in a if x.endswith(".cpp"))
+    a[a.index("-o") + 1] = f"{src[:-4]}.ceiling{i}.o"
+    return a
+
+
+def host_ceiling(copies: int, work: Path, log=print, farm_compile: dict | None = None, sustained: int = 4) -> dict:
     """What the host itself allows ``copies`` workers, before any farm: the seconds of one
     job run alone (median of 3) and as ``copies`` copies at once (median of the copies).
-    The jobs: a C++ compile with the compiler Inductor uses, a Python loop, and what each
-    actor does first, ``import torch`` and Inductor's compile path from bytecode.  Where
-    a job takes k times as long among ``copies``, no farm of that many workers can scale
-    past about 1/k on it: the host's cores share clocks, caches, memory, hyper-threads
-    and, in a sandbox, its file system."""
+    The jobs: a C++ compile with the compiler Inductor uses, a Python loop, what each
+    actor does first (``import torch`` and Inductor's compile path, from bytecode), and,
+    given ``farm_compile`` (:func:`prebuild_headers`), the farm's own C++ compiles of one
+    signature replayed exactly (the wrapper's model half with its precompiled header,
+    and the kernel), and the model half ``sustained`` times in a row on every copy (the
+    compile phase's load: a burst of one compile each can miss what heat, clocks or
+    neighbours do over half a minute).  Where a job takes k times as long among ``copies``, no farm of that
+    many workers can scale past about 1/k on it: the host's cores share clocks, caches,
+    memory, hyper-threads and, in a sandbox, its file system."""
     import shutil
     import statistics as st
     from concurrent.futures import ThreadPoolExecutor
@@ -441,6 +508,10 @@ def host_ceiling(copies: int, work: Path, log=print) -> dict:
     # (a bytecode cache of its own, filled by one untimed import first)
     jobs["import torch"] = lambda i: [sys.executable, "-X", f"pycache_prefix={d / 'pyc'}", "-c",
                                       "import torch, torch._inductor.codecache"]
+    for name in ("model_half", "kernel"):   # the farm's real C++ compiles, replayed
+        rec = (farm_compile or {}).get(name)
+        if isinstance(rec, dict) and rec.get("argv"):
+            jobs[f"farm {name.replace('_', ' ')}"] = lambda i, rec=rec: _replay(rec, i)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}   # an image may set it
     subprocess.run(jobs["import torch"](0), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, env=env)
 
@@ -460,6 +531,26 @@ def host_ceiling(copies: int, work: Path, log=print) -> dict:
         a, t = st.median(alone), st.median(together)
         out[name] = {"alone_s": _r(a), "together_median_s": _r(t), "together_max_s": _r(max(together)),
                      "slowdown": _r(t / a), "scaling_ceiling": _r(a / t)}
+    m = out.get("farm model half")
+    if isinstance(m, dict) and "alone_s" in m and sustained > 1:
+        # the compile phase is many compiles back to back on every core, not one burst:
+        # each copy replays the model half `sustained` times in a row
+        def row(i):
+            ts = [timed(_replay(farm_compile["model_half"], i)) for _ in range(sustained)]
+            return None if None in ts else ts
+
+        t0 = time.time()
+        with CpuSampler() as cs, ThreadPoolExecutor(copies) as ex:
+            rows = list(ex.map(row, range(copies)))
+        name = f"farm model half, {sustained} in a row"
+        out["sustained_cpu_states_s"] = cs.summary(t0).get("states_s")
+        if None in rows:
+            out[name] = {"error": "a job failed"}
+        else:
+            t = st.median([x for r in rows for x in r])
+            out[name] = {"alone_s": m["alone_s"], "together_median_s": _r(t),
+                         "together_max_s": _r(max(x for r in rows for x in r)),
+                         "slowdown": _r(t / m["alone_s"]), "scaling_ceiling": _r(m["alone_s"] / t)}
     log(f"[scaling] the host's own ceiling at {copies} copies at once: " + "; ".join(
         f"{k}: alone {v['alone_s']} s, together {v['together_median_s']} s each (x{v['slowdown']}, "
         f"ceiling {v['scaling_ceiling']})" for k, v in out.items() if isinstance(v, dict) and "slowdown" in v))
@@ -492,6 +583,9 @@ def summarise(out: dict, workers: list[int], log=print) -> None:
             + "; ".join(f"{k} {v['median']}/{v['p90']}/{v['sum']}" for k, v in cp.items() if isinstance(v, dict)))
         cb = r.get("cpu_busy") or {}
         log(f"[scaling] {r['label']}: busy CPUs mean {cb.get('mean')}, max {cb.get('max')}, per 5 s: {cb.get('per_5s')}")
+        if cb.get("states_s"):
+            log(f"[scaling] {r['label']}: the host's CPU seconds by state over the run: "
+                + ", ".join(f"{k} {v}" for k, v in cb["states_s"].items()))
         n = (r.get("compile_s") or {}).get("n") or 0
         if r.get("cpu_by_kind") and n:
             log(f"[scaling] {r['label']}: CPU seconds per signature by process (own + children, {n} signatures): "
@@ -535,9 +629,13 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
     log(f"[scaling] job: {out['job']}; runs: W={workers}" + (" + W=max with AOTI_FARM_ISA_REPLAY=0" if isa_replay_off_too else ""))
     if not fresh_headers:
         out["headers_prebuilt"] = prebuild_headers(work)
-        log(f"[scaling] precompiled headers built before the runs: {out['headers_prebuilt']}")
+        hp = out["headers_prebuilt"]
+        fc = hp.get("farm_compile") or {}
+        log(f"[scaling] precompiled headers built before the runs: {({k: v for k, v in hp.items() if k != 'farm_compile'})}; "
+            f"the farm's C++ compiles recorded for the ceiling: {sorted(k for k in fc if k != 'build') or fc.get('error')}")
     if ceiling and max(workers) > 1:
-        out["host_ceiling"] = host_ceiling(max(workers), work, log)
+        out["host_ceiling"] = host_ceiling(max(workers), work, log,
+                                           (out.get("headers_prebuilt") or {}).get("farm_compile"))
     runs = []
     out["runs"] = runs
     plan = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
@@ -641,7 +739,8 @@ def main(argv=None) -> int:
     if a.ceiling_only:
         import common as C
 
-        res = {"machine": C.machine(), "host_ceiling": host_ceiling(max(workers), work)}
+        res = {"machine": C.machine(), "headers_prebuilt": prebuild_headers(work)}
+        res["host_ceiling"] = host_ceiling(max(workers), work, farm_compile=res["headers_prebuilt"].get("farm_compile"))
         save(res)
         return 0
     if a.combine:
