@@ -73,3 +73,30 @@ def test_cpu_by_process_kind_reads_the_command_lines_ray_and_the_farm_use():
     }
     for argv, kind in cases.items():
         assert scaling.kind_of(list(argv)) == kind, argv
+
+
+def test_cpu_sampler_splits_the_hosts_cpu_time_by_state():
+    """The host's CPU seconds by state over a run (/proc/stat): a niced busy child shows
+    as "nice", which is how Ray runs its workers (niceness 15), apart from "user"."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import time
+
+    import scaling
+
+    t0 = time.time()
+    with scaling.CpuSampler(every=0.2) as cs:
+        subprocess.run(["nice", "-n", "15", sys.executable, "-c", "import time\nt = time.time()\n"
+                        "while time.time() - t < 1.5: pass"], check=True, timeout=60)
+    states = cs.summary(t0)["states_s"]
+    assert set(states) == set(scaling.CpuSampler.STATES)
+    assert states["nice"] >= 0.5, states   # most of the child's 1.5 s of CPU, at niceness 15
+
+
+def test_the_ceiling_replays_a_recorded_compile_into_its_own_object():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import scaling
+
+    rec = {"argv": ["g++", "/w/captured/model_half.cpp", "-O1", "-include", "/p/x.h", "-c", "-o", "/gone/m.o"]}
+    assert scaling._replay(rec, 3) == ["g++", "/w/captured/model_half.cpp", "-O1", "-include", "/p/x.h", "-c",
+                                       "-o", "/w/captured/model_half.ceiling3.o"]
+    assert rec["argv"][-1] == "/gone/m.o"
