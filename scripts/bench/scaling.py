@@ -200,7 +200,7 @@ def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict |
     wall = time.time() - t0
     res = {"label": label, "workers": workers, "env": extra_env or {}, "rc": rc, "wall_s": wall,
            "stderr_tail": errlog.read_text()[-6000:], "cpu_busy": cpu.summary(t0),
-           "cpu_by_kind": cpu.cpu_by_kind()}
+           "cpu_by_kind": cpu.cpu_by_kind(), "processes_counted": cpu.tree}
     try:
         rep = json.loads(report.read_text())
     except (OSError, ValueError):
@@ -253,6 +253,8 @@ class CpuSampler:
         self._procs: dict = {}     # pid -> [kind, own s, children s]
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._before = {p for p in os.listdir("/proc") if p.isdigit()} if os.path.isdir("/proc") else set()
+        self.tree: list = []        # [pid, ppid, kind, parent's kind] of each farm process as first seen
+        self._seen: set = set()
 
     _DAEMONS = ("ray daemons", "ray python")   # what the driver starts that is not its own work
 
@@ -269,6 +271,9 @@ class CpuSampler:
             # worker, shows its parent's command line
             kind = _proc_kind(pid)
             parent = self._procs.get(v[1])
+            if kind is not None and len(self.tree) < 400 and pid not in self._seen:   # to check the breakdown
+                self._seen.add(pid)
+                self.tree.append([int(pid), int(v[1]), kind, parent[0] if parent else None])
             if parent and parent[0] in ("actors", "driver and its children") and kind not in self._DAEMONS:
                 kind = None     # reaped by its parent: counted in the parent's children_s
             if kind is None:
@@ -588,6 +593,11 @@ def summarise(out: dict, workers: list[int], log=print) -> None:
                 + ", ".join(f"{k} {v}" for k, v in cb["states_s"].items()))
         n = (r.get("compile_s") or {}).get("n") or 0
         if r.get("cpu_by_kind") and n:
+            counted = (r["cpu_by_kind"].get("actors") or {}).get("processes", 0)
+            if r.get("actors") is not None and counted != r["actors"]:
+                log(f"[scaling] {r['label']}: the breakdown below counted {counted} of {r['actors']} actor processes "
+                    "(incomplete: see processes_counted in the JSON; the manifests' CPU seconds and the host's "
+                    "states count everything)")
             log(f"[scaling] {r['label']}: CPU seconds per signature by process (own + children, {n} signatures): "
                 + "; ".join(f"{k} x{v['processes']}: {v['own_s'] / n:.2f} + {v['children_s'] / n:.2f}"
                             for k, v in sorted(r["cpu_by_kind"].items())))
