@@ -7,7 +7,6 @@ The timing side is measured by scripts/bench/scaling.py, never asserted here.
 from __future__ import annotations
 
 import logging
-import os
 
 from aoti_farm.workers.placement import CPU, actor_options, worker_env
 
@@ -57,28 +56,6 @@ def test_actors_without_a_runtime_env_when_the_embedded_ray_inherits_it():
     o = actor_options(CPU, 0.25, inherited=missing)
     assert o["runtime_env"] == {"env_vars": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}}
     assert actor_options(CPU, 0.25)["runtime_env"]["env_vars"] == env   # a cluster: everything
-
-
-def test_the_farms_processes_ask_nvml_not_the_cuda_driver_whether_cuda_is_available(monkeypatch):
-    """torch's "is CUDA available?" in every actor (from its own imports and export paths)
-    initialised the CUDA driver, and on a GPU host the actors queued on its locks (run 16).
-    The actors' environment, and a warm's own (which its children inherit), hold torch's
-    NVML switch, unless the user set it."""
-    from aoti_farm.workers.placement import NVML_CHECK
-
-    monkeypatch.delenv(NVML_CHECK, raising=False)
-    assert worker_env(libstdcxx=False)[NVML_CHECK] == "1"
-    monkeypatch.setenv(NVML_CHECK, "0")
-    assert worker_env(libstdcxx=False)[NVML_CHECK] == "0"
-    # a worker of a cluster started without it: the actors' imports set it first
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != NVML_CHECK}
-    out = subprocess.run([sys.executable, "-c", "import aoti_farm.workers.actor_preload as p, os; "
-                          f"print(p.ERROR, os.environ.get({NVML_CHECK!r}))"],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert out.stdout.split() == ["None", "1"], out.stderr[-2000:]
 
 
 def test_embedded_ray_token_notice_is_dropped_and_other_warnings_kept(caplog):

@@ -28,7 +28,6 @@ def _preload() -> None:
     global SPAN, ERROR
     t0 = time.time()
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")   # workers.placement.NVML_CHECK
     # the same notices the actor silences (CompileActor.__init__): nothing a user can act on
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     warnings.filterwarnings("ignore", category=FutureWarning)

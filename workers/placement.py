@@ -23,15 +23,6 @@ def route(sig: Signature) -> str:
     return GPU if sig.device == "cuda" else CPU
 
 
-#: torch's switch (``torch.cuda.is_available``/``device_count``): with "1" they count GPUs
-#: through NVML and leave the CUDA driver uninitialised.  Without it, every process of a
-#: warm initialises the driver at import (``torch.utils.cpp_extension``, FakeTensor mode),
-#: and on a GPU host they queue on its locks: on the 4-GPU, 64-core host 64 actors sat in
-#: ``uvm_gpu_retain_by_uuid`` and ``os_acquire_rwlock_*`` (run 16) while most CPUs were idle.
-#: A GPU actor then initialises CUDA itself, after Ray has set its CUDA_VISIBLE_DEVICES.
-NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
-
-
 def worker_env(libstdcxx: bool = True) -> dict[str, str]:
     """Environment for every actor (shipped through ``runtime_env.env_vars``).
 
@@ -39,11 +30,7 @@ def worker_env(libstdcxx: bool = True) -> dict[str, str]:
     probed to need it, or ``AOTI_FARM_PRELOAD_LIBSTDCXX=1``, the system libstdc++ is
     preloaded into the actors.  ``libstdcxx=False``: without that ``LD_PRELOAD`` (and
     without importing torch, which the probe needs)."""
-    env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONWARNINGS": "ignore:Failed to initialize NumPy",
-           # torch asks "is CUDA available?" from its own imports and export paths, even on
-           # CPU work; by default that initialises the CUDA driver, which on a GPU host
-           # serialises every process through the driver's locks (see NVML_CHECK)
-           NVML_CHECK: os.environ.get(NVML_CHECK, "1")}
+    env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONWARNINGS": "ignore:Failed to initialize NumPy"}
     if libstdcxx:
         from aoti_farm import loadenv
 

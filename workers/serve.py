@@ -33,9 +33,6 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
     from aoti_farm.workers.scheduler import Task
 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    from aoti_farm.workers.placement import NVML_CHECK
-
-    os.environ.setdefault(NVML_CHECK, "1")   # this process and the embedded Ray's workers
     from aoti_farm import notices
 
     notices.drop(notices.TORCH_NOTICES)   # `aoti-farm serve` is the farm's own process

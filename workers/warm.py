@@ -365,9 +365,6 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     # wall-clock marks for the report (where a run's time goes: see "timeline")
     timeline: dict = {"process_start": command_start_time(), "warm_start": time.time(), "workers": []}
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    from aoti_farm.workers.placement import NVML_CHECK
-
-    os.environ.setdefault(NVML_CHECK, "1")   # this process and its children (placement.NVML_CHECK)
     from aoti_farm import notices
 
     notices.drop(notices.TORCH_NOTICES)   # before anything here imports torch
