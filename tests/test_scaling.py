@@ -24,29 +24,14 @@ def test_isa_probe_runs_once_when_actors_start_together(tmp_path):
 
     env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TORCHINDUCTOR_COMPILE_THREADS": "1",
            "PYTHONWARNINGS": "ignore"}
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
+    ray.init(address="local", num_cpus=3, include_dashboard=False, logging_level=logging.ERROR,
              runtime_env={"env_vars": env})
     try:
         cls = ray.remote(CompileActor).options(num_cpus=1)
         actors = [cls.remote(str(tmp_path / "cache"), "cpu") for _ in range(3)]
         infos = ray.get([a.warmup.remote() for a in actors], timeout=900)
-        # the pool's own CPU actor (raysetup.make_scheduler) sees no GPU: torch's CUDA
-        # checks then initialise no CUDA driver in it (run 16)
-        from aoti_farm.cachedir import open_cache
-        from aoti_farm.config import FarmConfig
-        from aoti_farm.workers.raysetup import make_scheduler
-
-        sched = make_scheduler(ray, FarmConfig(warmup="none"), open_cache(str(tmp_path / "cache2"), create=True,
-                                                                          write=True, signing_key=None), {"cpu": 1})
-        try:
-            pool_info = ray.get(sched.workers[0].handle.info.remote(), timeout=300)
-        finally:
-            sched.shutdown()
     finally:
         ray.shutdown()
-    assert pool_info["cuda_visible_devices"] == "" and pool_info["fp_id"] == infos[0]["fp_id"], pool_info
-    # constructed without hide_gpus: the inherited environment, left alone
-    assert {i["cuda_visible_devices"] for i in infos} == {os.environ.get("CUDA_VISIBLE_DEVICES")}
     steps = [i["host_steps"] for i in infos]
     assert len({i["pid"] for i in infos}) == 3
     assert sum(s["isa_probe"] for s in steps) == 1, steps           # the per-host step: once
