@@ -54,7 +54,7 @@ class CompileActor:
     def __init__(self, cache_root: str, device: str = "cpu", inductor_options: dict | None = None,
                  lease_ttl: float = 30.0, signing_key: bytes | None = None,
                  compiler_factory: Callable | None = None, warmup_level: str = "light",
-                 memory_budget: int | None = None, hide_gpus: bool = False):
+                 memory_budget: int | None = None):
         self.created_at = time.time()
         os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -66,14 +66,6 @@ class CompileActor:
         notices.drop(notices.TORCH_NOTICES)   # before warmup() imports torch
         self.cache_root = cache_root
         self.device = "cuda:0" if device.startswith("cuda") or device == "gpu" else "cpu"
-        if hide_gpus and self.device == "cpu":
-            # A CPU compile uses no GPU, yet every torch.export asks whether CUDA is
-            # available (FakeTensorMode), which initialises the CUDA driver.  On a GPU host
-            # the actors then queue on the driver's locks: 64 actors sat 6-7 s in
-            # uvm_gpu_retain_by_uuid / os_acquire_rwlock_* with most CPUs idle (run 16).
-            # With no GPU visible the driver has none to attach.  Ray's actor owns this
-            # process, so nothing else here is affected (the caller passes it for actors only).
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""
         self.inductor_options = dict(inductor_options or {})
         self.lease_ttl = lease_ttl
         self.memory_budget = memory_budget   # bytes per compile; None: the host default (budget.current)

@@ -130,7 +130,7 @@ def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory
         # prestarted workers can take the actors, see placement.actor_options)
         return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, None, inherited=_EMBEDDED_ENV)).remote(
             str(cache.root), kind, cfg.inductor_options, cfg.lease_ttl, cache.signing_key, compiler_factory,
-            cfg.warmup, cfg.memory_budget, kind == "cpu")
+            cfg.warmup, cfg.memory_budget)
 
     return Scheduler(ray, cache, make_actor, sizes, timeout=cfg.timeout, retries=cfg.retries,
                      lease_ttl=cfg.lease_ttl, max_in_flight=cfg.max_in_flight, on_event=on_event)
