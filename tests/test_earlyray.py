@@ -93,7 +93,9 @@ _WARM = textwrap.dedent("""
         pycache.PROBE = ("probe_pkg", "probe_mod.py")
         pyprecompile.MIN_CORES = 1
     from aoti_farm.cli import main
-    sys.exit(main(["warm", "--model", sys.argv[1], "--cache-dir", sys.argv[2], "--report", sys.argv[3]]))
+    rc = main(["warm", "--model", sys.argv[1], "--cache-dir", sys.argv[2], "--report", sys.argv[3]])
+    print("aoti-farm-test: CUDA_VISIBLE_DEVICES=" + repr(os.environ.get("CUDA_VISIBLE_DEVICES")), file=sys.stderr)
+    sys.exit(rc)
 """)
 
 
@@ -101,6 +103,7 @@ def _warm(tmp_path: Path, trace_path: str, name: str, no_bytecode: bool = False
           ) -> tuple[subprocess.CompletedProcess, dict | None]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")          # a fresh host: no ISA memo yet
+    env["CUDA_VISIBLE_DEVICES"] = "7"                       # a user's choice of GPU (none here)
     if no_bytecode:   # Python writes none and the probed package has none: the farm's own cache is used
         (tmp_path / "src" / "probe_pkg").mkdir(parents=True, exist_ok=True)
         (tmp_path / "src" / "probe_pkg" / "__init__.py").write_text("")
@@ -135,6 +138,10 @@ def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path
     assert tl["isa_child"]["forked"] is True and tl["isa_child"]["status"] == "probed"
     assert [r["status"] for r in rep["signatures"]] == ["compiled"]
     assert rep["pool"]["actors_started"] == 1
+    # a job without GPU signatures: the embedded Ray's workers saw no GPU (raysetup.start_ray),
+    # and the warm's own process kept what it had
+    assert [w["cuda_visible_devices"] for w in tl["workers"]] == [""], tl["workers"]
+    assert "aoti-farm-test: CUDA_VISIBLE_DEVICES='7'" in out.stderr, out.stderr[-2000:]
     assert earlyray.known_keys(str(tmp_path / "cache")) == 1
     assert earlyray.known_keys(str(tmp_path / "cache"), enough=0) == 0     # stops once it has enough
     assert earlyray.known_keys(str(tmp_path / "missing")) == 0
@@ -151,7 +158,8 @@ def test_a_bad_trace_on_the_early_path_is_one_line_and_writes_nothing(tmp_path):
     t = _write(tmp_path / "bad.json", bad)
     out, rep = _warm(tmp_path, t, "bad")
     assert out.returncode == 2, out.stderr[-3000:]
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip() and "WARNING" not in ln]
+    lines = [ln for ln in out.stderr.splitlines()
+             if ln.strip() and "WARNING" not in ln and not ln.startswith("aoti-farm-test:")]   # _WARM's own line
     assert len(lines) == 1 and "aten::no_such_op" in lines[0] and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert rep is None
     assert not list((tmp_path / "cache").rglob("manifest.msgpack"))

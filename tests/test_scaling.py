@@ -167,13 +167,18 @@ def test_warm_preloads_only_for_the_real_compiler_on_a_many_core_host(monkeypatc
 
     sigs = [S.from_call(torch.ops.aten.relu.default, (torch.empty(n),), {}) for n in (4, 8, 16)]
     monkeypatch.setattr(warm, "_host_cpus", lambda: 16)
-    assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None) == {"num_cpus": 3, "preload": True}
-    assert warm.embedded_ray_args(FarmConfig(cpu_workers=1), sigs, None) == {"num_cpus": 1, "preload": True}
+    assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None) == {"num_cpus": 3, "preload": True,
+                                                                                "hide_gpus": True}
+    assert warm.embedded_ray_args(FarmConfig(cpu_workers=1), sigs, None) == {"num_cpus": 1, "preload": True,
+                                                                             "hide_gpus": True}
     assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, object())["preload"] is False   # a test double
     assert warm.embedded_ray_args(FarmConfig(warmup="none"), sigs, None)["preload"] is False
     assert warm.embedded_ray_args(FarmConfig(address="auto"), sigs, None) == {}                       # a cluster
+    # a job with a GPU signature has GPU actors: its workers see the GPUs
+    assert warm.embedded_ray_args_for(FarmConfig(cpu_workers=None), 3, 1, None)["hide_gpus"] is False
     monkeypatch.setattr(warm, "_host_cpus", lambda: 2)
-    assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None) == {"num_cpus": 2, "preload": False}
+    assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None) == {"num_cpus": 2, "preload": False,
+                                                                                "hide_gpus": True}
 
 
 def test_prestarted_workers_import_the_actors_modules(monkeypatch):

@@ -120,6 +120,7 @@ class CompileActor:
                 "warmup_seconds": self.warmup_seconds, "created_at": self.created_at,
                 "warmup_span": self.warmup_span, "warmup_phases": self.warmup_phases,
                 "verifier_started": self.verifier_started,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),   # "": an embedded Ray hid the GPUs
                 "host_steps": _host_steps()}
 
     def warmup(self) -> dict:

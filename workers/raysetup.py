@@ -22,7 +22,11 @@ RAY_PRELOAD_VAR = "RAY_preload_python_modules"
 PRELOAD_MODULE = "aoti_farm.workers.actor_preload"
 
 
-def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = False):
+#: What an embedded Ray's workers get for CUDA_VISIBLE_DEVICES when ``hide_gpus``.
+NO_GPUS = ""
+
+
+def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = False, hide_gpus: bool = False):
     """(ray, started_here).  Reuses an already initialised Ray (tests, notebooks).
 
     For an embedded Ray only: ``num_cpus`` (None: every core) is the CPUs it advertises
@@ -30,7 +34,15 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     worker process per CPU and ``ray.init`` waits for them), and ``preload`` has those
     prestarted workers import the compile actors' modules as soon as they start
     (:mod:`aoti_farm.workers.actor_preload`), while Ray finishes starting and the
-    actors are created.  Both are ignored when joining a cluster (``--address``)."""
+    actors are created.  ``hide_gpus`` (a job with no GPU signature): the workers see no
+    GPU (``CUDA_VISIBLE_DEVICES`` empty in what Ray's processes inherit, this process's own
+    left as it was).  A CPU compile uses no GPU, but torch asks whether CUDA is available
+    (every export's FakeTensorMode), and on a GPU host that initialises the CUDA driver in
+    every actor: on the 4-GPU, 64-core host (run 16) about 60 of 64 actors sat 6-7 s in
+    the driver (``uvm_gpu_retain_by_uuid``, ``os_acquire_rwlock_*``) with most CPUs idle.
+    Hidden before any worker starts, torch in them never sees a GPU, as on a host without
+    one; hiding it in an actor after its imports broke its compiles (run 16).  These are
+    ignored when joining a cluster (``--address``)."""
     import logging
 
     import ray
@@ -60,6 +72,10 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
             kw["num_cpus"] = int(num_cpus)
         if preload:   # read by the raylet when it starts; taken out of this process again below
             os.environ[RAY_PRELOAD_VAR] = PRELOAD_MODULE
+    gpus_before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hide = address is None and hide_gpus
+    if hide:   # inherited by Ray's processes; this process's own is restored below
+        os.environ["CUDA_VISIBLE_DEVICES"] = NO_GPUS
     try:
         ray.init(**kw)
     except ConnectionError as e:
@@ -68,6 +84,11 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     finally:
         if address is None and preload:
             os.environ.pop(RAY_PRELOAD_VAR, None)
+        if hide:
+            if gpus_before is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpus_before
     _EMBEDDED_ENV = dict(os.environ) if address is None else None
     return ray, True
 

@@ -241,7 +241,8 @@ def embedded_ray_args_for(cfg: FarmConfig, n_cpu: int, n_gpu: int, compiler_fact
     # CPU from the planner's ISA probe and Ray's own start (the 2-core VM keeps its path)
     preload = (n is not None and cores >= PREP_MIN_CORES and compiler_factory is None
                and cfg.warmup != "none")
-    return {"num_cpus": n, "preload": preload}
+    # no GPU signature, so no GPU actor: the workers see no GPU (raysetup.start_ray)
+    return {"num_cpus": n, "preload": preload, "hide_gpus": n_gpu == 0}
 
 
 def _host_cpus() -> int:
@@ -407,7 +408,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             i = data.get("info") or {}
             timeline["workers"].append({"pid": i.get("pid"), "created_at": i.get("created_at"),
                                         "warmup_span": i.get("warmup_span"), "ready_seen": time.time(),
-                                        "phases": i.get("warmup_phases"), "host_steps": i.get("host_steps")})
+                                        "phases": i.get("warmup_phases"), "host_steps": i.get("host_steps"),
+                                        "cuda_visible_devices": i.get("cuda_visible_devices")})
         elif kind == "dispatch" and "first_dispatch" not in timeline:
             timeline["first_dispatch"] = time.time()
         if classes is None or not classes.event(kind, data):   # a class task's events: classtasks.py
