@@ -100,3 +100,31 @@ def test_the_ceiling_replays_a_recorded_compile_into_its_own_object():
     assert scaling._replay(rec, 3) == ["g++", "/w/captured/model_half.cpp", "-O1", "-include", "/p/x.h", "-c",
                                        "-o", "/w/captured/model_half.ceiling3.o"]
     assert rec["argv"][-1] == "/gone/m.o"
+
+
+def test_cpu_sampler_keeps_a_process_whose_command_line_is_gone(monkeypatch):
+    """A process counted as an actor keeps its count when its command line can no longer be
+    read (a zombie's is empty: Ray's shutdown kills every actor at once). Before, such
+    processes were dropped, and at W=64 the breakdown counted 0-3 of 64 actors (run 16)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import scaling
+
+    cs = scaling.CpuSampler()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        seen = []
+
+        def kind(pid):
+            if pid != str(child.pid):
+                return None
+            seen.append(pid)
+            return "actors" if len(seen) == 1 else None   # then: no command line
+
+        monkeypatch.setattr(scaling, "_proc_kind", kind)
+        cs._scan()
+        cs._scan()
+    finally:
+        child.kill()
+        child.wait()
+    assert len(seen) == 2
+    assert cs.cpu_by_kind()["actors"]["processes"] == 1

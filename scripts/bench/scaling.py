@@ -275,10 +275,14 @@ class CpuSampler:
                 self._seen.add(pid)
                 self.tree.append([int(pid), int(v[1]), kind, parent[0] if parent else None])
             if parent and parent[0] in ("actors", "driver and its children") and kind not in self._DAEMONS:
-                kind = None     # reaped by its parent: counted in the parent's children_s
-            if kind is None:
-                self._procs.pop(pid, None)
+                self._procs.pop(pid, None)   # reaped by its parent: counted in the parent's children_s
                 continue
+            if kind is None:
+                if pid not in self._procs:
+                    continue
+                # an exiting process (a zombie's command line is empty: Ray's shutdown kills
+                # every actor at once) keeps its kind; its stat still has its CPU seconds
+                kind = self._procs[pid][0]
             ent = self._procs.setdefault(pid, [kind, 0.0, 0.0])
             ent[0] = kind
             try:
