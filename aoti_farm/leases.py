@@ -6,8 +6,10 @@ A lease is the file ``<root>/<fp>/leases/<key>.lease``.  Taking one is an exclus
 the file (``os.utime``) every ``ttl/4`` seconds.  A lease whose mtime is older than ``ttl``
 is stale: its holder died.  Another worker takes it over: it takes the breaker
 ``<key>.lease.break`` (an exclusive create, so one contender at a time), judges the lease
-again under it, removes it if still stale, drops the breaker and creates its own lease
-(again an exclusive create: one winner).  The one window left: a stale holder that comes
+again under it, removes it if still stale and still the very file it judged (its inode:
+a name found gone may hold, a moment later, the fresh lease of the contender that broke
+it first), drops the breaker and creates its own lease (again an exclusive create: one
+winner).  The one window left: a stale holder that comes
 back and releases its lease between the breaker's judgement and its removal; that costs a
 duplicate compile, never a wrong entry.
 
@@ -78,6 +80,7 @@ class LeaseState:
     problem: BadRecord | None = None
     age: float = 0.0
     exists: bool = True
+    ino: int | None = None      # the judged file's inode (None: gone)
 
 
 def _judge(cache: Cache, dir_fd: int, name: str, ttl: float, what: str) -> LeaseState:
@@ -85,25 +88,38 @@ def _judge(cache: Cache, dir_fd: int, name: str, ttl: float, what: str) -> Lease
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return LeaseState(True, exists=False)
-    age = time.time() - st.st_mtime
+    age, ino = time.time() - st.st_mtime, st.st_ino
     try:
         raw = records.read(cache, dir_fd, name, what)
     except FileNotFoundError:
         return LeaseState(True, exists=False)
     except BadRecord as e:      # FIFO, device, link, directory, huge file: expired
-        return LeaseState(True, problem=e, age=age)
+        return LeaseState(True, problem=e, age=age, ino=ino)
     if age < -bounded_ttl(ttl):
-        return LeaseState(True, problem=BadRecord("corrupt", f"{what}: mtime {-age:.0f} s in the future"), age=age)
+        return LeaseState(True, problem=BadRecord("corrupt", f"{what}: mtime {-age:.0f} s in the future"), age=age,
+                          ino=ino)
     try:
         obj = records.decode_json(raw, what)
     except BadRecord as e:      # half-written by a crashed holder (or garbage): by mtime alone
         stale = age > bounded_ttl(ttl)
-        return LeaseState(stale, problem=e if raw.strip() or stale else None, age=age)
+        return LeaseState(stale, problem=e if raw.strip() or stale else None, age=age, ino=ino)
     try:
         info = records.check_schema(obj, _SCHEMA, what)
     except BadRecord as e:      # hostile or broken (ttl Infinity, NaN, huge, ...): expired
-        return LeaseState(True, problem=e, age=age)
-    return LeaseState(age > info["ttl"], info=info, age=age)
+        return LeaseState(True, problem=e, age=age, ino=ino)
+    return LeaseState(age > info["ttl"], info=info, age=age, ino=ino)
+
+
+def _remove_if_same(dir_fd: int, name: str, ino: int) -> None:
+    """Remove ``name`` if it is still the file judged stale (inode ``ino``).  A name that
+    is gone, or is another file by now (a contender that broke the stale lease before us
+    has created its own in its place), is left alone."""
+    try:
+        if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino != ino:
+            return
+    except FileNotFoundError:
+        return
+    records.remove_name(dir_fd, name)
 
 
 class Lease:
@@ -219,8 +235,12 @@ def try_acquire(cache: Cache, fp_id: str, key: str, owner: str, ttl: float = DEF
                 if brk is None:
                     return None         # another contender is breaking it and takes the key
                 try:
-                    if _judge(cache, dfd, name, ttl, what).stale:     # judged again, under it
-                        records.remove_name(dfd, name)
+                    again = _judge(cache, dfd, name, ttl, what)       # judged again, under it
+                    if again.stale and again.ino is not None:
+                        # only the very file judged stale: one that was gone when judged, or
+                        # replaced since, may be a fresh lease another contender has just
+                        # created after breaking the stale one (8 contenders got two holders)
+                        _remove_if_same(dfd, name, again.ino)
                 finally:
                     records.remove_name(dfd, brk)
                 continue

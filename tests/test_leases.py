@@ -261,3 +261,50 @@ def test_scan_lists_keys_and_junk(cache):
 def test_new_owner_is_unique():
     owners = {leases.new_owner("x") for _ in range(100)}
     assert len(owners) == 100 and all(":x:" in o for o in owners)
+
+
+def test_a_fresh_lease_is_never_removed_as_the_stale_one_it_replaced(cache, monkeypatch):
+    """The race behind a rare failure of the test above (the before-stop run of
+    2026-11-27, round 41 of 50: two holders): contender A breaks the stale lease, drops
+    the breaker and creates its own; B, taking the breaker in between, judges the name
+    gone, and A's fresh lease then appears before B's removal, which took it.  The windows
+    are widened here, so the old code got two holders in about a quarter of the rounds;
+    only the very file judged stale may be removed."""
+    judge, remove = leases._judge, leases.records.remove_name
+
+    def slow_judge(*a, **k):
+        s = judge(*a, **k)
+        if not s.exists:
+            time.sleep(0.003)        # B: between judging the name gone and what follows
+        return s
+
+    def slow_remove(dfd, name):
+        out = remove(dfd, name)
+        if name.endswith(".break"):
+            time.sleep(0.002)        # A: between dropping the breaker and creating its lease
+        return out
+
+    monkeypatch.setattr(leases, "_judge", slow_judge)
+    monkeypatch.setattr(leases.records, "remove_name", slow_remove)
+    n = 8
+    for round_ in range(60):
+        _plant(cache, json.dumps({"owner": "dead", "host": "h", "pid": 1, "taken": 0.0, "ttl": 5.0}))
+        _age(cache, 60)
+        got, start = [], threading.Barrier(n)
+
+        def contend(i):
+            start.wait()
+            lease = leases.try_acquire(cache, FP, KEY, f"w{i}", ttl=30)
+            if lease is not None:
+                got.append(lease)
+
+        threads = [threading.Thread(target=contend, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        try:
+            assert len(got) == 1, (round_, [g.owner for g in got])
+        finally:
+            for g in got:
+                g.release()
