@@ -99,6 +99,14 @@ _WARM = textwrap.dedent("""
 """)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _warm(tmp_path: Path, trace_path: str, name: str, no_bytecode: bool = False
           ) -> tuple[subprocess.CompletedProcess, dict | None]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
@@ -141,6 +149,15 @@ def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path
     # a job without GPU signatures: the embedded Ray's workers saw no GPU (raysetup.start_ray),
     # and the warm's own process kept what it had
     assert [w["cuda_visible_devices"] for w in tl["workers"]] == [""], tl["workers"]
+    # a CPU-only job on a many-core host: the actor's compiling copy was forked from the fork
+    # server, which had imported torch (workers/forkserver.py); the compile ran in the copy
+    fork = tl["workers"][0]["fork"]
+    assert fork["pid"] == tl["workers"][0]["pid"] and fork["server_pid"] not in (None, fork["pid"]), fork
+    assert fork["span"][1] - fork["span"][0] < 60 and "error" not in fork and "lost" not in fork, fork
+    assert rep["signatures"][0]["worker"].endswith(f":{fork['pid']}")
+    assert "preload" in tl["workers"][0]["phases"] and "fork" in tl["workers"][0]["phases"]
+    assert tl["workers"][0]["proxy_imported_torch"] is False   # Ray's actor process never imported torch
+    assert not _alive(fork["server_pid"])   # stopped with Ray
     assert "aoti-farm-test: CUDA_VISIBLE_DEVICES='7'" in out.stderr, out.stderr[-2000:]
     assert earlyray.known_keys(str(tmp_path / "cache")) == 1
     assert earlyray.known_keys(str(tmp_path / "cache"), enough=0) == 0     # stops once it has enough

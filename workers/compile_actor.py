@@ -50,6 +50,18 @@ def _host_steps() -> dict:
     return out
 
 
+def _ray_context():
+    """Ray's runtime context in a Ray worker; None elsewhere (asking for it outside Ray
+    would start a Ray)."""
+    try:
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return None
+        return ray.get_runtime_context()
+    except Exception:  # noqa: BLE001 -- outside Ray (unit use): no ids
+        return None
+
+
 class CompileActor:
     def __init__(self, cache_root: str, device: str = "cpu", inductor_options: dict | None = None,
                  lease_ttl: float = 30.0, signing_key: bytes | None = None,
@@ -93,26 +105,30 @@ class CompileActor:
         self._fp = fingerprint(self.device, self._compiler.options())
         self._owner = new_owner(f"ray-{self._actor_id()[:12]}")
 
-    @staticmethod
-    def _actor_id() -> str:
-        try:
-            import ray
+    #: (actor id, node id) of the Ray actor this forked copy serves (workers/forkserver.py):
+    #: such a copy is no Ray worker and never imports Ray.
+    forked_ids: tuple | None = None
 
-            return ray.get_runtime_context().get_actor_id() or ""
-        except Exception:  # noqa: BLE001 -- outside Ray (unit use): no actor id
-            return ""
+    def _actor_id(self) -> str:
+        if self.forked_ids is not None:
+            return self.forked_ids[0]
+        ctx = _ray_context()
+        return (ctx.get_actor_id() or "") if ctx is not None else ""
 
-    @staticmethod
-    def _node_id() -> str:
-        try:
-            import ray
-
-            return ray.get_runtime_context().get_node_id() or ""
-        except Exception:  # noqa: BLE001
-            return ""
+    def _node_id(self) -> str:
+        if self.forked_ids is not None:
+            return self.forked_ids[1]
+        ctx = _ray_context()
+        return (ctx.get_node_id() or "") if ctx is not None else ""
 
     def info(self) -> dict:
-        """Where this worker runs and what it compiles for (pid, node, lease owner, fingerprint)."""
+        """Where this worker runs and what it compiles for (pid, node, lease owner, fingerprint).
+        A forked actor's (see :meth:`_attach_fork`) is its compiling copy's, ``pid`` included."""
+        if self._remote is not None:
+            try:
+                return self._as_proxy(self._remote.call("info"))
+            except Exception as e:  # noqa: BLE001 -- the copy is gone: this process compiles from now on
+                self._drop_fork(e)
         self._setup()
         return {"pid": os.getpid(), "host": socket.gethostname(), "node_id": self._node_id(),
                 "actor_id": self._actor_id(), "owner": self._owner, "device": self.device,
@@ -121,7 +137,62 @@ class CompileActor:
                 "warmup_span": self.warmup_span, "warmup_phases": self.warmup_phases,
                 "verifier_started": self.verifier_started,
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),   # "": an embedded Ray hid the GPUs
-                "host_steps": _host_steps()}
+                "host_steps": _host_steps(), "fork": self.fork}
+
+    # -- a compiling copy forked from the host's fork server (workers/forkserver.py)
+    _remote = None
+    #: How this actor compiles: None (in its own process), {"pid", "server_pid", "span"}
+    #: (in a forked copy), or {"error"} (the fork failed; in its own process).
+    fork: dict | None = None
+
+    def _attach_fork(self) -> bool:
+        """Have the host's fork server (an embedded Ray's CPU-only warm on a many-core host
+        starts one) fork this actor's compiling copy, which has torch and Inductor imported
+        already; this process then never imports torch.  False (this process compiles) where
+        there is no server, for a GPU or test-double actor, or where the fork fails."""
+        if self.device != "cpu" or self.compiler_factory is not None:
+            return False
+        from aoti_farm.workers import forkserver
+
+        path = forkserver.inherited_socket()
+        if not path:
+            return False
+        s = time.time()
+        kw = {"cache_root": self.cache_root, "device": self.device, "inductor_options": self.inductor_options,
+              "lease_ttl": self.lease_ttl, "signing_key": self.signing_key, "warmup_level": self.warmup_level,
+              "memory_budget": self.memory_budget}
+        try:
+            self._remote = forkserver.attach(path, kw, (self._actor_id(), self._node_id()))
+        except Exception as e:  # noqa: BLE001 -- compile here instead
+            self.fork = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+            return False
+        self.fork = {"pid": self._remote.pid, "server_pid": self._remote.server_pid, "span": [s, time.time()]}
+        return True
+
+    def _drop_fork(self, e: BaseException) -> None:
+        if self._remote is not None:
+            self._remote.close()
+        self._remote = None
+        self.fork = {**(self.fork or {}), "lost": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+
+    def _as_proxy(self, info: dict) -> dict:
+        """The copy's ``info()`` with this actor's own start-up and fork."""
+        return {**(info or {}), "created_at": self.created_at, "warmup_seconds": self.warmup_seconds,
+                "warmup_span": self.warmup_span, "warmup_phases": self.warmup_phases,
+                "verifier_started": (info or {}).get("verifier_started"), "fork": self.fork,
+                "proxy_pid": os.getpid(), "proxy_imported_torch": "torch" in sys.modules}
+
+    def _forward(self, method: str, sig_obj: dict, attempts: int) -> dict | None:
+        """``method`` run by the forked copy; None where the copy is gone (the caller
+        then compiles here)."""
+        try:
+            out = self._remote.call(method, sig_obj, attempts)
+        except Exception as e:  # noqa: BLE001 -- the copy died (or its call broke): this process compiles
+            self._drop_fork(e)
+            return None
+        out["actor"] = self._as_proxy(out.get("actor") or {})
+        farm_metrics.record_compile(self.device, out)
+        return out
 
     def warmup(self) -> dict:
         """Pay the per-process start-up cost once; returns :meth:`info`.
@@ -143,6 +214,18 @@ class CompileActor:
         pre = sys.modules.get("aoti_farm.workers.actor_preload")   # Ray's worker imported it (raysetup)
         if pre is not None and getattr(pre, "SPAN", None):
             phases["preload"] = list(pre.SPAN)
+        if self._attach_fork():
+            try:
+                info = self._remote.call("warmup")
+            except Exception as e:  # noqa: BLE001 -- the copy failed: warm up here instead
+                self._drop_fork(e)
+            else:
+                phases.update({k: v for k, v in (info.get("warmup_phases") or {}).items() if k not in phases})
+                phases["fork"] = self.fork["span"]
+                self.warmup_seconds = time.perf_counter() - t0
+                self.warmup_span = (w0, time.time())
+                self.warmup_phases = phases
+                return self._as_proxy(info)
         if light:
             s = time.time()
             import torch
@@ -269,6 +352,10 @@ class CompileActor:
         from aoti_farm.job import compile_and_publish
         from aoti_farm.signature import parse_signature
 
+        if self._remote is not None:
+            out = self._forward("compile", sig_obj, attempts)
+            if out is not None:
+                return out
         t0, w0 = time.perf_counter(), time.time()
         try:
             self._setup()
@@ -288,6 +375,10 @@ class CompileActor:
 
     def compile_class(self, class_obj: dict, attempts: int = 1) -> dict:
         """A shape class's kernel, as :meth:`compile` (see aoti_farm/workers/classtasks.py)."""
+        if self._remote is not None:
+            out = self._forward("compile_class", class_obj, attempts)
+            if out is not None:
+                return out
         from aoti_farm.workers.classtasks import compile_in_actor
 
         return compile_in_actor(self, class_obj, attempts)

@@ -23,6 +23,7 @@ double) or with a Ray whose metrics fail, recording is skipped.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -59,9 +60,8 @@ def _ray_metrics() -> dict | None:
         if _metrics is not None or _disabled:
             return _metrics
         try:
-            import ray
-
-            if not ray.is_initialized():
+            ray = sys.modules.get("ray")   # never imported here: a forked compiler (workers/forkserver.py) has none
+            if ray is None or not ray.is_initialized():
                 return None
             from ray.util.metrics import Counter, Gauge, Histogram
 

@@ -26,7 +26,8 @@ PRELOAD_MODULE = "aoti_farm.workers.actor_preload"
 NO_GPUS = ""
 
 
-def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = False, hide_gpus: bool = False):
+def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = False, hide_gpus: bool = False,
+              fork_server: bool = False):
     """(ray, started_here).  Reuses an already initialised Ray (tests, notebooks).
 
     For an embedded Ray only: ``num_cpus`` (None: every core) is the CPUs it advertises
@@ -41,7 +42,10 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     every actor: on the 4-GPU, 64-core host (run 16) about 60 of 64 actors sat 6-7 s in
     the driver (``uvm_gpu_retain_by_uuid``, ``os_acquire_rwlock_*``) with most CPUs idle.
     Hidden before any worker starts, torch in them never sees a GPU, as on a host without
-    one; hiding it in an actor after its imports broke its compiles (run 16).  These are
+    one; hiding it in an actor after its imports broke its compiles (run 16).
+    ``fork_server`` (a job with CPU signatures only): a process that imports torch once
+    starts beside Ray and forks each CPU actor's compiling copy
+    (:mod:`aoti_farm.workers.forkserver`); it takes the place of ``preload``.  These are
     ignored when joining a cluster (``--address``)."""
     import logging
 
@@ -76,14 +80,29 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     hide = address is None and hide_gpus
     if hide:   # inherited by Ray's processes; this process's own is restored below
         os.environ["CUDA_VISIBLE_DEVICES"] = NO_GPUS
+    global _FORK_SERVER
+    if address is None and fork_server and _FORK_SERVER is None:
+        from aoti_farm.workers import forkserver
+
+        os.environ.pop(RAY_PRELOAD_VAR, None)   # the workers import nothing: the server did
+        _FORK_SERVER = forkserver.start(dict(os.environ))
+        if _FORK_SERVER is not None:   # read by the actors (CompileActor._attach_fork)
+            os.environ[forkserver.SOCKET_VAR] = _FORK_SERVER.path
     try:
         ray.init(**kw)
     except ConnectionError as e:
         raise UserError(f"--address {address}: no Ray cluster there ({' '.join(str(e).split())[:160]}); "
                         f"start one with `ray start --head` or leave --address/RAY_ADDRESS unset") from None
+    except BaseException:
+        _stop_fork_server()
+        raise
     finally:
         if address is None and preload:
             os.environ.pop(RAY_PRELOAD_VAR, None)
+        if _FORK_SERVER is not None:
+            from aoti_farm.workers.forkserver import SOCKET_VAR
+
+            os.environ.pop(SOCKET_VAR, None)   # Ray's processes have it; this one's children need not
         if hide:
             if gpus_before is None:
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
@@ -91,6 +110,22 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
                 os.environ["CUDA_VISIBLE_DEVICES"] = gpus_before
     _EMBEDDED_ENV = dict(os.environ) if address is None else None
     return ray, True
+
+
+#: The fork server of the embedded Ray started by :func:`start_ray` (None: none).
+_FORK_SERVER = None
+
+
+def fork_server_pid() -> int | None:
+    """The running fork server's pid (the warm report's timeline), or None."""
+    return _FORK_SERVER.proc.pid if _FORK_SERVER is not None else None
+
+
+def _stop_fork_server() -> None:
+    global _FORK_SERVER
+    if _FORK_SERVER is not None:
+        _FORK_SERVER.stop()
+        _FORK_SERVER = None
 
 
 #: The environment an embedded Ray started by :func:`start_ray` gave its workers (None:
@@ -134,6 +169,7 @@ def stop_ray(ray) -> None:
     except Exception:  # noqa: BLE001 -- a Ray without these internals: a plain shutdown
         pass
     ray.shutdown()
+    _stop_fork_server()   # after the actors: their forked copies end with them
     global _EMBEDDED_ENV
     _EMBEDDED_ENV = None
 

@@ -239,10 +239,16 @@ def embedded_ray_args_for(cfg: FarmConfig, n_cpu: int, n_gpu: int, compiler_fact
     n = embedded_cpus(cores, cpu_workers=cfg.cpu_workers, n_cpu_sigs=n_cpu, n_gpu_sigs=n_gpu)
     # below PREP_MIN_CORES start-up is CPU-bound: the workers' imports would only take the
     # CPU from the planner's ISA probe and Ray's own start (the 2-core VM keeps its path)
-    preload = (n is not None and cores >= PREP_MIN_CORES and compiler_factory is None
-               and cfg.warmup != "none")
+    real = n is not None and compiler_factory is None and cfg.warmup != "none"
+    preload = real and cores >= PREP_MIN_CORES
+    # only CPU actors: they are forked from one process that imported torch
+    # (workers/forkserver.py); "1" also where cores are few (the tests' 2-core VM)
+    from aoti_farm.workers import forkserver
+
+    mode = forkserver.mode()
+    fork = real and n_gpu == 0 and n_cpu > 0 and (mode == "1" or (mode == "auto" and preload))
     # no GPU signature, so no GPU actor: the workers see no GPU (raysetup.start_ray)
-    return {"num_cpus": n, "preload": preload, "hide_gpus": n_gpu == 0}
+    return {"num_cpus": n, "preload": preload and not fork, "hide_gpus": n_gpu == 0, "fork_server": fork}
 
 
 def _host_cpus() -> int:
@@ -409,7 +415,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             timeline["workers"].append({"pid": i.get("pid"), "created_at": i.get("created_at"),
                                         "warmup_span": i.get("warmup_span"), "ready_seen": time.time(),
                                         "phases": i.get("warmup_phases"), "host_steps": i.get("host_steps"),
-                                        "cuda_visible_devices": i.get("cuda_visible_devices")})
+                                        "cuda_visible_devices": i.get("cuda_visible_devices"),
+                                        "fork": i.get("fork"), "proxy_imported_torch": i.get("proxy_imported_torch")})
         elif kind == "dispatch" and "first_dispatch" not in timeline:
             timeline["first_dispatch"] = time.time()
         if classes is None or not classes.event(kind, data):   # a class task's events: classtasks.py

@@ -232,6 +232,8 @@ def kind_of(argv: list[str]) -> str | None:
         return "actors"              # a Ray worker before it names itself
     if "/ray/" in script:
         return "ray python"          # log monitor, dashboard, the autoscaler monitor
+    if "aoti_farm.workers.forkserver" in argv[1:4]:
+        return "fork server"         # and its children, the actors' compiling copies (CpuSampler._scan)
     if "aoti_farm" in argv[1:4]:
         return "driver and its children"   # python -m aoti_farm warm ...
     return None
@@ -274,7 +276,12 @@ class CpuSampler:
             if kind is not None and len(self.tree) < 400 and pid not in self._seen:   # to check the breakdown
                 self._seen.add(pid)
                 self.tree.append([int(pid), int(v[1]), kind, parent[0] if parent else None])
-            if parent and parent[0] in ("actors", "driver and its children") and kind not in self._DAEMONS:
+            # the fork server's children are the actors' compiling copies (workers/forkserver.py),
+            # reaped unwaited, so counted as themselves; the server counts itself too
+            if kind == "fork server" and parent and parent[0] == "fork server":
+                kind = "actors"
+            if (parent and parent[0] in ("actors", "driver and its children") and kind not in self._DAEMONS
+                    and not (kind == "fork server" and parent[0] == "driver and its children")):
                 self._procs.pop(pid, None)   # reaped by its parent: counted in the parent's children_s
                 continue
             if kind is None:
@@ -434,6 +441,8 @@ def analyse(rep: dict, launch: float) -> dict:
         "pycache": tl.get("pycache"),
         "precompile": {k: ([rel(x) for x in v] if k == "span" else v) for k, v in (tl.get("precompile") or {}).items()},
         "actors": len(ws),
+        # a forked actor is two processes: Ray's and its compiling copy
+        "actor_processes": len(ws) + sum(1 for w in ws if (w.get("fork") or {}).get("pid")),
         "first_actor_ready_s": rel(ready[0]) if ready else None,
         "all_actors_ready_s": rel(ready[-1]) if ready else None,
         "all_actors_ready_after_ray_s": round(ready[-1] - ray_up, 2) if ready and ray_up else None,
@@ -598,8 +607,9 @@ def summarise(out: dict, workers: list[int], log=print) -> None:
         n = (r.get("compile_s") or {}).get("n") or 0
         if r.get("cpu_by_kind") and n:
             counted = (r["cpu_by_kind"].get("actors") or {}).get("processes", 0)
-            if r.get("actors") is not None and counted != r["actors"]:
-                log(f"[scaling] {r['label']}: the breakdown below counted {counted} of {r['actors']} actor processes "
+            want = r.get("actor_processes", r.get("actors"))
+            if want is not None and counted != want:
+                log(f"[scaling] {r['label']}: the breakdown below counted {counted} of {want} actor processes "
                     "(incomplete: see processes_counted in the JSON; the manifests' CPU seconds and the host's "
                     "states count everything)")
             log(f"[scaling] {r['label']}: CPU seconds per signature by process (own + children, {n} signatures): "
