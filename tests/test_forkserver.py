@@ -28,7 +28,7 @@ _ACTOR = textwrap.dedent("""
     except Exception as e:
         print("refused", e, flush=True)
         sys.exit(3)
-    print("forked", c.pid, c.server_pid, flush=True)
+    print("forked", c.pid, c.server_pid, len(c.server_threads), flush=True)
     time.sleep(600)
 """)
 
@@ -69,6 +69,7 @@ def test_a_forked_copy_ends_with_its_actor(server, tmp_path):
         line = actor.stdout.readline().split()   # waits while the server imports torch
         assert line[:1] == ["forked"], line
         copy, server_pid = int(line[1]), int(line[2])
+        assert line[3] == "0"   # no other thread in the server here (numpy's OpenBLAS pool kept from starting)
         assert server_pid == server.proc.pid and copy not in (server_pid, actor.pid)
         assert _alive(copy)
         actor.send_signal(signal.SIGKILL)
@@ -93,9 +94,9 @@ def test_the_copy_runs_the_actors_calls_in_its_own_process(server, tmp_path):
 
 
 def test_a_server_with_another_thread_refuses_and_the_actor_compiles_itself(tmp_path, monkeypatch):
-    """A fork copies only the forking thread: a server with another one (an OpenMP team,
-    a BLAS pool) would hand out broken copies, so it refuses, and the actor falls back to
-    its own process."""
+    """A fork copies only the forking thread: a server running another Python thread
+    (which may hold a lock the copy then needs) refuses, and the actor falls back to its
+    own process."""
     path = str(tmp_path / "s")
     code = ("import threading, time, sys\n"
             "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
@@ -105,7 +106,7 @@ def test_a_server_with_another_thread_refuses_and_the_actor_compiles_itself(tmp_
     try:
         out = subprocess.run([sys.executable, "-c", _ACTOR, path, str(tmp_path / "cache")],
                              capture_output=True, text=True, timeout=300)
-        assert out.returncode == 3 and "refused" in out.stdout and "threads" in out.stdout, out
+        assert out.returncode == 3 and "refused" in out.stdout and "Python threads" in out.stdout, out
         from aoti_farm.workers.compile_actor import CompileActor
 
         monkeypatch.setenv(forkserver.SOCKET_VAR, path)

@@ -166,7 +166,8 @@ class CompileActor:
         except Exception as e:  # noqa: BLE001 -- compile here instead
             self.fork = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
             return False
-        self.fork = {"pid": self._remote.pid, "server_pid": self._remote.server_pid, "span": [s, time.time()]}
+        self.fork = {"pid": self._remote.pid, "server_pid": self._remote.server_pid, "span": [s, time.time()],
+                     "server_threads": self._remote.server_threads}
         return True
 
     def _drop_fork(self, e: BaseException) -> None:

@@ -11,9 +11,14 @@ driver beside its embedded Ray (:func:`aoti_farm.workers.raysetup.start_ray`), w
 environment Ray's workers get.  It listens on a Unix socket in a private (0700)
 directory before it imports, so an early actor waits in the backlog; then it imports
 what a compile actor imports (:mod:`aoti_farm.workers.actor_preload`) and forks one
-child per connection.  It forks only while it is a single OS thread (an OpenMP team or
-any other thread of the parent would be missing in the child); otherwise it refuses the
-connection and the actor compiles in its own process, as it would without a server.
+child per connection.  A fork copies only the forking thread.  The server forks only
+while it runs no other Python thread (one could hold a lock the copy then needs);
+otherwise it refuses the connection and the actor compiles in its own process, as it
+would without a server.  It runs nothing parallel (no OpenMP team exists to be lost),
+and numpy's OpenBLAS pool is kept from starting (``OPENBLAS_NUM_THREADS=1``; OpenBLAS
+also stops it before a fork).  A library's idle native thread (the 16-core host's CUDA
+build of torch 2.11 starts one during these imports, run 17) is not in the copies,
+which compile on the CPU only; each copy reports the server's other threads by name.
 It exits when its standard input closes (the driver gone) and never runs a compile.
 
 Each child serves one :class:`~aoti_farm.workers.compile_actor.CompileActor`: the Ray
@@ -93,12 +98,21 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _threads() -> int:
-    """This process's OS threads (Python's count misses native ones, e.g. OpenMP's)."""
+def _native_threads() -> list[str]:
+    """The names of this process's OS threads other than the calling one."""
+    me = str(threading.get_native_id())
+    out = []
     try:
-        return len(os.listdir("/proc/self/task"))
+        for t in os.listdir("/proc/self/task"):
+            if t != me:
+                try:
+                    with open(f"/proc/self/task/{t}/comm") as f:
+                        out.append(f.read().strip())
+                except OSError:
+                    out.append("?")
     except OSError:
-        return threading.active_count()
+        pass
+    return out
 
 
 # -- the proxy's side ---------------------------------------------------------------
@@ -106,8 +120,9 @@ def _threads() -> int:
 class Client:
     """A connection to one forked child (the Ray actor's side)."""
 
-    def __init__(self, sock: socket.socket, pid: int, server_pid: int | None):
+    def __init__(self, sock: socket.socket, pid: int, server_pid: int | None, server_threads: list | None = None):
         self.sock, self.pid, self.server_pid = sock, pid, server_pid
+        self.server_threads = server_threads or []
 
     def call(self, method: str, *args):
         """The child's answer to ``method(*args)``; raises :class:`Lost` where the child
@@ -149,7 +164,7 @@ def attach(path: str, actor_kwargs: dict, ids: tuple[str, str], timeout: float =
         if not hello.get("ok"):
             raise Lost(str(hello.get("error") or "refused"))
         s.settimeout(None)
-        return Client(s, int(hello["pid"]), hello.get("server_pid"))
+        return Client(s, int(hello["pid"]), hello.get("server_pid"), hello.get("server_threads"))
     except BaseException:
         s.close()
         raise
@@ -218,10 +233,12 @@ def serve(path: str) -> int:
         if lst not in ready:
             continue
         conn, _ = lst.accept()
-        n = _threads()
-        if n != 1:
-            _refuse(conn, f"the fork server has {n} threads; compiling in the actor's own process")
+        if threading.active_count() != 1:
+            _refuse(conn, f"the fork server runs {threading.active_count()} Python threads; "
+                          "compiling in the actor's own process")
             continue
+        global _SERVER_THREADS
+        _SERVER_THREADS = _native_threads()
         try:
             pid = os.fork()
         except OSError as e:
@@ -235,6 +252,10 @@ def serve(path: str) -> int:
             finally:
                 os._exit(code)
         conn.close()
+
+
+#: The server's other OS threads when it forked (the copy has none of them): reported.
+_SERVER_THREADS: list = []
 
 
 def _refuse(conn: socket.socket, why: str) -> None:
@@ -261,7 +282,7 @@ def _child(conn: socket.socket) -> int:
 
     actor = CompileActor(**hello["actor"])
     actor.forked_ids = tuple(hello.get("ids") or ("", ""))
-    send(conn, {"ok": True, "pid": os.getpid(), "server_pid": os.getppid()})
+    send(conn, {"ok": True, "pid": os.getpid(), "server_pid": os.getppid(), "server_threads": _SERVER_THREADS})
     while True:
         try:
             msg = recv(conn)
