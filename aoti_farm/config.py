@@ -29,7 +29,7 @@ SWITCHES = {
     "AOTI_FARM_EARLY_RAY": "workers.earlyray.enabled: 0 has warm load its traces before it starts Ray (A/B)",
     "AOTI_FARM_ISA_FAST_LOAD": "isaload.fast_loads: 0 keeps torch < 2.13's `import torch` in each ISA load check (A/B)",
     "AOTI_FARM_PRECOMPILE": "pyprecompile.enabled: 0 leaves a fresh bytecode cache to the importing processes (A/B)",
-    "AOTI_FARM_FORK_SERVER": "workers.forkserver.mode: 0 has each CPU actor import torch itself, 1 forks them also on few cores (A/B)",
+    "AOTI_FARM_FORK_SERVER": "workers.forkclient.mode: 0 has each CPU actor import torch itself, 1 forks them also on few cores (A/B)",
     "AOTI_FARM_RAY_DASHBOARD": "workers.raysetup.start_ray: 1 starts the embedded Ray's dashboard",
     "AOTI_FARM_NATIVE": "runtime.native.disabled: 0 never uses the native hit path",
     "AOTI_FARM_NATIVE_DIR": "runtime.native.native_dir: where the native hit path is built",

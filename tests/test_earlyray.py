@@ -100,11 +100,12 @@ _WARM = textwrap.dedent("""
 
 
 def _alive(pid: int) -> bool:
+    """Running (an exited process left unreaped by this sandbox's init is not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
         return False
-    return True
 
 
 def _warm(tmp_path: Path, trace_path: str, name: str, no_bytecode: bool = False
@@ -154,6 +155,7 @@ def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path
     fork = tl["workers"][0]["fork"]
     assert fork["pid"] == tl["workers"][0]["pid"] and fork["server_pid"] not in (None, fork["pid"]), fork
     assert fork["span"][1] - fork["span"][0] < 60 and "error" not in fork and "lost" not in fork, fork
+    assert fork["imports"] == "all" and fork["threads_seen"] == [], fork   # Inductor too, single-threaded
     assert rep["signatures"][0]["worker"].endswith(f":{fork['pid']}")
     assert "preload" in tl["workers"][0]["phases"] and "fork" in tl["workers"][0]["phases"]
     assert tl["workers"][0]["proxy_imported_torch"] is False   # Ray's actor process never imported torch

@@ -146,15 +146,15 @@ class CompileActor:
     fork: dict | None = None
 
     def _attach_fork(self) -> bool:
-        """Have the host's fork server (an embedded Ray's CPU-only warm on a many-core host
-        starts one) fork this actor's compiling copy, which has torch and Inductor imported
-        already; this process then never imports torch.  False (this process compiles) where
+        """Have the host's fork server (workers/forkserver.py; an embedded Ray's CPU-only warm
+        on a many-core host starts one) fork this actor's compiling copy, which has torch
+        (and Inductor, where the server could import it single-threaded) imported already; this process then never imports torch.  False (this process compiles) where
         there is no server, for a GPU or test-double actor, or where the fork fails."""
         if self.device != "cpu" or self.compiler_factory is not None:
             return False
-        from aoti_farm.workers import forkserver
+        from aoti_farm.workers import forkclient
 
-        path = forkserver.inherited_socket()
+        path = forkclient.inherited_socket()
         if not path:
             return False
         s = time.time()
@@ -162,12 +162,12 @@ class CompileActor:
               "lease_ttl": self.lease_ttl, "signing_key": self.signing_key, "warmup_level": self.warmup_level,
               "memory_budget": self.memory_budget}
         try:
-            self._remote = forkserver.attach(path, kw, (self._actor_id(), self._node_id()))
+            self._remote = forkclient.attach(path, kw, (self._actor_id(), self._node_id()))
         except Exception as e:  # noqa: BLE001 -- compile here instead
             self.fork = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
             return False
         self.fork = {"pid": self._remote.pid, "server_pid": self._remote.server_pid, "span": [s, time.time()],
-                     "server_threads": self._remote.server_threads}
+                     **self._remote.server}
         return True
 
     def _drop_fork(self, e: BaseException) -> None:

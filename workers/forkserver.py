@@ -9,26 +9,32 @@ milliseconds and no import.
 The server (``python -m aoti_farm.workers.forkserver SOCKET``) is started by the warm
 driver beside its embedded Ray (:func:`aoti_farm.workers.raysetup.start_ray`), with the
 environment Ray's workers get.  It listens on a Unix socket in a private (0700)
-directory before it imports, so an early actor waits in the backlog; then it imports
-what a compile actor imports (:mod:`aoti_farm.workers.actor_preload`) and forks one
-child per connection.  A fork copies only the forking thread.  The server forks only
-while it runs no other Python thread (one could hold a lock the copy then needs);
-otherwise it refuses the connection and the actor compiles in its own process, as it
-would without a server.  It runs nothing parallel (no OpenMP team exists to be lost),
-and numpy's OpenBLAS pool is kept from starting (``OPENBLAS_NUM_THREADS=1``; OpenBLAS
-also stops it before a fork).  A library's idle native thread (the 16-core host's CUDA
-build of torch 2.11 starts one during these imports, run 17) is not in the copies,
-which compile on the CPU only; each copy reports the server's other threads by name.
-It exits when its standard input closes (the driver gone) and never runs a compile.
+directory before it imports, so an early actor waits in the backlog.
 
-Each child serves one :class:`~aoti_farm.workers.compile_actor.CompileActor`: the Ray
+**It never forks while it has another thread.**  A fork copies only the forking
+thread; another one (an OpenMP team, a library's helper) could hold a lock the copy then
+needs, or be missing when the copy calls on it.  So the imports come in two stages:
+
+1. ``import torch``, with numpy's OpenBLAS pool kept from starting
+   (``OPENBLAS_NUM_THREADS=1``; compiles use torch's own BLAS).
+2. A fork of that single-threaded server imports the rest
+   (:mod:`aoti_farm.workers.actor_preload`: Inductor and the compile path).  If it is
+   still single-threaded it serves the actors.  Otherwise (the 16-core host's CUDA build
+   of torch 2.11 had one more thread after these imports, run 17) it leaves, and the
+   first stage serves: each copy then imports the rest itself.
+
+Each copy reports which (``"imports": "all" | "torch"``) and the second stage's other
+threads by name.  A server with another thread at a fork refuses the connection, and
+the actor compiles in its own process, as it would without a server.  The server exits
+when its standard input closes (the driver gone) and never runs a compile.
+
+Each copy serves one :class:`~aoti_farm.workers.compile_actor.CompileActor`: the Ray
 actor (its "proxy") sends its constructor's values, its Ray ids and its environment,
-then one call per message; the child runs them on a real ``CompileActor`` in its own
-process (Ray is never imported there).  The child ends when the socket closes or the
-proxy's process is gone (the scheduler's ``ray.kill`` of a stuck actor), so a forked
-compiler never outlives its actor.
+then one call per message (:mod:`aoti_farm.workers.forkclient`); the copy runs them on
+a real ``CompileActor`` in its own process (Ray is never imported there).  The copy
+ends when the socket closes or the proxy's process is gone (the scheduler's ``ray.kill``
+of a stuck actor), so a forked compiler never outlives its actor.
 
-Frames: a 4-byte big-endian length, then msgpack.  The proxy's side is :class:`Client`.
 ``AOTI_FARM_FORK_SERVER``: ``0`` off, ``1`` on wherever an embedded Ray's job has only
 CPU signatures (also on a 2-core host, for the tests), default: on from
 :data:`~aoti_farm.workers.warm.PREP_MIN_CORES` cores.
@@ -36,70 +42,24 @@ CPU signatures (also on a 2-core host, for the tests), default: on from
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 
-ENV = "AOTI_FARM_FORK_SERVER"
-#: Where an embedded Ray's workers find the server (set in the environment they inherit).
-SOCKET_VAR = "AOTI_FARM_FORK_SOCKET"
-#: The calls a child runs on its CompileActor.
-METHODS = ("warmup", "compile", "compile_class", "info")
-_HDR = struct.Struct(">I")
-#: How long an actor waits for a just-started server to listen.
-CONNECT_WAIT_S = 20.0
-#: The largest frame either side accepts (a compile's outcome is a few KiB).
-MAX_FRAME = 64 << 20
+from aoti_farm.workers.forkclient import METHODS, SOCKET_VAR, Lost, recv, send
+
+#: What the second stage imports (what a compile actor imports before its first compile).
+PRELOAD = "aoti_farm.workers.actor_preload"
 
 
-def mode() -> str:
-    """``AOTI_FARM_FORK_SERVER``: "0" (off), "1" (on), or "auto"."""
-    v = os.environ.get(ENV, "auto")
-    return v if v in ("0", "1") else "auto"
-
-
-def inherited_socket() -> str | None:
-    """The server's socket an embedded Ray gave this worker, or None."""
-    return os.environ.get(SOCKET_VAR) or None
-
-
-class Lost(Exception):
-    """The other side closed or broke the connection."""
-
-
-def send(sock: socket.socket, obj) -> None:
-    import msgpack
-
-    data = msgpack.packb(obj, default=str, use_bin_type=True)
-    sock.sendall(_HDR.pack(len(data)) + data)
-
-
-def recv(sock: socket.socket):
-    import msgpack
-
-    (n,) = _HDR.unpack(_read(sock, _HDR.size))
-    if n > MAX_FRAME:
-        raise Lost(f"a frame of {n} bytes")
-    return msgpack.unpackb(_read(sock, n), raw=False, strict_map_key=False)
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        b = sock.recv(min(n - len(buf), 1 << 20))
-        if not b:
-            raise Lost("connection closed")
-        buf += b
-    return bytes(buf)
-
-
-def _native_threads() -> list[str]:
-    """The names of this process's OS threads other than the calling one."""
+def _other_threads() -> list[str]:
+    """The names of this process's OS threads other than the calling one (Python's own
+    count misses native ones)."""
     me = str(threading.get_native_id())
     out = []
     try:
@@ -111,63 +71,9 @@ def _native_threads() -> list[str]:
                 except OSError:
                     out.append("?")
     except OSError:
-        pass
+        if threading.active_count() != 1:
+            out.append("python")
     return out
-
-
-# -- the proxy's side ---------------------------------------------------------------
-
-class Client:
-    """A connection to one forked child (the Ray actor's side)."""
-
-    def __init__(self, sock: socket.socket, pid: int, server_pid: int | None, server_threads: list | None = None):
-        self.sock, self.pid, self.server_pid = sock, pid, server_pid
-        self.server_threads = server_threads or []
-
-    def call(self, method: str, *args):
-        """The child's answer to ``method(*args)``; raises :class:`Lost` where the child
-        is gone, RuntimeError with its one line where the call raised there."""
-        try:
-            send(self.sock, {"m": method, "a": list(args)})
-            out = recv(self.sock)
-        except (OSError, struct.error, ValueError) as e:
-            raise Lost(f"{type(e).__name__}: {e}") from None
-        if "e" in out:
-            raise RuntimeError(out["e"])
-        return out.get("r")
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-
-def attach(path: str, actor_kwargs: dict, ids: tuple[str, str], timeout: float = 120.0) -> Client:
-    """Connect to the server at ``path`` and have it fork a child running
-    ``CompileActor(**actor_kwargs)``; raises :class:`Lost` (or OSError) where it cannot.
-    ``timeout`` bounds the wait for the fork (the server may still be importing)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.settimeout(timeout)
-        end = time.monotonic() + min(timeout, CONNECT_WAIT_S)
-        while True:   # a server just started may not listen yet
-            try:
-                s.connect(path)
-                break
-            except (FileNotFoundError, ConnectionRefusedError):
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.05)
-        send(s, {"actor": actor_kwargs, "ids": list(ids), "watch": os.getpid(), "env": dict(os.environ)})
-        hello = recv(s)
-        if not hello.get("ok"):
-            raise Lost(str(hello.get("error") or "refused"))
-        s.settimeout(None)
-        return Client(s, int(hello["pid"]), hello.get("server_pid"), hello.get("server_threads"))
-    except BaseException:
-        s.close()
-        raise
 
 
 # -- the driver's side --------------------------------------------------------------
@@ -195,19 +101,21 @@ class Server:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start(env: dict) -> Server | None:
-    """Start a server with environment ``env``; None where it cannot be started."""
+def start(env: dict, preload: str = PRELOAD) -> Server | None:
+    """Start a server with environment ``env``; None where it cannot be started.
+    ``preload``: the second stage's import (the tests name another)."""
     import subprocess
     import tempfile
 
-    # numpy's OpenBLAS starts a pool of threads when torch imports it; a server with them
-    # may not fork (compiles use torch's own BLAS, never numpy's)
-    env = {"OPENBLAS_NUM_THREADS": "1", **env}
+    env = {"OPENBLAS_NUM_THREADS": "1", **env}   # see the module's doc, stage 1
     try:
         folder = tempfile.mkdtemp(prefix="aoti-farm-fork-")   # 0700: only this user connects
         path = os.path.join(folder, "s")
         with open(os.path.join(folder, "server.log"), "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "aoti_farm.workers.forkserver", path],
+            # -P: the driver's working directory is not on its import path (a module there
+            # must not shadow torch); each copy works in its actor's directory (_copy)
+            safe = ["-P"] if sys.version_info >= (3, 11) else []
+            proc = subprocess.Popen([sys.executable, *safe, "-m", "aoti_farm.workers.forkserver", path, preload],
                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, env=env,
                                     close_fds=True)
         return Server(proc, path, folder)
@@ -215,17 +123,84 @@ def start(env: dict) -> Server | None:
         return None
 
 
-# -- the server and its children ----------------------------------------------------
+# -- the server ---------------------------------------------------------------------
 
-def serve(path: str) -> int:
-    """The server's main loop (see the module's doc)."""
+def serve(path: str, preload: str = PRELOAD) -> int:
+    """The server (see the module's doc); returns when its input closes."""
     lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lst.bind(path)
     lst.listen(256)   # actors that come before the imports end wait here
-    from aoti_farm.workers import actor_preload   # noqa: F401 -- the import is the point
+    stdin = sys.stdin.fileno()
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    from aoti_farm import notices
+
+    notices.drop(notices.TORCH_NOTICES)
+    import torch  # noqa: F401 -- stage 1
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)   # children are reaped by the kernel
-    stdin = sys.stdin.fileno()
+    info = {"imports": "torch", "threads_seen": _other_threads()}
+    if not info["threads_seen"]:
+        second = _second_stage(preload)
+        if second is None:   # this process is the second stage: everything imported, one thread
+            return _accept_loop(lst, stdin, {"imports": "all", "threads_seen": []})
+        if second.get("ok"):   # the second stage serves; this one waits for the end, then for it
+            while os.read(stdin, 4096):
+                pass
+            try:
+                os.waitpid(second["pid"], 0)   # (SIGCHLD ignored: returns, or fails, once it has exited)
+            except ChildProcessError:
+                pass
+            return 0
+        info["threads_seen"] = second.get("threads") or []
+        info["second_stage"] = second.get("why")
+    return _accept_loop(lst, stdin, info)
+
+
+def _second_stage(preload: str) -> dict | None:
+    """Fork; the child imports ``preload`` and serves if still single-threaded (then
+    returns None, in the child, when done).  In the parent: the child's verdict
+    ``{"ok", "threads", "why"}``."""
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        return {"ok": False, "why": f"fork failed: {e}"}
+    if pid == 0:
+        os.close(r)
+        verdict: dict = {"ok": False}
+        try:
+            import importlib
+
+            mod = importlib.import_module(preload)
+            others = _other_threads()
+            err = getattr(mod, "ERROR", None)
+            verdict = {"ok": not others and not err, "threads": others,
+                       "why": err or (f"{len(others)} more thread(s) after its imports" if others else None)}
+        except BaseException as e:  # noqa: BLE001 -- the first stage serves
+            verdict = {"ok": False, "why": f"{type(e).__name__}: {e}"}
+        os.write(w, json.dumps(verdict).encode())
+        os.close(w)
+        if not verdict["ok"]:
+            os._exit(0)
+        return None
+    os.close(w)
+    chunks = []
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(r)
+    try:
+        return {**json.loads(b"".join(chunks).decode()), "pid": pid}
+    except ValueError:
+        return {"ok": False, "why": "the second stage died while importing", "pid": pid}
+
+
+def _accept_loop(lst: socket.socket, stdin: int, info: dict) -> int:
+    """Fork a copy per connection while single-threaded; refuse otherwise."""
     while True:
         ready, _, _ = select.select([lst, stdin], [], [])
         if stdin in ready and not os.read(stdin, 4096):
@@ -233,12 +208,11 @@ def serve(path: str) -> int:
         if lst not in ready:
             continue
         conn, _ = lst.accept()
-        if threading.active_count() != 1:
-            _refuse(conn, f"the fork server runs {threading.active_count()} Python threads; "
+        others = _other_threads()
+        if others:
+            _refuse(conn, f"the fork server runs {len(others)} other thread(s) ({', '.join(sorted(set(others)))}); "
                           "compiling in the actor's own process")
             continue
-        global _SERVER_THREADS
-        _SERVER_THREADS = _native_threads()
         try:
             pid = os.fork()
         except OSError as e:
@@ -248,14 +222,10 @@ def serve(path: str) -> int:
             code = 1
             try:
                 lst.close()
-                code = _child(conn)
+                code = _copy(conn, info)
             finally:
                 os._exit(code)
         conn.close()
-
-
-#: The server's other OS threads when it forked (the copy has none of them): reported.
-_SERVER_THREADS: list = []
 
 
 def _refuse(conn: socket.socket, why: str) -> None:
@@ -267,7 +237,8 @@ def _refuse(conn: socket.socket, why: str) -> None:
     conn.close()
 
 
-def _child(conn: socket.socket) -> int:
+def _copy(conn: socket.socket, info: dict) -> int:
+    """A forked copy: serves one actor's calls until the connection closes."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)   # the compilers' children are waited for
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -276,13 +247,17 @@ def _child(conn: socket.socket) -> int:
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in (hello.get("env") or {}).items()})
     os.environ.pop(SOCKET_VAR, None)
+    try:
+        os.chdir(hello.get("cwd") or os.getcwd())
+    except OSError:
+        pass
     _apply_threads()
     _watch(int(hello["watch"]))
     from aoti_farm.workers.compile_actor import CompileActor
 
     actor = CompileActor(**hello["actor"])
     actor.forked_ids = tuple(hello.get("ids") or ("", ""))
-    send(conn, {"ok": True, "pid": os.getpid(), "server_pid": os.getppid(), "server_threads": _SERVER_THREADS})
+    send(conn, {"ok": True, "pid": os.getpid(), "server_pid": os.getppid(), "server": info})
     while True:
         try:
             msg = recv(conn)
@@ -314,7 +289,7 @@ def _apply_threads() -> None:
 
 
 def _watch(pid: int) -> None:
-    """End this child when the process ``pid`` (its actor) is gone."""
+    """End this copy when the process ``pid`` (its actor) is gone."""
     def run() -> None:
         fd = None
         try:
@@ -338,4 +313,4 @@ def _watch(pid: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1]))
+    sys.exit(serve(sys.argv[1], *sys.argv[2:3]))

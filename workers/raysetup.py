@@ -83,11 +83,12 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     global _FORK_SERVER
     if address is None and fork_server and _FORK_SERVER is None:
         from aoti_farm.workers import forkserver
+        from aoti_farm.workers.forkclient import SOCKET_VAR
 
         os.environ.pop(RAY_PRELOAD_VAR, None)   # the workers import nothing: the server did
         _FORK_SERVER = forkserver.start(dict(os.environ))
         if _FORK_SERVER is not None:   # read by the actors (CompileActor._attach_fork)
-            os.environ[forkserver.SOCKET_VAR] = _FORK_SERVER.path
+            os.environ[SOCKET_VAR] = _FORK_SERVER.path
     try:
         ray.init(**kw)
     except ConnectionError as e:
@@ -100,7 +101,7 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
         if address is None and preload:
             os.environ.pop(RAY_PRELOAD_VAR, None)
         if _FORK_SERVER is not None:
-            from aoti_farm.workers.forkserver import SOCKET_VAR
+            from aoti_farm.workers.forkclient import SOCKET_VAR
 
             os.environ.pop(SOCKET_VAR, None)   # Ray's processes have it; this one's children need not
         if hide:

@@ -243,9 +243,9 @@ def embedded_ray_args_for(cfg: FarmConfig, n_cpu: int, n_gpu: int, compiler_fact
     preload = real and cores >= PREP_MIN_CORES
     # only CPU actors: they are forked from one process that imported torch
     # (workers/forkserver.py); "1" also where cores are few (the tests' 2-core VM)
-    from aoti_farm.workers import forkserver
+    from aoti_farm.workers import forkclient
 
-    mode = forkserver.mode()
+    mode = forkclient.mode()
     fork = real and n_gpu == 0 and n_cpu > 0 and (mode == "1" or (mode == "auto" and preload))
     # no GPU signature, so no GPU actor: the workers see no GPU (raysetup.start_ray)
     return {"num_cpus": n, "preload": preload and not fork, "hide_gpus": n_gpu == 0, "fork_server": fork}
