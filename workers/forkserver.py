@@ -312,5 +312,13 @@ def _watch(pid: int) -> None:
     threading.Thread(target=run, name="aoti-farm-actor-watch", daemon=True).start()
 
 
+def main(argv: list[str]) -> None:
+    code = serve(argv[1], *argv[2:3])
+    # no interpreter teardown (torch and Inductor loaded: about a second on 2 cores, which
+    # the driver's shutdown would wait for); nothing is left to flush but the log
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1], *sys.argv[2:3]))
+    main(sys.argv)
