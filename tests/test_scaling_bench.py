@@ -129,3 +129,30 @@ def test_cpu_sampler_keeps_a_process_whose_command_line_is_gone(monkeypatch):
         child.wait()
     assert len(seen) == 2
     assert cs.cpu_by_kind()["actors"]["processes"] == 1
+
+
+def test_a_forked_copy_counts_as_an_actor_and_the_fork_server_as_itself():
+    """The fork server's processes share its command line; a copy renames itself
+    (workers/forkserver.py's COPY_NAME), which is how the breakdown counts it as an actor."""
+    import subprocess
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import scaling
+
+    from aoti_farm.workers.forkserver import COPY_NAME
+
+    code = ("import sys, time\n"
+            "if sys.argv[2] == 'copy':\n"
+            "    open('/proc/self/comm', 'w').write(sys.argv[3])\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n")
+    procs = {role: subprocess.Popen([sys.executable, "-c", code, "aoti_farm.workers.forkserver", role, COPY_NAME],
+                                    stdout=subprocess.PIPE, text=True) for role in ("copy", "server")}
+    try:
+        for p in procs.values():
+            assert p.stdout.readline().strip() == "ready"
+        assert scaling._proc_kind(str(procs["copy"].pid)) == "actors"
+        assert scaling._proc_kind(str(procs["server"].pid)) == "fork server"
+    finally:
+        for p in procs.values():
+            p.kill()

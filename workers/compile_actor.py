@@ -141,15 +141,17 @@ class CompileActor:
 
     # -- a compiling copy forked from the host's fork server (workers/forkserver.py)
     _remote = None
-    #: How this actor compiles: None (in its own process), {"pid", "server_pid", "span"}
-    #: (in a forked copy), or {"error"} (the fork failed; in its own process).
+    #: How this actor compiles: None (in its own process), {"pid", "server_pid", "span",
+    #: "imports", "threads_seen"} (in a forked copy; "lost" added if the copy died and this
+    #: process compiles since), or {"error"} (the fork failed; in its own process).
     fork: dict | None = None
 
     def _attach_fork(self) -> bool:
         """Have the host's fork server (workers/forkserver.py; an embedded Ray's CPU-only warm
         on a many-core host starts one) fork this actor's compiling copy, which has torch
-        (and Inductor, where the server could import it single-threaded) imported already; this process then never imports torch.  False (this process compiles) where
-        there is no server, for a GPU or test-double actor, or where the fork fails."""
+        (and Inductor, where the server could import it single-threaded) imported already;
+        this process then never imports torch.  False (this process compiles) where there
+        is no server, for a GPU or test-double actor, or where the fork fails."""
         if self.device != "cpu" or self.compiler_factory is not None:
             return False
         from aoti_farm.workers import forkclient

@@ -53,6 +53,8 @@ import time
 
 from aoti_farm.workers.forkclient import METHODS, SOCKET_VAR, Lost, recv, send
 
+#: A copy's process name (``/proc/PID/comm``, at most 15 characters).
+COPY_NAME = "aoti-farm-copy"
 #: What the second stage imports (what a compile actor imports before its first compile).
 PRELOAD = "aoti_farm.workers.actor_preload"
 
@@ -239,6 +241,11 @@ def _refuse(conn: socket.socket, why: str) -> None:
 
 def _copy(conn: socket.socket, info: dict) -> int:
     """A forked copy: serves one actor's calls until the connection closes."""
+    try:   # its name in ps and top (and how the scaling benchmark tells it from the server)
+        with open("/proc/self/comm", "w") as f:
+            f.write(COPY_NAME)
+    except OSError:
+        pass
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)   # the compilers' children are waited for
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

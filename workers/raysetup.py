@@ -117,11 +117,6 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
 _FORK_SERVER = None
 
 
-def fork_server_pid() -> int | None:
-    """The running fork server's pid (the warm report's timeline), or None."""
-    return _FORK_SERVER.proc.pid if _FORK_SERVER is not None else None
-
-
 def _stop_fork_server() -> None:
     global _FORK_SERVER
     if _FORK_SERVER is not None:

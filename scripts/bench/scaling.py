@@ -217,7 +217,15 @@ def _proc_kind(pid: str) -> str | None:
             argv = f.read().decode(errors="replace").split("\0")
     except OSError:
         return None
-    return kind_of(argv)
+    kind = kind_of(argv)
+    if kind == "fork server":   # a forked copy names itself (workers/forkserver.py's COPY_NAME)
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "aoti-farm-copy":
+                    return "actors"
+        except OSError:
+            pass
+    return kind
 
 
 def kind_of(argv: list[str]) -> str | None:
@@ -276,12 +284,10 @@ class CpuSampler:
             if kind is not None and len(self.tree) < 400 and pid not in self._seen:   # to check the breakdown
                 self._seen.add(pid)
                 self.tree.append([int(pid), int(v[1]), kind, parent[0] if parent else None])
-            # the fork server's children are the actors' compiling copies (workers/forkserver.py),
-            # reaped unwaited, so counted as themselves; the server counts itself too
-            if kind == "fork server" and parent and parent[0] == "fork server":
-                kind = "actors"
+            # the fork server (both its stages) and its copies are reaped unwaited
+            # (workers/forkserver.py): each counts itself; a copy's compilers count in it
             if (parent and parent[0] in ("actors", "driver and its children") and kind not in self._DAEMONS
-                    and not (kind == "fork server" and parent[0] == "driver and its children")):
+                    and kind != "fork server" and parent[0] != "fork server"):
                 self._procs.pop(pid, None)   # reaped by its parent: counted in the parent's children_s
                 continue
             if kind is None:
