@@ -169,3 +169,24 @@ def test_a_lost_copy_makes_the_actor_compile_in_its_own_process(server, tmp_path
     assert _wait_gone(copy)
     assert a._forward("compile", {"key": "x"}, 1) is None   # the caller then compiles here
     assert a._remote is None and "lost" in a.fork and a.fork["pid"] == copy, a.fork
+
+
+def test_the_first_stage_serves_when_the_second_dies(tmp_path):
+    import json
+
+    srv = forkserver.start(_env())
+    try:
+        actor, line = _actor(srv.path, str(tmp_path / "cache"))
+        actor.kill()
+        assert json.loads(line[3])["imports"] == "all", line
+        second = int(line[2])   # the copy's parent: the second stage
+        assert second != srv.proc.pid
+        os.kill(second, signal.SIGKILL)
+        assert _wait_gone(second)
+        actor, line = _actor(srv.path, str(tmp_path / "cache"))
+        actor.kill()
+        info = json.loads(line[3])
+        assert int(line[2]) == srv.proc.pid and info["imports"] == "torch", line
+        assert info["second_stage"] == "died while serving"
+    finally:
+        srv.stop()

@@ -21,7 +21,8 @@ needs, or be missing when the copy calls on it.  So the imports come in two stag
    (:mod:`aoti_farm.workers.actor_preload`: Inductor and the compile path).  If it is
    still single-threaded it serves the actors.  Otherwise (the 16-core host's CUDA build
    of torch 2.11 had one more thread after these imports, run 17) it leaves, and the
-   first stage serves: each copy then imports the rest itself.
+   first stage serves: each copy then imports the rest itself.  The first stage also
+   takes over if the second dies while serving.
 
 Each copy reports which (``"imports": "all" | "torch"``) and the second stage's other
 threads by name.  A server with another thread at a fork refuses the connection, and
@@ -146,8 +147,9 @@ def serve(path: str, preload: str = PRELOAD) -> int:
         if second is None:   # this process is the second stage: everything imported, one thread
             return _accept_loop(lst, stdin, {"imports": "all", "threads_seen": []})
         if second.get("ok"):   # the second stage serves; this one waits for the end, then for it
-            while os.read(stdin, 4096):
-                pass
+            if not _wait_end(stdin, second.get("pidfd")):
+                # the second stage died serving: this one serves (the copies import the rest)
+                return _accept_loop(lst, stdin, {**info, "second_stage": "died while serving"})
             try:
                 os.waitpid(second["pid"], 0)   # (SIGCHLD ignored: returns, or fails, once it has exited)
             except ChildProcessError:
@@ -188,6 +190,10 @@ def _second_stage(preload: str) -> dict | None:
             os._exit(0)
         return None
     os.close(w)
+    try:   # opened at once: it stays this child's even after the kernel reaps it
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
     chunks = []
     while True:
         b = os.read(r, 65536)
@@ -196,9 +202,20 @@ def _second_stage(preload: str) -> dict | None:
         chunks.append(b)
     os.close(r)
     try:
-        return {**json.loads(b"".join(chunks).decode()), "pid": pid}
+        return {**json.loads(b"".join(chunks).decode()), "pid": pid, "pidfd": pidfd}
     except ValueError:
         return {"ok": False, "why": "the second stage died while importing", "pid": pid}
+
+
+def _wait_end(stdin: int, pidfd: int | None) -> bool:
+    """Wait until the input closes (True) or the process behind ``pidfd`` ends (False)."""
+    fds = [stdin] + ([pidfd] if pidfd is not None else [])
+    while True:
+        ready, _, _ = select.select(fds, [], [])
+        if stdin in ready and not os.read(stdin, 4096):
+            return True
+        if pidfd is not None and pidfd in ready:
+            return False
 
 
 def _accept_loop(lst: socket.socket, stdin: int, info: dict) -> int:
