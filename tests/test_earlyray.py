@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from _procs import alive
+
 from aoti_farm import trace
 from aoti_farm.workers import earlyray
 
@@ -99,15 +101,6 @@ _WARM = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    """Running (an exited process left unreaped by this sandbox's init is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _warm(tmp_path: Path, trace_path: str, name: str, no_bytecode: bool = False
           ) -> tuple[subprocess.CompletedProcess, dict | None]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
@@ -159,7 +152,7 @@ def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path
     assert rep["signatures"][0]["worker"].endswith(f":{fork['pid']}")
     assert "preload" in tl["workers"][0]["phases"] and "fork" in tl["workers"][0]["phases"]
     assert tl["workers"][0]["proxy_imported_torch"] is False   # Ray's actor process never imported torch
-    assert not _alive(fork["server_pid"])   # stopped with Ray
+    assert not alive(fork["server_pid"])   # stopped with Ray
     assert "aoti-farm-test: CUDA_VISIBLE_DEVICES='7'" in out.stderr, out.stderr[-2000:]
     assert earlyray.known_keys(str(tmp_path / "cache")) == 1
     assert earlyray.known_keys(str(tmp_path / "cache"), enough=0) == 0     # stops once it has enough

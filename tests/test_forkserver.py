@@ -12,9 +12,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+
+from _procs import alive, wait_gone
 
 from aoti_farm.workers import forkclient, forkserver
 
@@ -35,24 +36,6 @@ _ACTOR = textwrap.dedent("""
 #: A second stage's import that leaves a thread running (as the 16-core host's CUDA torch
 #: 2.11 did after Inductor's imports, run 17).
 _THREADED = "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
-
-
-def _alive(pid: int) -> bool:
-    """Running (an exited process left unreaped by this sandbox's init is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pid: int, timeout: float = 15.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not _alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _env(extra_path: str | None = None) -> dict:
@@ -88,10 +71,10 @@ def test_a_forked_copy_has_everything_imported_and_ends_with_its_actor(server, t
         assert os.readlink(f"/proc/{copy}/cwd") == str(tmp_path)   # works where its actor does
         # here both import stages stay single-threaded: the copies come from the second
         assert info == {"imports": "all", "threads_seen": []}, info
-        assert copy not in (server_pid, actor.pid, server.proc.pid) and _alive(copy)
+        assert copy not in (server_pid, actor.pid, server.proc.pid) and alive(copy)
         actor.send_signal(signal.SIGKILL)
         actor.wait(timeout=10)
-        assert _wait_gone(copy), "the copy outlived its actor"
+        assert wait_gone(copy), "the copy outlived its actor"
         assert server.proc.poll() is None   # the server goes on serving the others
     finally:
         actor.kill()
@@ -107,7 +90,7 @@ def test_the_copy_runs_only_the_actors_calls_in_its_own_process(server, tmp_path
             c.call("compile_class", {}, 1, 2, 3)  # a call that raises there comes back as one line
     finally:
         c.close()
-    assert _wait_gone(c.pid), "the copy outlived its connection"
+    assert wait_gone(c.pid), "the copy outlived its connection"
 
 
 def test_a_thread_after_the_second_import_stage_leaves_the_first_to_serve(tmp_path):
@@ -166,7 +149,7 @@ def test_a_lost_copy_makes_the_actor_compile_in_its_own_process(server, tmp_path
     assert a._attach_fork() is True and a.fork["imports"] == "all"
     copy = a._remote.pid
     os.kill(copy, signal.SIGKILL)
-    assert _wait_gone(copy)
+    assert wait_gone(copy)
     assert a._forward("compile", {"key": "x"}, 1) is None   # the caller then compiles here
     assert a._remote is None and "lost" in a.fork and a.fork["pid"] == copy, a.fork
 
@@ -182,7 +165,7 @@ def test_the_first_stage_serves_when_the_second_dies(tmp_path):
         second = int(line[2])   # the copy's parent: the second stage
         assert second != srv.proc.pid
         os.kill(second, signal.SIGKILL)
-        assert _wait_gone(second)
+        assert wait_gone(second)
         actor, line = _actor(srv.path, str(tmp_path / "cache"))
         actor.kill()
         info = json.loads(line[3])
