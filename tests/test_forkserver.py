@@ -127,7 +127,7 @@ def test_a_server_with_another_thread_refuses_and_the_actor_compiles_itself(tmp_
         monkeypatch.setenv(forkclient.SOCKET_VAR, path)
         a = CompileActor(str(tmp_path / "cache"))
         assert a._attach_fork() is False and "other thread" in a.fork["error"], a.fork
-        assert a._remote is None                  # its calls run here
+        assert a._copy is None                  # its calls run here
         monkeypatch.setattr(forkclient, "CONNECT_WAIT_S", 0.5)
         monkeypatch.setenv(forkclient.SOCKET_VAR, str(tmp_path / "nothing-here"))
         b = CompileActor(str(tmp_path / "cache"))
@@ -147,11 +147,11 @@ def test_a_lost_copy_makes_the_actor_compile_in_its_own_process(server, tmp_path
     a = CompileActor(str(tmp_path / "cache"))
     monkeypatch.setenv(forkclient.SOCKET_VAR, server.path)
     assert a._attach_fork() is True and a.fork["imports"] == "all"
-    copy = a._remote.pid
+    copy = a._copy.pid
     os.kill(copy, signal.SIGKILL)
     assert wait_gone(copy)
     assert a._forward("compile", {"key": "x"}, 1) is None   # the caller then compiles here
-    assert a._remote is None and "lost" in a.fork and a.fork["pid"] == copy, a.fork
+    assert a._copy is None and "lost" in a.fork and a.fork["pid"] == copy, a.fork
 
 
 def test_the_first_stage_serves_when_the_second_dies(tmp_path):

@@ -124,9 +124,9 @@ class CompileActor:
     def info(self) -> dict:
         """Where this worker runs and what it compiles for (pid, node, lease owner, fingerprint).
         A forked actor's (see :meth:`_attach_fork`) is its compiling copy's, ``pid`` included."""
-        if self._remote is not None:
+        if self._copy is not None:
             try:
-                return self._as_proxy(self._remote.call("info"))
+                return self._as_proxy(self._copy.call("info"))
             except Exception as e:  # noqa: BLE001 -- the copy is gone: this process compiles from now on
                 self._drop_fork(e)
         self._setup()
@@ -140,7 +140,7 @@ class CompileActor:
                 "host_steps": _host_steps(), "fork": self.fork}
 
     # -- a compiling copy forked from the host's fork server (workers/forkserver.py)
-    _remote = None
+    _copy = None
     #: How this actor compiles: None (in its own process), {"pid", "server_pid", "span",
     #: "imports", "threads_seen"} (in a forked copy; "lost" added if the copy died and this
     #: process compiles since), or {"error"} (the fork failed; in its own process).
@@ -164,18 +164,18 @@ class CompileActor:
               "lease_ttl": self.lease_ttl, "signing_key": self.signing_key, "warmup_level": self.warmup_level,
               "memory_budget": self.memory_budget}
         try:
-            self._remote = forkclient.attach(path, kw, (self._actor_id(), self._node_id()))
+            self._copy = forkclient.attach(path, kw, (self._actor_id(), self._node_id()))
         except Exception as e:  # noqa: BLE001 -- compile here instead
             self.fork = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
             return False
-        self.fork = {"pid": self._remote.pid, "server_pid": self._remote.server_pid, "span": [s, time.time()],
-                     **self._remote.server}
+        self.fork = {"pid": self._copy.pid, "server_pid": self._copy.server_pid, "span": [s, time.time()],
+                     **self._copy.server}
         return True
 
     def _drop_fork(self, e: BaseException) -> None:
-        if self._remote is not None:
-            self._remote.close()
-        self._remote = None
+        if self._copy is not None:
+            self._copy.close()
+        self._copy = None
         self.fork = {**(self.fork or {}), "lost": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
 
     def _as_proxy(self, info: dict) -> dict:
@@ -189,7 +189,7 @@ class CompileActor:
         """``method`` run by the forked copy; None where the copy is gone (the caller
         then compiles here)."""
         try:
-            out = self._remote.call(method, sig_obj, attempts)
+            out = self._copy.call(method, sig_obj, attempts)
         except Exception as e:  # noqa: BLE001 -- the copy died (or its call broke): this process compiles
             self._drop_fork(e)
             return None
@@ -219,7 +219,7 @@ class CompileActor:
             phases["preload"] = list(pre.SPAN)
         if self._attach_fork():
             try:
-                info = self._remote.call("warmup")
+                info = self._copy.call("warmup")
             except Exception as e:  # noqa: BLE001 -- the copy failed: warm up here instead
                 self._drop_fork(e)
             else:
@@ -355,7 +355,7 @@ class CompileActor:
         from aoti_farm.job import compile_and_publish
         from aoti_farm.signature import parse_signature
 
-        if self._remote is not None:
+        if self._copy is not None:
             out = self._forward("compile", sig_obj, attempts)
             if out is not None:
                 return out
@@ -378,7 +378,7 @@ class CompileActor:
 
     def compile_class(self, class_obj: dict, attempts: int = 1) -> dict:
         """A shape class's kernel, as :meth:`compile` (see aoti_farm/workers/classtasks.py)."""
-        if self._remote is not None:
+        if self._copy is not None:
             out = self._forward("compile_class", class_obj, attempts)
             if out is not None:
                 return out
