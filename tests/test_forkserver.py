@@ -93,6 +93,37 @@ def test_the_copy_runs_only_the_actors_calls_in_its_own_process(server, tmp_path
     assert wait_gone(c.pid), "the copy outlived its connection"
 
 
+#: A second stage's import as on a CUDA build: Inductor's import asks
+#: ``torch.cuda.is_available()``, and the CUDA driver's initialisation (here: the CUDA
+#: runtime's device count, which a CPU build lacks, stood in for) starts a thread.
+_CUDA_LIKE = textwrap.dedent("""
+    import threading, time, torch
+    def _driver_init():
+        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+        return 0
+    torch.cuda._is_compiled = lambda: True
+    torch._C._cuda_getDeviceCount = _driver_init
+    AVAILABLE = torch.cuda.is_available()
+""")
+
+
+def test_a_cuda_builds_availability_check_leaves_the_second_stage_single_threaded(tmp_path):
+    """With the GPUs hidden (a CPU-only job's workers), the second stage still serves:
+    the availability check starts no driver thread (seen on the GPU host, 2026-11-27)."""
+    import json
+
+    (tmp_path / "cuda_like_preload.py").write_text(_CUDA_LIKE)
+    srv = forkserver.start({**_env(str(tmp_path)), "CUDA_VISIBLE_DEVICES": ""}, preload="cuda_like_preload")
+    try:
+        actor, line = _actor(srv.path, str(tmp_path / "cache"))
+        actor.kill()
+        assert line[:1] == ["forked"], line
+        info = json.loads(line[3])
+        assert info["imports"] == "all" and not info["threads_seen"], info
+    finally:
+        srv.stop()
+
+
 def test_a_thread_after_the_second_import_stage_leaves_the_first_to_serve(tmp_path):
     """The second stage imports, finds a thread it did not have, and leaves; the first
     (torch only, single-threaded) forks the copies, which import the rest themselves."""

@@ -19,10 +19,19 @@ needs, or be missing when the copy calls on it.  So the imports come in two stag
    (``OPENBLAS_NUM_THREADS=1``; compiles use torch's own BLAS).
 2. A fork of that single-threaded server imports the rest
    (:mod:`aoti_farm.workers.actor_preload`: Inductor and the compile path).  If it is
-   still single-threaded it serves the actors.  Otherwise (the 16-core host's CUDA build
-   of torch 2.11 had one more thread after these imports, run 17) it leaves, and the
-   first stage serves: each copy then imports the rest itself.  The first stage also
-   takes over if the second dies while serving.
+   still single-threaded it serves the actors.  Otherwise it leaves, and the first stage
+   serves: each copy then imports the rest itself.  The first stage also takes over if
+   the second dies while serving.
+
+On a CUDA build, Inductor's import asks ``torch.cuda.is_available()``
+(``torch/_inductor/runtime/benchmarking.py``), which by default initialises the CUDA
+driver, and the driver starts a thread (``cuda00001400006``) even with every GPU hidden:
+seen on the 16-core host with torch 2.11+cu130 (2026-11-27), where it made every copy
+import Inductor itself.  The server runs with ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, torch's
+documented way to answer that question without the driver (without "poisoning fork");
+with the GPUs hidden (a CPU-only job's workers, :func:`~aoti_farm.workers.raysetup.start_ray`)
+the answer, no GPU, is the same and nothing is initialised.  The copies take their
+actor's environment, which does not carry it.
 
 Each copy reports which (``"imports": "all" | "torch"``) and the second stage's other
 threads by name.  A server with another thread at a fork refuses the connection, and
@@ -110,7 +119,8 @@ def start(env: dict, preload: str = PRELOAD) -> Server | None:
     import subprocess
     import tempfile
 
-    env = {"OPENBLAS_NUM_THREADS": "1", **env}   # see the module's doc, stage 1
+    # see the module's doc: no OpenBLAS pool (stage 1), no CUDA driver thread (stage 2)
+    env = {"OPENBLAS_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1", **env}
     try:
         folder = tempfile.mkdtemp(prefix="aoti-farm-fork-")   # 0700: only this user connects
         path = os.path.join(folder, "s")
