@@ -1,4 +1,4 @@
-"""README "Cluster jobs", end to end: `scripts/cluster_job.sh` submits `aoti-farm warm` as a
+"""docs/cluster.md, end to end: `scripts/cluster_job.sh` submits `aoti-farm warm` as a
 Ray job (`ray job submit`, the dashboard's job server from `ray[default]`) to a real Ray
 head on this machine, and the job compiles, verifies and publishes the kernel.
 
