@@ -35,7 +35,7 @@ How:
    collection held off during a batch.  Each round's ratios are logged as it ends.
    ``--pairs N`` repeats every item's phases N times back to back within a round (the
    order alternating each time), so a ratio pairs phases seconds apart: on a host whose
-   speed drifts (docs/bench/2026-11-26-h100-aa-noise.log) that is what resolves a model.
+   speed drifts (docs/benchmarks.md, "Host noise") that is what resolves a model.
 3. Per item and route: ``ratio`` = median over rounds of (hooked / eager) of that round,
    with the quartiles of those ratios; ``served``: the hook ran a kernel for it (its hits
    went up while timing); ``gated``: cached kernels that the speed gate declined (eager ran).

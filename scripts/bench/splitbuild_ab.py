@@ -5,7 +5,7 @@
 One warm-up compile, then 8 compiles of distinct `add` signatures alternating
 AOTI_FARM_SPLIT_WRAPPER=1/0; prints each compile's wall and CPU seconds (own + C++
 compiler children) and the medians.  Every kernel is verified against eager by
-AOTICompiler.compile.  Results of 2026-11-26 on a GPU host: docs/gpu-runs/2026-11-26-run6-splitbuild.md
+AOTICompiler.compile.  Results: docs/benchmarks.md, "Split build"
 (run there as scripts/gpu_split_ab.py).
 """
 import os, sys, time, tempfile
