@@ -73,3 +73,48 @@ def test_python_script_imports_what_exists(path):
 def test_shell_script_parses(path):
     p = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+#: the options through which a benchmark writes results or logs, or keeps scratch
+OUTPUT_OPTIONS = {"--out", "--json", "--log", "--dir", "--workdir"}
+
+
+@pytest.mark.parametrize("path", sorted((SCRIPTS / "bench").glob("*.py")), ids=lambda p: p.name)
+def test_benchmark_writes_nowhere_by_default(path):
+    """A benchmark writes its raw results only where the user names (``--out DIR``,
+    ``--json FILE``): none of its output options has a default path, so a run from inside
+    the checkout leaves nothing in the source tree (docs/benchmarks.md, "Output")."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            names = {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+            for kw in node.keywords:
+                if names & OUTPUT_OPTIONS and kw.arg == "default" and \
+                        not (isinstance(kw.value, ast.Constant) and kw.value.value is None):
+                    bad.append(f"{path.name}:{node.lineno}: {sorted(names)} defaults to {ast.unparse(kw.value)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_benchmark_output_goes_where_named(tmp_path, monkeypatch):
+    """scripts/bench/common.py's output helper: nothing without --out/--json, DIR/<name>.json
+    under --out, FILE itself under --json."""
+    import argparse
+    import json
+    import sys
+
+    monkeypatch.syspath_prepend(str(SCRIPTS / "bench"))
+    monkeypatch.chdir(tmp_path)
+    sys.modules.pop("common", None)
+    import common
+
+    def ns(*argv):
+        ap = argparse.ArgumentParser()
+        common.add_output_args(ap, "demo")
+        return ap.parse_args(list(argv))
+
+    assert common.write_output(ns(), {"a": 1}) is None
+    assert list(tmp_path.iterdir()) == []
+    p = common.write_output(ns("--out", str(tmp_path / "o")), {"a": 1})
+    assert p == tmp_path / "o" / "demo.json" and json.loads(p.read_text()) == {"a": 1}
+    assert common.write_output(ns("--out", str(tmp_path / "o")), "text", ".md").read_text() == "text"
+    assert common.write_output(ns("--json", str(tmp_path / "r.json")), {"b": 2}) == tmp_path / "r.json"

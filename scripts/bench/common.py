@@ -27,6 +27,46 @@ PY = sys.executable
 MARK = "BENCH_JSON:"
 
 
+# --- output -------------------------------------------------------------------------------
+#
+# A benchmark prints its tables.  It writes its raw JSON (and logs) only where the user
+# names: ``--out DIR`` (the directory is created; files get the benchmark's name) or
+# ``--json FILE``.  With neither it writes nothing, so a run from inside the checkout
+# never leaves results in the source tree.  Scratch caches are another matter: they go to
+# a fresh temporary directory unless ``--workdir`` names one.
+
+
+def add_output_args(ap, name: str) -> None:
+    """``--out DIR`` and ``--json FILE`` for a benchmark whose files are named ``name``."""
+    ap.add_argument("--out", default=None, metavar="DIR",
+                    help=f"write the raw results here ({name}.json, and logs); default: print only")
+    ap.add_argument("--json", default=None, metavar="FILE", help="write the JSON result to this file")
+    ap.set_defaults(_out_name=name)
+
+
+def output_path(ns, suffix: str = ".json") -> Path | None:
+    """Where to write this run's ``suffix`` file: ``--json FILE`` (for ``.json``, or FILE
+    with that suffix), else ``DIR/<name><suffix>`` under ``--out DIR``, else None."""
+    if getattr(ns, "json", None):
+        return Path(ns.json) if suffix == ".json" else Path(ns.json).with_suffix(suffix)
+    if getattr(ns, "out", None):
+        d = Path(ns.out)
+        d.mkdir(parents=True, exist_ok=True)
+        return d / f"{ns._out_name}{suffix}"
+    return None
+
+
+def write_output(ns, obj, suffix: str = ".json") -> Path | None:
+    """Write ``obj`` (JSON, or text when it is a str) where :func:`output_path` says; print
+    where it went.  Returns the path, or None when the user named no output."""
+    path = output_path(ns, suffix)
+    if path is None:
+        return None
+    path.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=1, default=str) + "\n")
+    print(f"[bench] wrote {path}", flush=True)
+    return path
+
+
 # --- machine ------------------------------------------------------------------------------
 
 def cpu_model() -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -42,7 +43,8 @@ class Compiler:
     def __init__(self, preexec):
         from aoti_farm.runtime import native
 
-        self.out = tempfile.mktemp(suffix=".so")
+        self.dir = tempfile.mkdtemp(prefix="aoti-contention-")   # private; a guessable name in /tmp is not
+        self.out = os.path.join(self.dir, "bg.so")
         self.cmd = native.command(self.out)
         self.preexec = preexec
         self.p = None
@@ -56,8 +58,7 @@ class Compiler:
         if self.p is not None and self.p.poll() is None:
             self.p.kill()
             self.p.wait()
-        if os.path.exists(self.out):
-            os.unlink(self.out)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def loop(model, xs, n: int, think: float = 0.01, bg: Compiler | None = None) -> tuple:

@@ -120,7 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", type=int, default=1000)
     ap.add_argument("--dir", default=None, help="where the bench cache is built (kept; reused when present)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default=None, help="write the JSON result here too")
+    import common
+    common.add_output_args(ap, "explain-bench")
     a = ap.parse_args(argv)
     root = a.dir or tempfile.mkdtemp(prefix="aoti-explain-bench-")
     os.makedirs(root, exist_ok=True)
@@ -165,9 +166,7 @@ def main(argv=None) -> int:
            "command_explain_s": [round(x, 3) for x in reported], "outcomes": outcomes,
            "manifests_read": ex.index.manifests_read, "target_s": 2.0}
     print(json.dumps(res, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+    common.write_output(a, res)
     return 0
 
 

@@ -122,7 +122,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--json")
+    import common
+    common.add_output_args(ap, "hitpath")
     ap.add_argument("--workdir")
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args(argv)
@@ -138,8 +139,7 @@ def main(argv=None) -> int:
             continue
         print(f"{shape:>10s}: " + "  ".join(f"{k} {v:.2f}" for k, v in d["us"].items())
               + f"  (native {d['native_active']}, hits {d['hits']})")
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+    common.write_output(a, res)
     return 0
 
 

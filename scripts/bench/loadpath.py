@@ -44,7 +44,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--json")
+    import common
+    common.add_output_args(ap, "loadpath")
     ns = ap.parse_args()
     cases = {
         "add 64x128": (torch.ops.aten.add.Tensor, (torch.randn(64, 128), torch.randn(128)), {"alpha": 2}),
@@ -81,8 +82,7 @@ def main() -> int:
             print(f"{name}: eager {med['eager']:.2f} us, shared path {med['shared path']:.2f} us, "
                   f"private copy {med['private copy']:.2f} us; private/shared {ratio:.3f}, "
                   f"private/eager {eager_ratio:.3f}")
-    if ns.json:
-        Path(ns.json).write_text(json.dumps(out, indent=1))
+    common.write_output(ns, out)
     return 0
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import statistics
 import sys
 import threading
@@ -43,8 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=200000)
     ap.add_argument("--scrape-interval", type=float, default=0.5)
-    ap.add_argument("--dir", default="/tmp/aoti-metrics-hit-bench")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--dir", default=None, help="where the bench cache is built (default: a fresh temporary directory)")
+    import common
+    common.add_output_args(ap, "metrics-hit")
     a = ap.parse_args(argv)
     import torch
 
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
 
     x, y = torch.randn(64, 128), torch.randn(64, 128)
     sig = S.from_call(torch.ops.aten.add.Tensor, (x, y), {})
-    cache = os.path.join(a.dir, "cache")
+    cache = os.path.join(a.dir or tempfile.mkdtemp(prefix="aoti-metrics-hit-bench-"), "cache")
     res = compile_into(cache, [sig])
     assert res[0]["status"] in ("compiled", "cached"), res
     add = torch.ops.aten.add.Tensor
@@ -109,9 +111,7 @@ def main(argv=None) -> int:
            "ratio_scrape_to_hook": round(med(scraped) / med(plain), 3),
            "paired_scrape_to_hook": [round(s / p, 3) for s, p in zip(scraped, plain)]}
     print(json.dumps(out, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
+    common.write_output(a, out)
     return 0
 
 

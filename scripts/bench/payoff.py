@@ -585,7 +585,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one round (a smoke run)")
-    ap.add_argument("--json", help="write the results here")
+    import common
+    common.add_output_args(ap, "payoff")
     ap.add_argument("--workdir")
     ap.add_argument("--jobs", type=int, help="compile processes (default: cores, at most 8)")
     ap.add_argument("--rounds", type=int)
@@ -623,8 +624,7 @@ def main(argv=None) -> int:
 
     res["machine"] = machine()
     print_report(res)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+    common.write_output(a, res)
     return 0
 
 

@@ -126,7 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=5000, help="calls per batch")
     ap.add_argument("--threads", type=int, help="intra-op threads (torch.set_num_threads)")
-    ap.add_argument("--json")
+    import common
+    common.add_output_args(ap, "routecost")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -145,8 +146,7 @@ def main(argv=None) -> int:
         print(f"{n:28s} {d['eager_us']:8.2f} {d['routed_us']:8.2f} {d['boxed only_us']:10.2f} "
               f"{d['routed_minus_eager_us']:12.2f} {d['boxing_us']:8.2f} {d['routed_over_eager']:12.3f}")
     print(f"hook: {res['hook']}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+    common.write_output(a, res)
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """aoti-farm benchmarks against upstream aoti_eager.
 
-    python scripts/bench/run.py                 # full mode (the README table; quiet machine)
+    python scripts/bench/run.py --out DIR       # full mode (docs/benchmarks.md; quiet machine)
     python scripts/bench/run.py --quick         # smoke mode: tiny sizes, no new compiles if
                                                 # --kernel-cache holds a kernel (else one)
     python scripts/bench/run.py --only hit,miss --json out.json
@@ -10,7 +10,8 @@ Benchmarks (names for --only): warm, rerun, hit, miss, cold, startup, miss2hit, 
 (scripts/bench/payoff.py: per-op suite and models, hooked vs eager, in one process),
 scaling (scripts/bench/scaling.py: warm at W=1 and W=all).  Each prints its own table;
 the run ends with one summary table (target / measured / met?) and writes everything,
-with the machine and date, to --json (default bench-results.json).  The baseline (eager,
+with the machine and date, to ``--out DIR`` (bench-results.json and .md) or ``--json FILE``;
+without either it writes nothing.  The baseline (eager,
 upstream) is re-measured in the same run, in separate processes.
 
 The other scripts of this folder measure one question each, with their own --help:
@@ -745,7 +746,7 @@ BENCHES = {"warm": bench_warm, "rerun": bench_rerun, "hit": bench_hit, "miss": b
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke mode: tiny sizes, few iterations, skip compile-heavy benchmarks")
-    ap.add_argument("--json", default="bench-results.json", help="where to write the results")
+    C.add_output_args(ap, "bench-results")
     ap.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(NAMES)}")
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a fresh temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary scratch directory (caches, traces, reports)")
@@ -795,10 +796,11 @@ def main(argv=None) -> int:
           [[t["bench"], t["what"], t["target"], fmt(t["measured"]),
             {True: "yes", False: "NO", None: "?"}[t["met"]]] for t in ctx.targets])
     results["markdown"] = markdown(results)
-    Path(a.json).write_text(json.dumps(results, indent=1, default=str))
-    md = str(Path(a.json).with_suffix(".md"))
-    Path(md).write_text(results["markdown"])
-    print(f"\n[bench] wrote {a.json} and {md}", flush=True)
+    print(flush=True)
+    if C.write_output(a, results) is None:
+        print("[bench] nothing written: name --out DIR (or --json FILE) to keep the results", flush=True)
+    else:
+        C.write_output(a, results["markdown"], ".md")
     if not a.workdir and not a.keep:
         C.rmtree(ctx.work)   # full mode leaves GBs of fake entries otherwise
     else:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Farm scaling: `aoti-farm warm` of one job of >= ~80 CPU signatures at W=1 and W=all.
 
-    python scripts/bench/scaling.py --json out.json            # W=1 and W=os.cpu_count()
+    python scripts/bench/scaling.py --out DIR                  # W=1 and W=os.cpu_count(); DIR/scaling.json
     python scripts/bench/scaling.py --workers 16 --isa-replay-off-too --unique 16
     python scripts/bench/run.py --only scaling                 # the same through the runner
 
@@ -750,8 +750,11 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh-headers", action="store_true",
                     help="a fresh temp dir per run, so each run also builds Inductor's precompiled headers")
     ap.add_argument("--run-timeout", type=float, default=3600, help="seconds one warm may take (then: ps)")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--workdir", default=None)
+    import common as C
+
+    C.add_output_args(ap, "scaling")
+    ap.add_argument("--workdir", default=None,
+                    help="scratch: caches, each warm's report and stderr log (default: a fresh temporary directory)")
     ap.add_argument("--no-ceiling", action="store_true",
                     help="skip measuring the host's own ceiling (W copies of a CPU-bound job against one alone)")
     ap.add_argument("--ceiling-only", action="store_true", help="measure the host's ceiling at max(--workers), no warms")
@@ -762,13 +765,13 @@ def main(argv=None) -> int:
     workers = [int(x) for x in a.workers.split(",") if x.strip()] if a.workers else sorted({1, n})
     work = Path(a.workdir or tempfile.mkdtemp(prefix="aoti-scaling-")).absolute()
     work.mkdir(parents=True, exist_ok=True)
-    def save(res):
-        if a.json:
-            Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+    out = C.output_path(a)
+
+    def save(res):   # after every run, so a run cut short still leaves what it measured
+        if out:
+            out.write_text(json.dumps(res, indent=1, default=str))
 
     if a.ceiling_only:
-        import common as C
-
         res = {"machine": C.machine(), "headers_prebuilt": prebuild_headers(work)}
         res["host_ceiling"] = host_ceiling(max(workers), work, farm_compile=res["headers_prebuilt"].get("farm_compile"))
         save(res)
@@ -781,8 +784,8 @@ def main(argv=None) -> int:
                 fresh_headers=a.fresh_headers, save=save, also_env=a.also_env, run_timeout=a.run_timeout,
                 lengths=tuple(int(x) for x in a.lengths.split(",") if x.strip()), ceiling=not a.no_ceiling)
     save(res)
-    if a.json:
-        print(f"[scaling] wrote {a.json}")
+    if out:
+        print(f"[scaling] wrote {out}")
     return 0 if all(r.get("rc") == 0 for r in res["runs"]) else 1
 
 

@@ -51,6 +51,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import common  # noqa: E402
 from common import machine  # noqa: E402
 import shapes_timing as T  # noqa: E402
 
@@ -190,8 +191,9 @@ def main() -> int:
                          "exact kernels (per op; attribution of the model row)")
     ap.add_argument("--timing-only", action="store_true",
                     help="only the per-call timing, on the trace and caches an earlier run left in --workdir")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--log", default=None)
+    common.add_output_args(ap, "shapes")
+    ap.add_argument("--log", default=None, metavar="FILE", help="the run's log (default: DIR/shapes.log under --out, "
+                                                                "else stderr)")
     ns = ap.parse_args()
     global DEVICE, FRESH_INDUCTOR
     FRESH_INDUCTOR = not ns.shared_inductor_cache
@@ -210,11 +212,13 @@ def main() -> int:
     assert all(min(lengths) < L < max(lengths) and L not in lengths for L in unseen), "unseen lengths must be new and in range"
     wd = Path(ns.workdir or tempfile.mkdtemp(prefix="aoti-shapes-"))
     wd.mkdir(parents=True, exist_ok=True)
-    if ns.log:   # append mode: the timing child appends its rounds to the same file
-        open(ns.log, "w").close()
-    log = open(ns.log, "a") if ns.log else sys.stderr
-    if ns.log:   # the timing child writes its rounds there as it goes
-        CHILD_ENV["AOTI_SHAPES_BENCH_LOG"] = str(Path(ns.log).resolve())
+    log_path = ns.log or (common.output_path(ns, ".log") if ns.out else None)
+    json_path = common.output_path(ns)
+    if log_path:   # append mode: the timing child appends its rounds to the same file
+        open(log_path, "w").close()
+    log = open(log_path, "a") if log_path else sys.stderr
+    if log_path:   # the timing child writes its rounds there as it goes
+        CHILD_ENV["AOTI_SHAPES_BENCH_LOG"] = str(Path(log_path).resolve())
     out: dict = {"machine": machine(), "device": DEVICE, "lengths": lengths, "unseen": unseen, "batch": 2,
                  "inductor_cache": "fresh per warm" if FRESH_INDUCTOR else "shared (the environment's)",
                  "model": "BertModel(hidden 128, 2 layers, 2 heads, ffn 512, vocab 1000)"}
@@ -228,8 +232,8 @@ def main() -> int:
         out[name] = fn(*a)
         log.write(f"[shapes] {name} done in {time.perf_counter() - t0:.1f}s\n")
         log.flush()
-        if ns.json:
-            Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")
+        if json_path:
+            json_path.write_text(json.dumps(out, indent=1) + "\n")
 
     trace = str(wd / "trace.json")
     mid = sorted(lengths)[len(lengths) // 2]
@@ -264,8 +268,8 @@ def main() -> int:
     }
     text = json.dumps(out, indent=1)
     print(text)
-    if ns.json:
-        Path(ns.json).write_text(text + "\n")
+    if json_path:
+        json_path.write_text(text + "\n")
     return 0
 
 
