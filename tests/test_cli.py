@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -30,6 +31,27 @@ def test_help_imports_neither_torch_nor_ray():
     assert p.stdout.strip().splitlines()[-1] == "LOADED False False 0"
     for cmd in ("warm", "serve", "run", "record", "trace", "key", "compile-one", "cache", "bench"):
         assert cmd in p.stdout
+
+
+def test_help_groups_user_commands_apart_from_developer_tools(capsys):
+    """`aoti-farm --help` lists the user's commands, then the developer tools, each
+    exactly once, and every command of the parser is in one of the two groups."""
+    import re
+
+    from aoti_farm.cli import DEVELOPER_COMMANDS, USER_COMMANDS, build_parser
+
+    assert set(USER_COMMANDS) == {"record", "warm", "run", "serve", "explain", "report", "cache", "trace"}
+    assert set(DEVELOPER_COMMANDS) == {"key", "compile-one", "native", "bench"}
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(USER_COMMANDS) | set(DEVELOPER_COMMANDS)
+    rc, out, _ = _cli(capsys, "--help")
+    assert rc == 0
+    head, _, rest = out.partition("\ncommands:\n")
+    users, _, devs = rest.partition("\ndeveloper tools:\n")
+    listed = lambda text: re.findall(r"^  ([a-z-]+)  ", text, re.M)  # noqa: E731
+    assert listed(users) == list(USER_COMMANDS), out
+    assert listed(devs) == list(DEVELOPER_COMMANDS), out
+    assert not set(listed(head)) & set(sub.choices), out   # argparse's own, mixed list is gone
 
 
 def test_console_script_and_module_agree():

@@ -104,6 +104,32 @@ def cmd_bench(argv: list[str]) -> int:
 
 # --- parser -----------------------------------------------------------------------------
 
+#: What ``aoti-farm --help`` lists, in two groups.  A user's workflow needs only the first
+#: (record -> warm -> run -> cache stats -> explain); the second looks inside one signature
+#: or the build.  Every command of the parser is in exactly one group (tests/test_cli.py).
+USER_COMMANDS = ("record", "warm", "run", "serve", "explain", "report", "cache", "trace")
+DEVELOPER_COMMANDS = ("key", "compile-one", "native", "bench")
+
+_HELP = {
+    **{name: spec[3] for name, spec in EXTERNAL.items()},
+    "cache": "inspect and maintain a cache directory (stats, ls, verify, gc, rm, export/import-upstream)",
+    "trace": "validate, show or merge trace files",
+    "key": "show the fields hashed into a trace entry's key and its fingerprint",
+    "compile-one": "compile, verify and publish one trace entry in this process",
+    "native": "build the serving hook's native hit path, or show its status",
+    "bench": "the benchmark suite of a source checkout (`aoti-farm bench --help`)",
+}
+
+
+def _command_list() -> str:
+    width = max(map(len, USER_COMMANDS + DEVELOPER_COMMANDS)) + 2
+
+    def block(title, names):
+        return "\n".join([f"{title}:"] + [f"  {n:<{width}}{_HELP[n]}" for n in names])
+
+    return (block("commands", USER_COMMANDS) + "\n\n" + block("developer tools", DEVELOPER_COMMANDS) +
+            "\n\n`aoti-farm COMMAND --help` gives a command's flags; docs/cli.md has the reference.")
+
 
 _common, _memory_budget_arg = flags.common, flags.memory_budget
 
@@ -112,18 +138,22 @@ def build_parser(command: str | None = None) -> Parser:
     """The parser; ``command`` names the subcommand whose external arguments to load
     (only that module is imported)."""
     p = Parser(prog=PROG, description="A compile farm for PyTorch AOTInductor eager kernels: parallel warm-up "
-                                      "on Ray, a shared verified kernel cache, a non-blocking runtime hook.")
+                                      "on Ray, a shared verified kernel cache, a non-blocking runtime hook.",
+               epilog=_command_list(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    # The commands are listed by the epilog, in their two groups; argparse's own list
+    # would mix them.
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser,
+                           help="one of the commands below")
     sub.required = True
 
     for name, (modname, add, _, help_) in EXTERNAL.items():
-        sp = sub.add_parser(name, help=help_, description=help_)
+        sp = sub.add_parser(name, description=help_)
         if command == name:
             getattr(_module(modname, name), add)(sp)
         sp.set_defaults(func=_external(name))
 
-    tr = sub.add_parser("trace", help="validate, show or merge trace files")
+    tr = sub.add_parser("trace", description=_HELP["trace"])
     tsub = tr.add_subparsers(dest="trace_command", metavar="ACTION", parser_class=Parser)
     tsub.required = True
     v = tsub.add_parser("validate", help="check a trace file (exit 2 with the reason if bad)")
@@ -143,20 +173,20 @@ def build_parser(command: str | None = None) -> Parser:
     _common(m, cache=False)
     m.set_defaults(func=cmd_trace_merge)
 
-    k = sub.add_parser("key", help="show the fields hashed into a trace entry's key and its fingerprint")
+    k = sub.add_parser("key", description=_HELP["key"])
     k.add_argument("--trace", required=True)
     k.add_argument("--index", type=int, required=True, help="entry index (see `trace show`)")
     _common(k)
     k.set_defaults(func=cmd_key)
 
-    c1 = sub.add_parser("compile-one", help="compile, verify and publish one trace entry in this process")
+    c1 = sub.add_parser("compile-one", description=_HELP["compile-one"])
     c1.add_argument("--trace", required=True)
     c1.add_argument("--index", type=int, required=True, help="entry index (see `trace show`)")
     _memory_budget_arg(c1)
     _common(c1)
     c1.set_defaults(func=cmd_compile_one)
 
-    ca = sub.add_parser("cache", help="inspect and maintain a cache directory")
+    ca = sub.add_parser("cache", description=_HELP["cache"])
     csub = ca.add_subparsers(dest="cache_command", metavar="ACTION", parser_class=Parser)
     csub.required = True
     x = csub.add_parser("stats", help="entries, bytes, failures, queue, leases per fingerprint")
@@ -190,12 +220,12 @@ def build_parser(command: str | None = None) -> Parser:
     _common(x)
     x.set_defaults(func=_upstream("import_command"))
 
-    nat = sub.add_parser("native", help="build the serving hook's native hit path, or show its status")
+    nat = sub.add_parser("native", description=_HELP["native"])
     nat.add_argument("action", choices=("build", "status"), help="build: compile it for this torch (about 30 s); "
                      "status: where it is and whether it is built")
     nat.set_defaults(func=cmd_native)
 
-    sub.add_parser("bench", help="benchmarks (`aoti-farm bench --help`)", add_help=False)
+    sub.add_parser("bench", description=_HELP["bench"], add_help=False)
     return p
 
 
