@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 from _procs import alive
+
 from aoti_farm.workers import earlyray
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ The unit tests of this module (no compile, no Ray, no subprocess) are in tests/u
 """
 
 from __future__ import annotations
+
 import subprocess
 import sys
 

@@ -8,7 +8,9 @@ The unit tests of this module (no compile, no Ray, no subprocess) are in tests/u
 """
 
 from __future__ import annotations
+
 import torch
+
 from aoti_farm.runtime import gate as gate_mod
 from aoti_farm.runtime import install
 

@@ -22,6 +22,7 @@ from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.config import FarmConfig
 from aoti_farm.fingerprint import fingerprint
+
 import doubles
 from doubles import ScriptedCompiler
 from _counters import assert_delta

@@ -2,6 +2,7 @@
 file's docstring describes the topic, and it holds the unit tests."""
 
 from __future__ import annotations
+
 import subprocess
 from pathlib import Path
 

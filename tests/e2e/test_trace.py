@@ -2,9 +2,11 @@
 file's docstring describes the topic, and it holds the unit tests."""
 
 from __future__ import annotations
+
 import json
 import subprocess
 import sys
+
 import torch
 
 from aoti_farm import signature as S

@@ -28,6 +28,7 @@ from aoti_farm import signature as S
 from aoti_farm import upstream as U
 from aoti_farm.cli import upstream_cmds
 from aoti_farm.cache import Cache
+
 from conftest import sig_add_alpha, sig_mul
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,8 +3,11 @@ file's docstring describes the topic, and it holds the tests that compile, start
 start processes."""
 
 from __future__ import annotations
+
 import os
+
 import torch
+
 from aoti_farm.cli import main
 from aoti_farm.compiler import compare
 from aoti_farm.trace import load_trace

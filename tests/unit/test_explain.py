@@ -3,7 +3,9 @@ file's docstring describes the topic, and it holds the tests that compile, start
 start processes."""
 
 from __future__ import annotations
+
 import pytest
+
 from aoti_farm.cli import main
 
 

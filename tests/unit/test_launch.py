@@ -8,6 +8,7 @@ import argparse
 import sys
 
 import pytest
+
 from aoti_farm.errors import UserError
 from aoti_farm.runtime import launch
 

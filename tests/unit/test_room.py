@@ -12,6 +12,7 @@ import threading
 
 import pytest
 import torch
+
 from aoti_farm.runtime.room import ThreadRoom
 
 

@@ -3,8 +3,11 @@ file's docstring describes the topic, and it holds the tests that compile, start
 start processes."""
 
 from __future__ import annotations
+
 import torch
+
 from aoti_farm.runtime import dispatch
+
 from _runtime_helpers import same
 
 

@@ -3,6 +3,7 @@ file's docstring describes the topic, and it holds the tests that compile, start
 start processes."""
 
 from __future__ import annotations
+
 import sys
 from pathlib import Path
 

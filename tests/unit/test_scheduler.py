@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.workers.warm import plan

@@ -5,6 +5,7 @@ start processes."""
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from aoti_farm import shapes as SH, signature as S

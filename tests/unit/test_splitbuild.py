@@ -8,6 +8,7 @@ import os
 import time
 
 import pytest
+
 from aoti_farm import splitbuild
 
 IFACE = splitbuild.interface_text()

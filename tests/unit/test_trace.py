@@ -4,6 +4,7 @@ The tests of this module that compile, start Ray or start processes are in tests
 """
 
 from __future__ import annotations
+
 import json
 import os
 
