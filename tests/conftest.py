@@ -1,14 +1,39 @@
-"""Shared fixtures.  Real compiles cost 6-15 s each on CI's 2 cores, so every test that
-needs a compiled kernel gets it from one session-wide cache through ``kernels``.
+"""What both test tiers share.  ``.venv/bin/pytest -q`` runs both tiers:
+
+* tests/unit -- fast: no compile, no Ray, no subprocess, no native build (its conftest.py
+  fails a test that starts one; tests/unit/test_tiers.py checks the files);
+* tests/e2e  -- real compiles, Ray, subprocesses, the drills, the install and benchmark
+  smoke tests; its conftest.py builds the native hit path for them.
+
+A test file directly in tests/ (not yet sorted into a tier) runs as an e2e file does.
+
+Real compiles cost 6-15 s each on CI's 2 cores, so every test that needs a compiled kernel
+gets it from one session-wide cache through ``kernels``.  The session fixtures live here,
+not in tests/e2e, so that an unsorted file in tests/ finds them too; a session fixture costs
+nothing until a test asks for it, and no unit test may (tests/unit/test_tiers.py).
 
 Common signatures are built with the ``sig_*`` helpers below so tests ask for the same
 ones and each is compiled once per session.
+
+Test helper modules are imported by bare name (``from _counters import assert_delta``,
+``from conftest import sig_mul``): tests/ (shared helpers) and tests/e2e (the e2e tier's
+own helpers) are put on ``sys.path`` here.  tests/unit and tests/e2e are packages, so that a
+unit and an e2e file may share a basename (``unit.test_gate``, ``e2e.test_gate``); a test
+module imports another one by its package name (``from e2e.test_gate import _add_call``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+for _d in (TESTS / "e2e", TESTS):             # tests/ first
+    if str(_d) in sys.path:
+        sys.path.remove(str(_d))
+    sys.path.insert(0, str(_d))
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
@@ -74,11 +99,31 @@ def kernels(tmp_path_factory):
     return Kernels(tmp_path_factory.mktemp("session-cache"))
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def native_hit_path():
     """Hooks in tests take the production path, the native hit path; it is built once
-    per machine and torch build (a real C++ compile, about 30 s), here if not yet."""
+    per machine and torch build (a real C++ compile, about 30 s), here if not yet.
+    Every e2e test asks for it (tests/e2e/conftest.py); no unit test may."""
     from aoti_farm.runtime import native
 
     if not native.disabled():
         native.build()
+
+
+@pytest.fixture(autouse=True)
+def _unsorted_test_file_runs_as_e2e(request):
+    """A test file directly in tests/ gets what an e2e test gets, until it is sorted."""
+    if request.path.parent == TESTS:
+        request.getfixturevalue("native_hit_path")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks each test with its tier (``-m unit``, ``-m e2e``; an unsorted file in tests/ is
+    e2e) and runs the unit tier first, so a plain ``pytest -q`` fails within a minute on
+    a unit failure.  Within a tier the order is pytest's own."""
+    def tier(item) -> str:
+        return "unit" if TESTS / "unit" in item.path.parents else "e2e"
+
+    for item in items:
+        item.add_marker(tier(item))
+    items.sort(key=lambda item: tier(item) != "unit")

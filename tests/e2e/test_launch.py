@@ -1,0 +1,60 @@
+"""Serving-process edges of the hook: ``aoti-farm run``'s stats folder, and a process that
+cannot load kernels (the libstdc++ trap, see aoti_farm.loadenv).
+
+The unit tests of this module (no compile, no Ray, no subprocess) are in tests/unit/test_launch.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aoti_farm import loadenv
+from aoti_farm.errors import UserError
+from aoti_farm.runtime import install, launch
+
+from conftest import sig_add_alpha
+
+
+def test_stats_folder_gone_at_exit_never_reaches_the_program(tmp_path):
+    """The folder vanishes while the program runs (or the variable was set by hand): the
+    program's exit and output are its own; the hook says so in one line on stderr."""
+    env = launch._child_env({"AOTI_FARM_HOOK": "1", "AOTI_FARM_CACHE_DIR": str(tmp_path / "c"),
+                             "AOTI_FARM_ON_MISS": "ignore", "AOTI_FARM_HOOK_STATS": str(tmp_path / "gone")})
+    r = subprocess.run([sys.executable, "-c", "import torch; torch.add(torch.ones(2), torch.ones(2)); print('ok')"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+    [line] = [x for x in r.stderr.splitlines() if "aoti-farm" in x]
+    assert f"hook stats not written to {tmp_path / 'gone'}: No such file or directory" in line, r.stderr
+
+
+def test_hook_that_cannot_load_kernels_intercepts_nothing(kernels, monkeypatch):
+    """On a host that needs the libstdc++ preload, a process started without it can serve
+    nothing: the hook registers no kernel at all (eager runs untouched, at eager's cost),
+    starts no thread or worker, and says why."""
+    if loadenv.system_libstdcxx() is None:
+        pytest.skip("no system libstdc++ to preload")
+    sig = sig_add_alpha()
+    kernels.ensure(sig)
+    monkeypatch.setenv("AOTI_FARM_PRELOAD_LIBSTDCXX", "1")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    a, b = torch.randn(8, 16), torch.randn(16)
+    expected = torch.add(a, b, alpha=2)
+    key = "CPU"
+    before = torch._C._dispatch_dump_table("aten::add.Tensor")
+    with install(cache_dir=kernels.cache.root, ops=["aten::add.Tensor"], on_miss="compile") as hook:
+        during = torch._C._dispatch_dump_table("aten::add.Tensor")
+        got = torch.add(a, b, alpha=2)
+        st = hook.stats()
+        assert hook.ops == [] and hook.worker is None
+    assert torch.equal(got, expected)
+    assert during == before, "the hook registered a kernel"
+    assert key in before
+    assert st["serving"] is False and "LD_PRELOAD" in st["native"]["reason"], st
+    assert st["calls"] == 0 and st["hits"] == 0 and st["kernels_loaded"] == 0, st
+    with pytest.raises(UserError, match="ops"):
+        install(cache_dir=kernels.cache.root, ops=["aten::no_such_op"], on_miss="ignore", route="all")

@@ -1,0 +1,87 @@
+"""The wrapper's split build (aoti_farm.splitbuild): the model-independent half of every
+AOTI wrapper is compiled once per host and linked into each kernel; every way it can go
+wrong falls back to Inductor's whole-file build, and the kernel is still verified.
+
+The unit tests of this module (no compile, no Ray, no subprocess) are in tests/unit/test_splitbuild.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from filelock import FileLock
+
+from aoti_farm import signature as S
+from aoti_farm import splitbuild
+from aoti_farm.compiler import AOTICompiler
+
+from conftest import sig_add_alpha
+
+
+def _sig(n):
+    a, b = torch.empty(n, 8), torch.empty(8)
+    return S.from_call(torch.ops.aten.sub.Tensor, (a, b), {"alpha": 3})
+
+
+def test_session_kernels_are_split_built(kernels):
+    """What every compile in this suite does: the wrapper was built in two halves, and the
+    entry says so (the kernel was verified against eager before it was published)."""
+    add = sig_add_alpha()
+    assert kernels.ensure(add).status in ("compiled", "cached")
+    build = kernels.cache.open_entry(kernels.fp, add.key).manifest["build"]
+    assert build["wrapper"] == "split", build
+    assert build["common"] in ("built", "reused") or build["common"].startswith("rebuilt"), build
+    assert build["common_s"] + build["model_s"] > 0
+
+
+def test_fallbacks_still_build_verified_kernels(tmp_path, monkeypatch):
+    """Real compiles: split (reusing the common object), then with the common object's
+    lock held by someone else, then with the split turned off, then after the cached
+    common object was damaged.  Each kernel is verified against eager by compile()."""
+    comp = AOTICompiler()
+    r = comp.compile(_sig(3), str(tmp_path / "a"))
+    assert r.build["wrapper"] == "split" and r.verification["ok"], r.build
+    obj = os.path.join(splitbuild.common_dir(), r.build["common_object"])
+    assert os.path.exists(obj) and splitbuild._intact(obj)
+
+    before = splitbuild.stats()
+    monkeypatch.setattr(splitbuild, "COMMON_WAIT_S", 0.5)   # it waits that long for the holder, then builds whole
+    with FileLock(obj + ".lock"):
+        os.rename(obj, obj + ".away")   # so this compile must build it, and finds the lock held
+        try:
+            r = comp.compile(_sig(4), str(tmp_path / "b"))
+        finally:
+            os.rename(obj + ".away", obj)
+    assert r.build == {"wrapper": "whole", "reason": "common_busy"} and r.verification["ok"]
+    after = splitbuild.stats()
+    assert after["common_busy"] == before["common_busy"] + 1 and after["whole"] == before["whole"] + 1
+
+    monkeypatch.setenv(splitbuild.ENV, "0")
+    r = comp.compile(_sig(5), str(tmp_path / "c"))
+    assert r.build == {"wrapper": "whole", "reason": f"{splitbuild.ENV}=0"} and r.verification["ok"]
+    monkeypatch.delenv(splitbuild.ENV)
+
+    data = bytearray(open(obj, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(obj, "wb").write(bytes(data))           # a flipped byte: never linked
+    r = comp.compile(_sig(6), str(tmp_path / "d"))
+    assert r.build["wrapper"] == "split" and r.build["common"].startswith("rebuilt"), r.build
+    assert r.verification["ok"] and splitbuild._intact(obj)
+    assert splitbuild.stats()["common_damaged"] == after["common_damaged"] + 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_wrapper_is_split_built(tmp_path):
+    """The CUDA wrapper (another device include, the same interface) splits the same way,
+    into its own common object, and the kernel agrees with eager on the GPU."""
+    a, b = torch.empty(16, 32, device="cuda"), torch.empty(32, device="cuda")
+    sig = S.from_call(torch.ops.aten.sub.Tensor, (a, b), {"alpha": 3})
+    comp = AOTICompiler()
+    first = comp.compile(sig, str(tmp_path / "a"))
+    assert first.build["wrapper"] == "split" and first.verification["ok"], first.build
+    a2 = torch.empty(17, 32, device="cuda")
+    second = comp.compile(S.from_call(torch.ops.aten.sub.Tensor, (a2, b), {"alpha": 3}), str(tmp_path / "b"))
+    assert second.build["wrapper"] == "split" and second.build["common"] == "reused", second.build
+    assert second.build["common_object"] == first.build["common_object"]

@@ -1,0 +1,151 @@
+"""The import layers of the package, read from the sources (AST), so nothing is imported.
+
+Layers (folders):
+  * core     -- ``aoti_farm/`` (signature, trace, fingerprint, cache, leases, miss queue,
+               compiler, split build, job, config, upstream format, ...);
+  * workers  -- ``workers/`` = ``aoti_farm.workers`` (everything Ray);
+  * runtime  -- ``runtime/`` = ``aoti_farm.runtime`` (everything in a serving process);
+  * command  -- ``aoti_farm/cli/`` = ``aoti_farm.cli`` (arguments, environment, TOML, printing,
+               exit codes), and ``aoti_farm/__main__.py``.
+Rules: the core imports neither workers, runtime nor the command layer; workers and runtime
+import neither each other nor the command layer.  The one exception is the package's
+``aoti_farm/__init__.py``, the distribution's entrance: its documented ``aoti_farm.record``
+forwards to ``aoti_farm.runtime.recorder`` (imported when called).
+
+Edges: module A -> module B when A holds an ``import`` of B anywhere (module level,
+function level, under ``if TYPE_CHECKING``: every import statement counts).  ``from P import
+n`` is an edge to ``P.n`` when that is a module, else to ``P``; ``import P.Q`` is an edge to
+``P.Q`` only (the parent packages' ``__init__`` run too, but that is Python's mechanics,
+not a dependency of A).  A cycle is a strongly connected component of that graph with two
+or more modules, or a module importing itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ROOTS = {"aoti_farm": REPO / "aoti_farm", "aoti_farm.workers": REPO / "workers",
+         "aoti_farm.runtime": REPO / "runtime"}
+ENTRANCE = "aoti_farm"
+ENTRANCE_ALLOWED = {"aoti_farm.runtime.recorder"}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (packages by their ``__init__``)."""
+    out = {}
+    for pkg, root in ROOTS.items():
+        for f in root.rglob("*.py"):
+            rel = f.relative_to(root).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            if "_site" in parts:          # the launcher's sitecustomize: runs in a child, not imported
+                continue
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def layer(mod: str) -> str:
+    if mod == "aoti_farm.__main__":       # ``python -m aoti_farm``: the command
+        return "cli"
+    for name in ("workers", "runtime", "cli"):
+        if mod == f"aoti_farm.{name}" or mod.startswith(f"aoti_farm.{name}."):
+            return name
+    return "core"
+
+
+def _resolve_from(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (see the module docstring)."""
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve_from(mod, is_pkg, node)
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            for n in names:
+                if n.startswith(ENTRANCE):
+                    assert n in mods, f"{path}: imports {n}, which is not a module of the package"
+                    deps.add(n)
+        graph[mod] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components (Tarjan) with more than one module, and self-imports."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+FORBIDDEN = {"core": {"workers", "runtime", "cli"}, "workers": {"cli", "runtime"}, "runtime": {"cli", "workers"},
+             "cli": set()}
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        for d in sorted(deps):
+            if mod == ENTRANCE and d in ENTRANCE_ALLOWED:
+                continue
+            if layer(d) in FORBIDDEN[layer(mod)]:
+                bad.append(f"{mod} ({layer(mod)}) imports {d} ({layer(d)})")
+    return bad
+
+
+def test_the_walk_sees_every_kind_of_import():
+    mods = modules()
+    assert {"aoti_farm.cache", "aoti_farm.workers.compile_actor", "aoti_farm.runtime.hook"} <= set(mods)
+    g = imports(mods)
+    # a module-level, a function-level and a relative-free from-import are all seen
+    assert "aoti_farm.cache" in g["aoti_farm.job"]
+    assert "aoti_farm.runtime.recorder" in g["aoti_farm"]          # inside record()
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"a"}}) == [["a"]] and cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_crosses_the_layers_upward():
+    bad = upward(imports(modules()))
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    found = cycles(imports(modules()))
+    assert not found, "\n".join(" <-> ".join(c) for c in found)

@@ -1,0 +1,46 @@
+"""The unit tests split from tests/e2e/test_scaling_bench.py (no compile, no Ray, no subprocess); that
+file's docstring describes the topic, and it holds the tests that compile, start Ray or
+start processes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "bench" / "scaling.py"
+
+
+def test_cpu_by_process_kind_reads_the_command_lines_ray_and_the_farm_use():
+    """The benchmark's CPU breakdown: Ray's raylet names default_worker.py in its own
+    arguments and Ray names its agents ray::...Agent, neither of which is an actor."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import scaling
+
+    site = "/v/lib/python3.11/site-packages/ray"
+    cases = {
+        (f"{site}/core/src/ray/raylet/raylet", "--python_worker_command=/v/bin/python "
+         f"{site}/_private/workers/default_worker.py"): "ray daemons",
+        (f"{site}/core/src/ray/gcs/gcs_server", "--log_dir=/tmp/x"): "ray daemons",
+        ("ray::DashboardAgent",): "ray python",
+        ("ray::RuntimeEnvAgent",): "ray python",
+        ("/v/bin/python", "-u", f"{site}/_private/log_monitor.py", "--session-dir=/tmp/x"): "ray python",
+        ("ray::IDLE",): "actors",
+        ("ray::CompileActor.compile",): "actors",
+        ("/v/bin/python", f"{site}/_private/workers/default_worker.py", "--node-ip-address=1"): "actors",
+        ("/v/bin/python", "-m", "aoti_farm", "warm", "--model", "t.json"): "driver and its children",
+        ("/v/bin/python", "-m", "aoti_farm.workers.forkserver", "/tmp/aoti-farm-fork-x/s"): "fork server",
+        ("/opt/gcc/bin/g++", "-O2", "-c", "k.cpp"): None,
+    }
+    for argv, kind in cases.items():
+        assert scaling.kind_of(list(argv)) == kind, argv
+
+
+def test_the_ceiling_replays_a_recorded_compile_into_its_own_object():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import scaling
+
+    rec = {"argv": ["g++", "/w/captured/model_half.cpp", "-O1", "-include", "/p/x.h", "-c", "-o", "/gone/m.o"]}
+    assert scaling._replay(rec, 3) == ["g++", "/w/captured/model_half.cpp", "-O1", "-include", "/p/x.h", "-c",
+                                       "-o", "/w/captured/model_half.ceiling3.o"]
+    assert rec["argv"][-1] == "/gone/m.o"
