@@ -83,8 +83,11 @@ def length_tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected: Any)
 
 
 def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] = (0.0, 0.0)) -> dict | None:
-    """None if ``got`` matches eager's ``expected``, else the evidence of the mismatch.
-    ``extra`` = (rtol, atol) added to the dtype's tolerances (:func:`length_tolerance`)."""
+    """None if ``got`` matches eager's ``expected``, else the evidence of the mismatch:
+    output count, dtype, shape, device, strides (of dims longer than 1), NaN in the same
+    places, infinities equal with their sign (``isclose`` is exact on them), zeros of the
+    same sign where both are zero, then values within the tolerance.  ``extra`` = (rtol,
+    atol) added to the dtype's tolerances (:func:`length_tolerance`)."""
     exp = list(expected) if isinstance(expected, (tuple, list)) else [expected]
     if len(exp) != len(got):
         return {"problem": "output count", "eager": len(exp), "kernel": len(got)}
@@ -109,6 +112,18 @@ def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] =
             if bool((g_nan & ~e_nan).any()):
                 idx = int((g_nan & ~e_nan).flatten().nonzero()[0])
                 return {"output": n, "problem": "NaN where eager has a number", "flat_index": idx}
+            if bool((e_nan & ~g_nan).any()):
+                idx = int((e_nan & ~g_nan).flatten().nonzero()[0])
+                return {"output": n, "problem": "a number where eager has NaN", "flat_index": idx,
+                        "kernel": complex(gc.flatten()[idx]).real if not gc.is_complex() else str(gc.flatten()[idx])}
+            if not ec.is_complex():
+                # the sign of a zero is part of the result (1/x, atan2, copysign see it):
+                # where both are zero, the sign bits must agree
+                zs = (ec == 0) & (gc == 0) & (torch.signbit(ec) != torch.signbit(gc))
+                if bool(zs.any()):
+                    idx = int(zs.flatten().nonzero()[0])
+                    return {"output": n, "problem": "sign of zero", "flat_index": idx,
+                            "eager": float(ec.flatten()[idx]), "kernel": float(gc.flatten()[idx])}
             ok = torch.isclose(gc, ec, rtol=rtol, atol=atol, equal_nan=True)
             if not bool(ok.all()):
                 diff = (gc - ec).abs().flatten()
