@@ -45,7 +45,7 @@ from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.compiler import (FARM_OPTION_PREFIX, before_compile, CompileInfraError, CompileResult, _first_line, _OpModule,
                                 compare, flat_tensors, infrastructure_error, length_tolerance, load_runner,
-                                parallel_like_eager, thread_mode)
+                                thread_mode)
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import Fingerprint, effective_options
 from aoti_farm.job import BUSY, CACHED, COMPILED, FAILED, Outcome
@@ -129,9 +129,8 @@ class ClassCompiler:
             opts["aot_inductor.output_path"] = os.path.join(build, "kernel.so")
             if device == "cuda" and hasattr(torch._inductor.config.aot_inductor, "embed_kernel_binary"):
                 opts.setdefault("aot_inductor.embed_kernel_binary", True)
-            min_work = self._options.get("aoti_farm.parallel_min_work") if opts.get("cpp.dynamic_threads") else None
             try:
-                with splitbuild.active(), parallel_like_eager(min_work):
+                with splitbuild.active():
                     built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
                     build_info = splitbuild.last_build()
             except Exception as e:  # noqa: BLE001
