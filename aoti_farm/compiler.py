@@ -1,10 +1,14 @@
 """Compiling one signature: a small interface and its one real implementation.
 
 ``Compiler.compile(sig, workdir)`` returns the files of a kernel that torch's AOTI
-model-container runner loads, *already checked against eager* on fresh random inputs, or
-raises :class:`CompileRefused` for a deterministic failure (an ineligible op, an Inductor
-error, a disagreement with eager).  Any other exception is an infrastructure failure that
-the farm may retry.
+model-container runner loads, *already checked against eager* on fresh random inputs (a
+CPU kernel at every intra-op thread count it may be served at: 1, 2 and the host's cores)
+and on adversarial inputs (:mod:`aoti_farm.adversarial`: special values, extremes,
+indices eager rejects, where the kernel must raise like eager), or raises
+:class:`CompileRefused` for a deterministic failure (an ineligible op, an Inductor error,
+a disagreement with eager).  An exception of aoti-farm's own code is a bug
+(:func:`own_code_error`: recorded once with its traceback by ``job.compile_and_publish``).
+Any other exception is an infrastructure failure that the farm may retry.
 
 This is the only module that touches private torch APIs:
 

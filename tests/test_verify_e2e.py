@@ -74,6 +74,7 @@ def test_var_mean_is_published_right_at_every_thread_count(tmp_path):
     cache, fp, sig = Cache(tmp_path / "c"), fingerprint("cpu"), _var_mean_sig()
     with _threads(1):
         out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+        assert torch.get_num_threads() == 1   # verification restored the builder's count
     assert out.status == "compiled", (out.error, out.evidence)
     entry = cache.open_entry(fp, sig.key)
     cores = len(os.sched_getaffinity(0))

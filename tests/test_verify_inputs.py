@@ -287,3 +287,22 @@ def test_tf32_tolerance_follows_eager_flags():
     assert compare(eager, [exact]) is not None
     assert compare(eager, [exact], flag_tolerance(conv, args, {}, on)) is None
     assert flag_tolerance(conv, args, {}, {"matmul_allow_tf32": True, "cudnn_allow_tf32": False}) == (0.0, 0.0)
+
+
+def test_entry_verified_threads_reads_old_and_new_manifests():
+    """The runtime reads Entry.verified_threads: the manifest's sorted list, [1] for a CPU
+    manifest written before the field, None for CUDA."""
+    from pathlib import Path
+
+    from aoti_farm.manifest import Entry
+
+    cpu = S.from_call(torch.ops.aten.mul.Tensor, (torch.empty(3, 5), torch.empty(3, 5)), {})
+    cuda = _as_cuda(cpu)
+
+    def entry(sig, **m):
+        return Entry("fp", sig.key, Path("/nonexistent"), {"signature": sig.to_obj(), **m})
+
+    assert entry(cpu, verified_threads=[16, 1, 2]).verified_threads == [1, 2, 16]
+    assert entry(cpu).verified_threads == [1]
+    assert entry(cpu, verified_threads="junk").verified_threads == [1]
+    assert entry(cuda).verified_threads is None
