@@ -198,4 +198,5 @@ def test_reduction_corpus_matches_eager_at_one_to_n_threads(tmp_path, monkeypatc
             bad = compare(expected, got, length_tolerance(sig, fargs, fkwargs, expected))
             if bad is not None:
                 wrong.setdefault(name, {})[n] = bad
-    assert not wrong, wrong
+    assert not wrong, {name: {n: (bad["problem"], bad.get("output")) for n, bad in per.items()}
+                       for name, per in wrong.items()}
