@@ -27,11 +27,15 @@ from aoti_farm.signature.examples import storage_size
 
 INF, NAN = float("inf"), float("nan")
 
-#: Special values of the "special values" case: signed zeros, infinities, NaN, and exact
-#: quotients (1.0 and 0.1, 5.0 and inf, -inf and -1).  With k values, input i of a call
-#: gets value ``SPECIALS[(j // k**i) % k]`` at storage element j, so two inputs of k*k
-#: elements meet in every pair.
-SPECIALS = (0.0, -0.0, 1.0, 0.1, -1.0, 5.0, INF, -INF, NAN, 3.0)
+#: Values of the "finite special values" case: signed zeros and exact quotients (1.0 and
+#: 0.1: ``1.0 // 0.1``).  With k values, input i of a call gets value ``values[(j // k**i) %
+#: k]`` at storage element j, so two inputs of k*k elements meet in every pair.
+FINITE = (0.0, -0.0, 1.0, 0.1, -1.0, 5.0, 3.0, 10.0)
+
+#: Values of the "infinities and NaN" case, with finite partners (``-inf // -1``,
+#: ``remainder(5.0, inf)``, ``remainder(-0.0, inf)``).  Its own case, so a refusal says
+#: whether a kernel differs from eager only where an input is not finite.
+NONFINITE = (INF, -INF, NAN, 0.0, -0.0, 1.0, -1.0, 5.0)
 
 #: Argument names that hold indices into another input (see :func:`index_bound`).
 INDEX_ARGS = ("index", "indices", "target")
@@ -59,12 +63,20 @@ def _pattern(values: list, n: int, i: int, dtype: torch.dtype, device) -> torch.
         else torch.tensor(values, dtype=torch.int64)[idx].to(dtype).to(device)
 
 
-def float_values(dtype: torch.dtype) -> tuple[list, list]:
-    """(special values, magnitudes) of a float dtype: magnitudes are its huge (a quarter of
-    its max: a few of them overflow whatever the order of a sum), its smallest normal, and
+#: The float cases, in the order they run.
+FLOAT_CASES = ("finite special values", "infinities and NaN", "magnitudes")
+
+
+def float_values(dtype: torch.dtype, case: str) -> list:
+    """The values of a float case for ``dtype``.  Magnitudes: its huge (a quarter of its
+    max: a few of them overflow whatever the order of a sum), its smallest normal, and
     exact quotients."""
+    if case == "finite special values":
+        return list(FINITE)
+    if case == "infinities and NaN":
+        return list(NONFINITE)
     fi = torch.finfo(dtype)
-    return list(SPECIALS), [fi.max / 4, fi.tiny, -fi.tiny, 1.0, 0.1, 2.0, -3.0, fi.max / 4]
+    return [fi.max / 4, fi.tiny, -fi.tiny, 1.0, 0.1, 2.0, -3.0, fi.max / 4]
 
 
 def _int_pattern(dtype: torch.dtype, i: int) -> list:
@@ -154,13 +166,12 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
             if b is not None and b >= 1:
                 bounds[(n, j)] = b
                 valid[(n, j)] = _view(t, _flat(t).remainder(b))
-    for case in ("special values", "magnitudes"):
+    for case in FLOAT_CASES:
         repl = dict(valid)
         for i, (n, j, t) in enumerate(floats):
-            vals = float_values(t.dtype)[0 if case == "special values" else 1]
-            flat = _pattern(vals, _flat(t).numel(), i, t.dtype, t.device)
+            flat = _pattern(float_values(t.dtype, case), _flat(t).numel(), i, t.dtype, t.device)
             repl[(n, j)] = _view(t, flat)
-        if case == "special values":
+        if case == "finite special values":
             for i, (n, j, t) in enumerate(ints):
                 flat = _pattern(_int_pattern(t.dtype, i), _flat(t).numel(), i, t.dtype, t.device)
                 repl[(n, j)] = _view(t, flat)

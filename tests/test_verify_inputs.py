@@ -66,22 +66,30 @@ def _cases(op, args, kwargs=None, hints=None):
 
 
 def test_adversarial_floats_meet_in_every_pair_of_special_values():
-    """Two float inputs of 10x10 elements meet in every pair of SPECIALS: 1.0 // 0.1,
-    -inf // -1, remainder(5.0, inf) and remainder(-0.0, inf) are all among them; strides
-    and the inputs given are kept."""
-    from aoti_farm.adversarial import SPECIALS
+    """Two float inputs of 10x10 elements meet in every pair of each case's values: 1.0 //
+    0.1 among the finite ones; -inf // -1, remainder(5.0, inf) and remainder(-0.0, inf)
+    among the non-finite ones; strides and the inputs given are kept."""
+    from aoti_farm.adversarial import FINITE, NONFINITE
 
     x, y = torch.empty(10, 10), torch.empty(10, 10).t()
     sig, a, kw, cases = _cases(torch.ops.aten.floor_divide.default, (x, y))
     before = a[0].clone()
-    ca, _ = cases["special values"]
-    assert ca[0].stride() == a[0].stride() and ca[1].stride() == a[1].stride() == (1, 10)
-    flat0 = ca[0].as_strided((100,), (1,))
-    flat1 = ca[1].as_strided((100,), (1,))
-    pairs = {(str(float(p)), str(float(q))) for p, q in zip(flat0, flat1)}
-    assert len(pairs) == len(SPECIALS) ** 2
-    for p, q in ((1.0, 0.1), (float("-inf"), -1.0), (5.0, float("inf")), (-0.0, float("inf"))):
-        assert (str(float(torch.tensor(p))), str(float(torch.tensor(q)))) in pairs
+    assert list(cases) == ["finite special values", "infinities and NaN", "magnitudes"]
+
+    def pairs(case):
+        ca, _ = cases[case]
+        assert ca[0].stride() == a[0].stride() and ca[1].stride() == a[1].stride() == (1, 10)
+        flat0, flat1 = ca[0].as_strided((100,), (1,)), ca[1].as_strided((100,), (1,))
+        return {(str(float(p)), str(float(q))) for p, q in zip(flat0, flat1)}
+
+    def f32(v):
+        return str(float(torch.tensor(v)))
+
+    finite, nonfinite = pairs("finite special values"), pairs("infinities and NaN")
+    assert len(finite) == len(FINITE) ** 2 and len(nonfinite) == len(NONFINITE) ** 2
+    assert (f32(1.0), f32(0.1)) in finite and not any("inf" in p or "nan" in p for pr in finite for p in pr)
+    for p, q in ((float("-inf"), -1.0), (5.0, float("inf")), (-0.0, float("inf"))):
+        assert (f32(p), f32(q)) in nonfinite
     assert torch.equal(a[0], before)   # the random inputs are untouched
     mag, _ = cases["magnitudes"]
     fi = torch.finfo(torch.float32)
@@ -91,7 +99,7 @@ def test_adversarial_floats_meet_in_every_pair_of_special_values():
 def test_adversarial_integers_get_extremes_without_zero_divisors():
     x, y = torch.empty(6, dtype=torch.int32), torch.empty(6, dtype=torch.int32)
     _, _, _, cases = _cases(torch.ops.aten.floor_divide.default, (x, y))
-    ca, _ = cases["special values"]
+    ca, _ = cases["finite special values"]
     ii = torch.iinfo(torch.int32)
     assert {ii.min, ii.max, 0, -1} <= set(ca[0].tolist())
     assert 0 not in ca[1].tolist() and min(ca[1].tolist()) > 0   # no SIGFPE in the verifying process
@@ -103,7 +111,7 @@ def test_adversarial_indices_at_the_bound_negative_and_out_of_range():
     W, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
     sig, a, kw, cases = _cases(torch.ops.aten.index_select.default, (W, 0, idx),
                                hints={"index": {"range": [0, 9]}})
-    assert set(cases) == {"special values", "magnitudes", "index at the bound (index=9)",
+    assert set(cases) == {"finite special values", "infinities and NaN", "magnitudes", "index at the bound (index=9)",
                           "negative index (index=-1)", "index out of range (index=10)"}
     for name, (ca, _) in cases.items():
         got = ca[2].tolist()
