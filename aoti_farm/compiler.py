@@ -1,10 +1,14 @@
 """Compiling one signature: a small interface and its one real implementation.
 
 ``Compiler.compile(sig, workdir)`` returns the files of a kernel that torch's AOTI
-model-container runner loads, *already checked against eager* on fresh random inputs, or
-raises :class:`CompileRefused` for a deterministic failure (an ineligible op, an Inductor
-error, a disagreement with eager).  Any other exception is an infrastructure failure that
-the farm may retry.
+model-container runner loads, *already checked against eager* on fresh random inputs (a
+CPU kernel at every intra-op thread count it may be served at: 1, 2 and the host's cores)
+and on adversarial inputs (:mod:`aoti_farm.adversarial`: special values, extremes,
+indices eager rejects, where the kernel must raise like eager), or raises
+:class:`CompileRefused` for a deterministic failure (an ineligible op, an Inductor error,
+a disagreement with eager).  An exception of aoti-farm's own code is a bug
+(:func:`own_code_error`: recorded once with its traceback by ``job.compile_and_publish``).
+Any other exception is an infrastructure failure that the farm may retry.
 
 This is the only module that touches private torch APIs:
 
@@ -29,10 +33,10 @@ from typing import Protocol
 
 import torch
 
-from aoti_farm import loadenv, splitbuild
+from aoti_farm import adversarial, loadenv, splitbuild
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
-from aoti_farm.tolerance import TOLERANCES, compare, length_tolerance  # noqa: F401 -- re-exported
+from aoti_farm.tolerance import TOLERANCES, compare, flag_tolerance, length_tolerance  # noqa: F401 -- re-exported
 from aoti_farm.fingerprint import effective_options, seed_inductor_vec_isa
 from aoti_farm.runner import flat_tensors  # noqa: F401 -- re-exported (the runner's inputs)
 
@@ -41,51 +45,6 @@ VERIFY_TRIALS = 2
 
 #: aoti-farm's own options among the Inductor options (in the fingerprint, never passed on).
 FARM_OPTION_PREFIX = "aoti_farm."
-
-
-@contextlib.contextmanager
-def parallel_like_eager(min_work: int | None):
-    """Within this block, Inductor's CPU codegen opens a parallel region only for loops of
-    at least ``min_work`` elements (eager's grain size), also with ``cpp.dynamic_threads``.
-
-    Inductor decides how many outer loops to parallelise from a thread count (the
-    compiling process's: 1 in a Ray actor with one CPU) and, with dynamic threads, then
-    forces at least one parallel loop.  Here the decision is made as Inductor makes it
-    without dynamic threads for ``min_work / cpp.min_chunk_size`` threads (64 for 32768:
-    parallel where each of 64 threads gets at least a chunk), so the generated code does
-    not depend on the builder and small kernels run inline, like eager.  Everything else
-    stays dynamic (``#pragma omp parallel`` without a count, buffers sized by
-    ``omp_get_max_threads()``).  An Inductor without this method compiles unchanged.
-
-    Patch of a torch internal: ``torch._inductor.codegen.cpp.CppKernel.decide_parallel_depth``
-    (its ``(max_parallel_depth, threads)`` form), replaced while the block runs; checked
-    against torch 2.11 and 2.13.0.  Why: Inductor has no option for a parallel threshold
-    independent of the builder's thread count under ``cpp.dynamic_threads``.  It can go when
-    Inductor offers one (or stops forcing a parallel loop under dynamic threads)."""
-    if not min_work:
-        yield False
-        return
-    try:
-        from torch._inductor import config as iconfig
-        from torch._inductor.codegen import cpp as cpp_codegen
-
-        orig = cpp_codegen.CppKernel.decide_parallel_depth
-        hint = max(1, int(min_work) // max(1, int(iconfig.cpp.min_chunk_size)))
-    except Exception:  # noqa: BLE001 -- another Inductor: its own decision
-        yield False
-        return
-
-    def decide_parallel_depth(self, *args, **kwargs):
-        if len(args) == 2 and not kwargs:   # (max_parallel_depth, threads), as in torch 2.11-2.13
-            with iconfig.patch({"cpp.dynamic_threads": False}):
-                return orig(self, args[0], hint)
-        return orig(self, *args, **kwargs)   # another signature: Inductor's own decision
-
-    cpp_codegen.CppKernel.decide_parallel_depth = decide_parallel_depth
-    try:
-        yield True
-    finally:
-        cpp_codegen.CppKernel.decide_parallel_depth = orig
 
 
 class CompileInfraError(FarmError):
@@ -103,6 +62,7 @@ class CompileResult:
     build: dict = field(default_factory=dict)    # how the wrapper was built (splitbuild)
     speed: dict | None = None          # kernel against eager on this device (runtime/gate.py)
     threads: str | None = None         # how a CPU kernel threads: "dynamic" or "fixed:N"
+    verified_threads: list | None = None   # intra-op thread counts a CPU kernel was verified at
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -132,7 +92,7 @@ def fixed_thread_options(options: dict) -> dict:
     """The Inductor options of a CPU kernel built the usual way, with the building
     process's thread count baked in (upstream's aoti_eager, imported by ``aoti-farm cache
     import-upstream``): its fingerprint is another namespace than aoti-farm's own."""
-    return {**options, "cpp.dynamic_threads": False, "aoti_farm.parallel_min_work": None}
+    return {**options, "cpp.dynamic_threads": False}
 
 
 class Compiler(Protocol):
@@ -241,17 +201,18 @@ class AOTICompiler:
                     # CUDA kernels otherwise load their .cubin files from the build
                     # directory at run time; a published entry must be self-contained.
                     opts.setdefault("aot_inductor.embed_kernel_binary", True)
-                min_work = self._options.get("aoti_farm.parallel_min_work") if opts.get("cpp.dynamic_threads") else None
                 c1 = cpu_seconds()
-                with splitbuild.active(), parallel_like_eager(min_work):
+                with splitbuild.active():
                     built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
                     build_info = splitbuild.last_build()
                 c2 = cpu_seconds()
         except CompileRefused:
             raise
-        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
-                torch._inductor.exc.InductorError, NotImplementedError, AssertionError, TypeError,
-                ValueError, RuntimeError, OSError, MemoryError) as e:
+        except Exception as e:
+            if own_code_error(e) is not None:
+                raise   # a bug of ours: recorded by job.compile_and_publish, never a refusal or a retry
+            if not isinstance(e, _compile_errors()):
+                raise
             infra = infrastructure_error(e)
             if infra is not None:
                 # the host, not the signature: retried by the farm, never recorded
@@ -269,11 +230,13 @@ class AOTICompiler:
         shutil.rmtree(build, ignore_errors=True)
         verification = self.verify(sig, path)
         speed = verification.pop("speed", None)
+        verified_threads = verification.pop("threads", None)
         t3 = time.perf_counter()
         return CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,
                              phases={"export": t1 - t0, "inductor": t2 - t1, "verify": t3 - t2},
                              cpu={"inductor_own": round(c2[0] - c1[0], 3), "inductor_compilers": round(c2[1] - c1[1], 3)},
-                             build=build_info, speed=speed, threads=thread_mode(self._options, device))
+                             build=build_info, speed=speed, threads=thread_mode(self._options, device),
+                             verified_threads=verified_threads)
 
     def verify(self, sig: S.Signature, kernel_path: str) -> dict:
         """Run the kernel and eager on fresh random inputs; raise CompileRefused on any
@@ -299,7 +262,11 @@ class AOTICompiler:
                     loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
             timing["probe"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        if not loadenv.load_safe():
+        if not loadenv.load_safe() or eager_raises_on_adversarial(sig):
+            # also where eager raises on an adversarial case: a kernel's check that throws
+            # inside an OpenMP region (every dynamic-threads CPU kernel has one) calls
+            # std::terminate, which would take this worker with it; in the child it
+            # costs a refusal
             out = self._verify_in_child(sig, kernel_path)
             timing["child"] = time.perf_counter() - t1
         else:
@@ -315,9 +282,12 @@ class AOTICompiler:
         out, rc, err = verifyserver.request({"sig": sig.to_obj(), "path": kernel_path, "trials": self.verify_trials,
                                              "speed": self.measure_speed})
         if out is None and rc is not None and rc < 0:
-            raise CompileRefused(f"kernel crashed its loader (signal {-rc})")
+            why = _abort_message(err)
+            raise CompileRefused(f"kernel crashed its loader (signal {-rc})" if why is None else
+                                 f"kernel aborts the process where eager raises (signal {-rc}): {why}",
+                                 {"signal": -rc, **({"abort": why} if why else {})})
         if out is None or "error" in out:
-            why = (out or {}).get("error") or f"exit {rc}: {err}"
+            why = (out or {}).get("error") or f"exit {rc}: {err[-500:]}"
             raise RuntimeError(f"verification child failed ({why})")
         out.pop("server_pid", None)
         if "refused" in out:
@@ -329,19 +299,43 @@ class AOTICompiler:
         t0 = time.perf_counter()
         runner = load_runner(kernel_path, "cuda:0" if device == "cuda" else "cpu")
         op = S.resolve_op(sig.op)
-        for trial in range(self.verify_trials):
-            args, kwargs = S.materialize(sig, seed=1000 + trial)
-            with torch.no_grad():
-                expected = op(*args, **kwargs)
-                got = runner.run(flat_tensors(sig, args, kwargs))
-            extra = length_tolerance(sig, args, kwargs, expected)
-            bad = compare(expected, got, extra)
-            if bad is not None:
-                bad["trial"] = trial
-                if extra != (0.0, 0.0):
-                    bad["length_tolerance"] = list(extra)
-                raise CompileRefused("kernel disagrees with eager", bad)
-        out = {"trials": self.verify_trials, "ok": True}
+        threads = verify_thread_counts(device)
+        saved = torch.get_num_threads()
+        n_cases = 0
+        try:
+            for trial in range(self.verify_trials):
+                args, kwargs = S.materialize(sig, seed=1000 + trial)
+                for t in threads or [None]:
+                    if t is not None:
+                        torch.set_num_threads(t)   # the kernel's and eager's alike
+                    expected, e_err = _raises(lambda: op(*args, **kwargs))
+                    got, k_err = _raises(lambda: runner.run(flat_tensors(sig, args, kwargs)))
+                    if e_err is not None or k_err is not None:
+                        check_case(sig, op, runner, f"random inputs {trial}" + (f" at {t} threads" if t else ""),
+                                   args, kwargs, (expected, e_err), (got, k_err))
+                        continue
+                    extra = _tolerance(sig, args, kwargs, expected)
+                    bad = compare(expected, got, extra)
+                    if bad is not None:
+                        bad["trial"] = trial
+                        if t is not None:
+                            bad["threads"] = t
+                        if extra != (0.0, 0.0):
+                            bad["length_tolerance"] = list(extra)
+                        at = f" at {t} intra-op threads" if t is not None and t != 1 else ""
+                        raise CompileRefused(f"kernel disagrees with eager{at}", bad)
+            # adversarial inputs (aoti_farm.adversarial), at the first verified thread count
+            if threads:
+                torch.set_num_threads(threads[0])
+            args, kwargs = S.materialize(sig, seed=1000)
+            for name, cargs, ckwargs in adversarial.cases(sig, args, kwargs):
+                n_cases += 1
+                check_case(sig, op, runner, name, cargs, ckwargs)
+        finally:
+            if threads:
+                torch.set_num_threads(saved)
+        out = {"trials": self.verify_trials, "ok": True, "adversarial_cases": n_cases,
+               **({"threads": threads} if threads else {}), **({"flags": eager_flags()} if device == "cuda" else {})}
         t1 = time.perf_counter()
         out["timing"] = {"check": round(t1 - t0, 4)}
         if self.measure_speed:
@@ -355,6 +349,91 @@ class AOTICompiler:
             out["speed"] = m
             out["timing"]["speed"] = round(time.perf_counter() - t1, 4)
         return out
+
+
+def _abort_message(err: str) -> str | None:
+    """The message of the C++ exception that terminated a verification child (``what():``
+    in its stderr), or None (a crash of another kind: the loader, a segfault)."""
+    for line in (err or "").splitlines():
+        if "what():" in line:
+            return line.split("what():", 1)[1].strip()[:300] or None
+    return None
+
+
+def eager_raises_on_adversarial(sig: S.Signature) -> bool:
+    """Whether eager raises on one of ``sig``'s adversarial cases (an index out of range):
+    then the kernel's verification runs in the verification child (see ``verify``)."""
+    op = S.resolve_op(sig.op)
+    args, kwargs = S.materialize(sig, seed=1000)
+    for _name, cargs, ckwargs in adversarial.cases(sig, args, kwargs):
+        if _raises(lambda: op(*cargs, **ckwargs))[1] is not None:
+            return True
+    return False
+
+
+def verify_thread_counts(device: str) -> list[int]:
+    """The intra-op thread counts a CPU kernel is verified at (sorted): 1, 2 and this
+    host's core count.  A ``cpp.dynamic_threads`` kernel runs on the caller's thread count,
+    and a parallel reduction's code differs from the inline one: a kernel right at 1
+    thread can be wrong at 2.  Empty for CUDA."""
+    if device != "cpu":
+        return []
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return sorted({1, 2, max(1, n)})
+
+
+def eager_flags() -> dict:
+    """The global flags that change what eager's CUDA convolutions and matmuls return
+    (recorded in the manifest's verification as ``flags``; tolerance.flag_tolerance reads them)."""
+    return {"matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+
+
+def _tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected) -> tuple[float, float]:
+    """Extra (rtol, atol) of one comparison: the length-scaled one (sums, scans, matrix
+    products) plus, on CUDA, TF32's where eager ran with it allowed."""
+    a = length_tolerance(sig, args, kwargs, expected)
+    b = flag_tolerance(sig, args, kwargs, eager_flags() if sig.device == "cuda" else None)
+    return a[0] + b[0], a[1] + b[1]
+
+
+def _raises(fn) -> tuple[object, BaseException | None]:
+    try:
+        with torch.no_grad():
+            return fn(), None
+    except Exception as e:  # noqa: BLE001 -- eager's or the kernel's error is the result here
+        return None, e
+
+
+def check_case(sig: S.Signature, op, runner, name: str, args: tuple, kwargs: dict,
+               eager: tuple | None = None, kernel: tuple | None = None) -> None:
+    """One case (adversarial, or random inputs on which one side raised): eager and the
+    kernel must both raise, or both return the same thing; CompileRefused otherwise
+    (evidence names the case and the error).  ``eager``/``kernel``: (result, error) already
+    run."""
+    expected, e_err = eager or _raises(lambda: op(*args, **kwargs))
+    got, k_err = kernel or _raises(lambda: runner.run(flat_tensors(sig, args, kwargs)))
+    if e_err is not None and k_err is not None:
+        return
+    if e_err is not None:
+        raise CompileRefused(f"kernel does not raise where eager raises: {name}",
+                             {"case": name, "eager_error": f"{type(e_err).__name__}: {_first_line(e_err)}"})
+    if k_err is not None and "proxy executor" in str(k_err):
+        # an op without a C shim compiles to a call of AOTInductor's proxy executor, which a
+        # bare kernel.so has no way to run: unsupported, recorded once (never infrastructure)
+        raise CompileRefused("unsupported: the kernel needs AOTInductor's proxy executor (an op without a C shim)",
+                             {"case": name, "kernel_error": f"{type(k_err).__name__}: {_first_line(k_err)}"})
+    if k_err is not None:
+        raise CompileRefused(f"kernel raises where eager does not: {name}",
+                             {"case": name, "kernel_error": f"{type(k_err).__name__}: {_first_line(k_err)}"})
+    extra = _tolerance(sig, args, kwargs, expected)
+    bad = compare(expected, got, extra)
+    if bad is not None:
+        bad["case"] = name
+        raise CompileRefused(f"kernel disagrees with eager on adversarial inputs: {name}", bad)
 
 
 #: Words of a C++ compiler's output that say the host failed it, not the code.
@@ -393,6 +472,57 @@ def infrastructure_error(e: BaseException) -> str | None:
                 return hit
         todo += [getattr(x, "inner_exception", None), x.__cause__, x.__context__]
     return None
+
+
+#: Directories of aoti-farm's own code (the package; workers/ and runtime/ are mapped into it
+#: as aoti_farm.workers and aoti_farm.runtime, see docs/DESIGN.md).
+_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
+                  for d in ("aoti_farm", "workers", "runtime"))
+
+#: Longest traceback kept in a failure record.
+TRACEBACK_MAX = 8000
+
+
+def own_code_error(e: BaseException) -> dict | None:
+    """Evidence that ``e`` (raised during a compile) is a bug of aoti-farm, or None.
+
+    A bug: an exception whose innermost Python frame is aoti-farm's own code, that is not
+    one of aoti-farm's deliberate errors (:class:`FarmError`: a refusal, an ineligible
+    call) nor a failure of the host (:func:`infrastructure_error`).  An exception raised
+    inside torch, Inductor or the C++ compiler is theirs (a refusal or an infrastructure
+    failure), whoever called them.  A bug is deterministic: it is recorded once with its
+    traceback and counted, never retried as infrastructure (a retry fails the same way
+    and hides it).  Evidence: ``bug`` (True), ``exception`` ("KeyError: 0"), ``where``
+    (file:line in function, relative to the checkout) and ``traceback`` (bounded)."""
+    import traceback
+
+    if (isinstance(e, (FarmError, RuntimeError)) or not isinstance(e, Exception)
+            or infrastructure_error(e) is not None):
+        # RuntimeError from our frame is torch's C++ (an op, a runner) or a deliberate
+        # host condition ("CUDA ... on a worker without a GPU"): not a bug of ours
+        return None
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return None
+    last = frames[-1]
+    path = os.path.abspath(last.filename)
+    if not path.startswith(_OWN_DIRS) or last.name == "forward":
+        return None   # not ours; or _OpModule.forward, where the op itself raised
+    root = os.path.dirname(os.path.dirname(_OWN_DIRS[0]))
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return {"bug": True, "exception": f"{type(e).__name__}: {_first_line(e)}",
+            "where": f"{os.path.relpath(path, root)}:{last.lineno} in {last.name}",
+            "traceback": tb[-TRACEBACK_MAX:]}
+
+
+def _compile_errors() -> tuple:
+    """What export and Inductor raise for a signature they cannot compile (a refusal,
+    unless :func:`infrastructure_error` blames the host)."""
+    import torch._dynamo.exc
+    import torch._inductor.exc
+
+    return (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError, torch._inductor.exc.InductorError,
+            NotImplementedError, AssertionError, TypeError, ValueError, RuntimeError, OSError, MemoryError)
 
 
 def _first_line(e: BaseException) -> str:

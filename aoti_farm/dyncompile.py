@@ -28,6 +28,7 @@ class: lease on the class key, compile, publish (``manifest["shape_class"]``), a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -39,13 +40,13 @@ from dataclasses import dataclass
 
 import torch
 
-from aoti_farm import leases, loadenv, splitbuild
+from aoti_farm import adversarial, leases, loadenv, splitbuild
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.compiler import (FARM_OPTION_PREFIX, before_compile, CompileInfraError, CompileResult, _first_line, _OpModule,
                                 compare, flat_tensors, infrastructure_error, length_tolerance, load_runner,
-                                parallel_like_eager, thread_mode)
+                                check_case, eager_raises_on_adversarial, thread_mode, verify_thread_counts)
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import Fingerprint, effective_options
 from aoti_farm.job import BUSY, CACHED, COMPILED, FAILED, Outcome
@@ -54,6 +55,20 @@ from aoti_farm.job import BUSY, CACHED, COMPILED, FAILED, Outcome
 SAMPLE_SPEED_BUDGET_S = 0.15
 CLASSES_DIR = "classes"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@contextlib.contextmanager
+def _num_threads(n: int | None):
+    """torch's intra-op thread count set to ``n`` (None: unchanged) for the block, then restored."""
+    if n is None:
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 class DynamicUnsupported(CompileRefused):
@@ -129,9 +144,8 @@ class ClassCompiler:
             opts["aot_inductor.output_path"] = os.path.join(build, "kernel.so")
             if device == "cuda" and hasattr(torch._inductor.config.aot_inductor, "embed_kernel_binary"):
                 opts.setdefault("aot_inductor.embed_kernel_binary", True)
-            min_work = self._options.get("aoti_farm.parallel_min_work") if opts.get("cpp.dynamic_threads") else None
             try:
-                with splitbuild.active(), parallel_like_eager(min_work):
+                with splitbuild.active():
                     built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
                     build_info = splitbuild.last_build()
             except Exception as e:  # noqa: BLE001
@@ -152,7 +166,8 @@ class ClassCompiler:
         verification = {"ok": True, "samples": len(samples), "shapes": [s["at"] for s in samples]}
         res = CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,
                             phases={"export": t1 - t0, "inductor": t2 - t1, "verify": t3 - t2},
-                            build=build_info, speed=speed, threads=thread_mode(self._options, device))
+                            build=build_info, speed=speed, threads=thread_mode(self._options, device),
+                            verified_threads=verify_thread_counts(device) or None)
         res.speed_samples = [{"at": s["at"], **({"speed": s["speed"]} if "speed" in s else {})} for s in samples]
         return served, res
 
@@ -170,26 +185,34 @@ class ClassCompiler:
             raise DynamicUnsupported("this process cannot load kernels safely (libstdc++ preload): exact kernels")
         runner = self.load(kernel_path, cls.device)
         op = S.resolve_op(cls.op)
+        threads = verify_thread_counts(cls.device)
         out = []
         for i, env in enumerate(SH.sample_points(cls, self.n_random, seed=len(cls.key))):
             sig = cls.point(env)
             args, kwargs = S.materialize(sig, seed=1000 + i)
-            with torch.no_grad():
-                try:
-                    expected = op(*args, **kwargs)
-                except Exception as e:  # noqa: BLE001
-                    raise DynamicUnsupported(f"eager rejects the sampled shape {env}: {type(e).__name__}: "
-                                             f"{_first_line(e)}") from None
-                tensors = flat_tensors(sig, args, kwargs)
-                try:
-                    got = runner.run(tensors)
-                except Exception as e:  # noqa: BLE001
-                    raise DynamicUnsupported(f"kernel raised at {env}: {_first_line(e)}") from None
-            extra = length_tolerance(sig, args, kwargs, expected)
-            bad = compare(expected, got, extra)
-            if bad is not None:
-                bad["at"] = env
-                raise DynamicUnsupported(f"kernel disagrees with eager at {env}", bad)
+            tensors = flat_tensors(sig, args, kwargs)
+            # at every thread count it may be served at, kernel and eager alike (compiler.verify_thread_counts)
+            for t in threads or [None]:
+                with _num_threads(t), torch.no_grad():
+                    try:
+                        expected = op(*args, **kwargs)
+                    except Exception as e:  # noqa: BLE001
+                        raise DynamicUnsupported(f"eager rejects the sampled shape {env}: {type(e).__name__}: "
+                                                 f"{_first_line(e)}") from None
+                    try:
+                        got = runner.run(tensors)
+                    except Exception as e:  # noqa: BLE001
+                        raise DynamicUnsupported(f"kernel raised at {env}: {_first_line(e)}") from None
+                extra = length_tolerance(sig, args, kwargs, expected)
+                bad = compare(expected, got, extra)
+                if bad is not None:
+                    bad["at"] = env
+                    if t is not None:
+                        bad["threads"] = t
+                    at = f" at {t} intra-op threads" if t is not None and t != 1 else ""
+                    raise DynamicUnsupported(f"kernel disagrees with eager at {env}{at}", bad)
+            if i == 0:
+                self._adversarial(sig, op, runner, threads)
             one = {"at": env}
             if self.measure_speed:
                 from aoti_farm.speed import time_against_eager
@@ -200,6 +223,22 @@ class ClassCompiler:
                 one["speed"] = m
             out.append(one)
         return out
+
+    def _adversarial(self, sig: S.Signature, op, runner, threads: list) -> None:
+        """The adversarial cases of one sampled shape (aoti_farm.adversarial), as an exact
+        kernel's.  Where eager raises on one, the members are compiled exactly: their
+        verification runs those cases in the verification child (a kernel's check that
+        throws inside an OpenMP region aborts the process that runs it)."""
+        if eager_raises_on_adversarial(sig):
+            raise DynamicUnsupported("eager raises on an adversarial input (an index out of range): "
+                                     "verified per member")
+        args, kwargs = S.materialize(sig, seed=1000)
+        with _num_threads(threads[0] if threads else None):
+            for name, cargs, ckwargs in adversarial.cases(sig, args, kwargs):
+                try:
+                    check_case(sig, op, runner, name, cargs, ckwargs)
+                except CompileRefused as e:
+                    raise DynamicUnsupported(e.reason, e.evidence) from None
 
     def gate(self, cls: SH.ShapeClass, samples: list[dict]) -> tuple[SH.ShapeClass, dict | None]:
         """(the class, its manifest ``speed``).  The class published is always the whole
@@ -291,6 +330,7 @@ def compile_and_publish_class(cache: Cache, compiler: ClassCompiler, fp: Fingerp
             "build": res.build or {}, "speed_samples": getattr(res, "speed_samples", []),
             **({"speed": res.speed} if res.speed else {}),
             **({"threads": res.threads} if res.threads else {}),
+            **({"verified_threads": res.verified_threads} if res.verified_threads else {}),
         })
         write_hint(cache, fp, served)
         ev = {"ranges": _ranges(served), "serve_range": (res.speed or {}).get("serve_range")}

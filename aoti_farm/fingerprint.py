@@ -55,13 +55,13 @@ FINGERPRINT_VERSION = 1
 #: it is part of the fingerprint: kernels built without it live in another namespace and
 #: are never served as if they scaled.  The manifest says ``threads: "dynamic"``.
 #:
-#: ``aoti_farm.parallel_min_work`` (aoti-farm's own, not passed to Inductor; see
-#: ``compiler.parallel_like_eager``): with dynamic threads Inductor opens a parallel region
-#: in every kernel, however small, which costs a fork/join per call (and a stall on a busy
-#: host) where eager runs inline.  A kernel loop is parallel only for at least this many
-#: elements, ATen's own grain size (``at::internal::GRAIN_SIZE``).  Part of the
-#: fingerprint, so a change of it is a new namespace.
-DEFAULT_INDUCTOR_OPTIONS: dict = {"cpp.dynamic_threads": True, "aoti_farm.parallel_min_work": 32768}
+#: No aoti-farm patch of Inductor's parallel-depth decision: one was tried (loops parallel
+#: only above ATen's grain size, decided as for 64 threads) and generated a Welford
+#: reduction (``var_mean`` over [2,32,64,64], dims (2,3)) whose variance was 1/4095 of
+#: eager's at 2 threads when built at 1; it failed the reduction-corpus differential test
+#: (tests/test_threads_e2e.py) and went.  Small kernels pay a fork/join per call instead;
+#: the speed gate decides whether they are served.
+DEFAULT_INDUCTOR_OPTIONS: dict = {"cpp.dynamic_threads": True}
 
 
 def effective_options(inductor_options: dict | None) -> dict:

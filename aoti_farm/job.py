@@ -15,10 +15,31 @@ from dataclasses import asdict, dataclass, field
 
 from aoti_farm import budget, leases
 from aoti_farm.cache import Cache
-from aoti_farm.compiler import Compiler
+from aoti_farm.compiler import Compiler, own_code_error
+from aoti_farm.counters import Counters
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import Fingerprint
 from aoti_farm.signature import Signature
+
+#: Compiles of this process that failed on a bug of aoti-farm's own code (own_code_error).
+COUNTERS = Counters("own_bugs")
+
+
+def bug_reason(bug: dict) -> str:
+    """The failure record's reason for a bug of ours (a line a user can report)."""
+    return f"bug in aoti-farm: {bug['exception']} at {bug['where']}"
+
+
+def record_bug(cache: Cache, fp: Fingerprint, sig: Signature, bug: dict, attempts: int, seconds: float,
+               worker: str) -> "Outcome":
+    """A compile that failed on a bug of ours: recorded once as a failure with its
+    traceback (``cache ls --failed``, the warm report), counted, and final: it fails the same
+    way on every retry, so retrying it as infrastructure only hides it."""
+    COUNTERS.inc("own_bugs")
+    reason = bug_reason(bug)
+    cache.record_failure(fp, sig, reason, evidence=bug, attempts=attempts)
+    return Outcome(sig.key, FAILED, seconds, worker, reason, bug)
+
 
 # statuses
 COMPILED, CACHED, FAILED, BUSY = "compiled", "cached", "failed", "busy"
@@ -81,6 +102,11 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
         except CompileRefused as e:
             cache.record_failure(fp, sig, e.reason, evidence=e.evidence, attempts=attempts)
             return Outcome(key, FAILED, time.perf_counter() - t0, worker, e.reason, e.evidence)
+        except Exception as e:
+            bug = own_code_error(e)
+            if bug is None:
+                raise   # the host's failure: the farm retries it
+            return record_bug(cache, fp, sig, bug, attempts, time.perf_counter() - t0, worker)
         cache.publish(fp, sig, res.files, {
             "compile_seconds": res.seconds, "phases": res.phases, "verification": res.verification,
             "worker": worker, "compiler": compiler.name, "attempts": attempts,
@@ -89,6 +115,9 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
             # the speed gate (runtime/gate.py) and how a CPU kernel threads (compiler.thread_mode)
             **({"speed": res.speed} if getattr(res, "speed", None) else {}),
             **({"threads": res.threads} if getattr(res, "threads", None) else {}),
+            # the intra-op thread counts a CPU kernel was verified at (Entry.verified_threads)
+            **({"verified_threads": sorted(int(t) for t in res.verified_threads)}
+               if getattr(res, "verified_threads", None) else {}),
         })
         return Outcome(key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases,
                        build=getattr(res, "build", None) or {})

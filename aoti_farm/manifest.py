@@ -70,6 +70,20 @@ class Entry:
         return self.kernel.path
 
     @property
+    def verified_threads(self) -> list[int] | None:
+        """The intra-op thread counts this CPU kernel was verified at against eager (sorted;
+        the manifest's ``verified_threads``).  A manifest written before the field was
+        verified at 1 thread only: ``[1]``.  None for a CUDA kernel."""
+        v = self.manifest.get("verified_threads")
+        if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in v):
+            return sorted(set(v))
+        try:
+            cuda = self.signature.device == "cuda"
+        except Exception:  # noqa: BLE001 -- an undecodable signature: the narrowest answer
+            cuda = False
+        return None if cuda else [1]
+
+    @property
     def signature(self) -> Signature:
         return parse_signature(self.manifest["signature"])
 

@@ -160,6 +160,7 @@ class Progress:
         if failed:
             out.append("failed signatures:")
             out += [f"  {r['key'][:16]} {r.get('description') or r['op']}: {r.get('error')}" for r in failed]
+        out += bug_lines(results)
         return "\n".join(out)
 
     def finish(self, results: list[dict]) -> None:
@@ -167,6 +168,23 @@ class Progress:
             self.stream.write("\r\x1b[2K" + self.line() + "\n")
         self.stream.write(self.summary(results) + "\n")
         self.stream.flush()
+
+
+def bug_lines(results: list[dict]) -> list[str]:
+    """The summary of compiles that failed on a bug of aoti-farm's own code (their evidence
+    says ``bug``: :func:`aoti_farm.compiler.own_code_error`): a count, then one line per
+    signature with the exception and where it was raised.  Tracebacks are in the failure
+    records (``aoti-farm cache ls --failed``) and the warm report."""
+    bugs = [r for r in results if r.get("status") == "failed" and (r.get("evidence") or {}).get("bug")]
+    if not bugs:
+        return []
+    out = [f"BUGS in aoti-farm: {len(bugs)} signature(s) failed on aoti-farm's own code "
+           f"(please report them with the tracebacks in the failure records):"]
+    for r in bugs:
+        ev = r["evidence"]
+        out.append(f"  {r['key'][:16]} {r.get('description') or r.get('op')}: {ev.get('exception')} "
+                   f"at {ev.get('where')}")
+    return out
 
 
 def attach_speed(rows: list[dict], cache, inductor_options: dict | None) -> None:

@@ -82,9 +82,50 @@ def length_tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected: Any)
     return 0.0, eps * terms * _mean_abs(ins[i]) * _mean_abs(ins[j])
 
 
+#: Convolutions (input, weight first): each output element sums Cin/groups * kernel-size products.
+CONVOLUTIONS = {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::conv1d",
+                "aten::conv2d", "aten::conv3d", "aten::cudnn_convolution_relu", "aten::cudnn_convolution_add_relu",
+                "aten::convolution_overrideable", "aten::conv_transpose2d", "aten::cudnn_convolution_transpose"}
+
+#: TF32's unit roundoff (10 explicit mantissa bits).
+TF32_EPS = 2.0 ** -11
+
+
+def flag_tolerance(sig: S.Signature, args: tuple, kwargs: dict, flags: dict | None) -> tuple[float, float]:
+    """(extra rtol, extra atol) for a CUDA float32 matmul or convolution when eager ran with
+    TF32 allowed (``flags``: :func:`aoti_farm.compiler.eager_flags`, recorded in the
+    manifest's verification).  Eager then rounds its operands to TF32 (10 mantissa bits)
+    and a correct kernel that rounds differently (or not at all) differs by about
+    ``eps_tf32 * K * mean|a| * mean|b|`` for K products per output element: refusing it
+    as "disagrees with eager" is a false rejection.  A wrong kernel is off by whole terms."""
+    if not flags or sig.device != "cuda":
+        return 0.0, 0.0
+    op = sig.op.split(".")[0]
+    if op in MATMULS and flags.get("matmul_allow_tf32"):
+        i, j = MATMULS[op]
+        from aoti_farm.runner import flat_tensors
+
+        ins = [t for t in flat_tensors(sig, args, kwargs) if t.dtype == torch.float32]
+        if len(ins) <= max(i, j) or ins[i].dim() == 0:
+            return 0.0, 0.0
+        k = int(ins[i].shape[-1])
+        return TF32_EPS * 2, 2 * TF32_EPS * k * _mean_abs(ins[i]) * _mean_abs(ins[j])
+    if op in CONVOLUTIONS and flags.get("cudnn_allow_tf32"):
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        w = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
+        if x is None or w is None or x.dtype != torch.float32 or w.dim() < 2:
+            return 0.0, 0.0
+        k = int(math.prod(w.shape[1:]))
+        return TF32_EPS * 2, 2 * TF32_EPS * k * _mean_abs(x) * _mean_abs(w)
+    return 0.0, 0.0
+
+
 def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] = (0.0, 0.0)) -> dict | None:
-    """None if ``got`` matches eager's ``expected``, else the evidence of the mismatch.
-    ``extra`` = (rtol, atol) added to the dtype's tolerances (:func:`length_tolerance`)."""
+    """None if ``got`` matches eager's ``expected``, else the evidence of the mismatch:
+    output count, dtype, shape, device, strides (of dims longer than 1), NaN in the same
+    places, infinities equal with their sign (``isclose`` is exact on them), zeros of the
+    same sign where both are zero, then values within the tolerance.  ``extra`` = (rtol,
+    atol) added to the dtype's tolerances (:func:`length_tolerance`)."""
     exp = list(expected) if isinstance(expected, (tuple, list)) else [expected]
     if len(exp) != len(got):
         return {"problem": "output count", "eager": len(exp), "kernel": len(got)}
@@ -109,6 +150,18 @@ def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] =
             if bool((g_nan & ~e_nan).any()):
                 idx = int((g_nan & ~e_nan).flatten().nonzero()[0])
                 return {"output": n, "problem": "NaN where eager has a number", "flat_index": idx}
+            if bool((e_nan & ~g_nan).any()):
+                idx = int((e_nan & ~g_nan).flatten().nonzero()[0])
+                return {"output": n, "problem": "a number where eager has NaN", "flat_index": idx,
+                        "kernel": complex(gc.flatten()[idx]).real if not gc.is_complex() else str(gc.flatten()[idx])}
+            if not ec.is_complex():
+                # the sign of a zero is part of the result (1/x, atan2, copysign see it):
+                # where both are zero, the sign bits must agree
+                zs = (ec == 0) & (gc == 0) & (torch.signbit(ec) != torch.signbit(gc))
+                if bool(zs.any()):
+                    idx = int(zs.flatten().nonzero()[0])
+                    return {"output": n, "problem": "sign of zero", "flat_index": idx,
+                            "eager": float(ec.flatten()[idx]), "kernel": float(gc.flatten()[idx])}
             ok = torch.isclose(gc, ec, rtol=rtol, atol=atol, equal_nan=True)
             if not bool(ok.all()):
                 diff = (gc - ec).abs().flatten()

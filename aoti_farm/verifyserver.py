@@ -116,7 +116,7 @@ def stop() -> None:
 def _stderr_tail() -> str:
     try:
         _err.seek(0)
-        return _err.read()[-500:].decode("utf-8", "replace")
+        return _err.read()[-8000:].decode("utf-8", "replace")   # a C++ abort's what() precedes its stack
     except (OSError, AttributeError):
         return ""
 

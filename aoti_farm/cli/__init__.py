@@ -193,7 +193,7 @@ def build_parser(command: str | None = None) -> Parser:
     _common(x)
     x.set_defaults(func=_cache_cmd("stats"))
     x = csub.add_parser("ls", help="list entries: key, size, compile time, signature")
-    x.add_argument("--failed", action="store_true", help="also list failure records")
+    x.add_argument("--failed", action="store_true", help="list failure records only")
     _common(x)
     x.set_defaults(func=_cache_cmd("ls"))
     x = csub.add_parser("verify", help="fully verify every entry; exit 1 if any is bad")

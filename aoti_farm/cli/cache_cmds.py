@@ -175,8 +175,9 @@ def ls(ns) -> int:
 
     cache = open_cache(ns.cache_dir, signing_key=_key(ns))
     rows = []
+    only_failed = bool(getattr(ns, "failed", False))   # --failed lists failure records only
     for f in _fp_ids(cache):
-        for k in sorted(cache.list_keys(f)):
+        for k in ([] if only_failed else sorted(cache.list_keys(f))):
             d = cache.entry_dir(f, k)
             m = _manifest(cache, d)
             op, desc, secs, speed, threads = "?", "(unreadable manifest)", None, None, None
@@ -200,7 +201,7 @@ def ls(ns) -> int:
                          "speed": speed if isinstance(speed, dict) else None,
                          "threads": threads if isinstance(threads, str) else None,
                          **({"ranges": ranges} if ranges else {})})
-        if getattr(ns, "failed", False):
+        if only_failed:
             for k in sorted(cache.failed_keys(f)):
                 rec = cache.failure(f, k) or {}   # a bad record reads as none: verify reports it
                 rows.append({"fingerprint": f, "key": k, "failed": True,
@@ -215,7 +216,7 @@ def ls(ns) -> int:
             lines.append(f"{r['key'][:16]}  {human(r['bytes']):>7}  {s:>6}  {speedup_text(r['speed']):>26}  "
                          f"{r['description']}")
     if not rows:
-        lines.append(f"(no entries in {cache.root})")
+        lines.append(f"(no {'failure records' if only_failed else 'entries'} in {cache.root})")
     _emit(ns, rows, lines)
     return 0
 

@@ -57,6 +57,13 @@ def decode_value(a: tuple) -> Any:
     }[tag]()
 
 
+def _item_range(items: list, i: int) -> list | None:
+    """The value range of item ``i`` of a tensor list: its hint is ``{"range": [lo, hi]}``
+    or None (jsonform.check_hints), and the range, not the hint, is what make_tensor takes."""
+    h = items[i] if i < len(items) else None
+    return h.get("range") if isinstance(h, dict) else None
+
+
 def materialize(sig: Signature, seed: int = 0) -> tuple[tuple, dict]:
     """Example (args, kwargs) for a signature: random data of the right dtype, size and
     strides; integer tensors take the recorded value range (so indices are in range)."""
@@ -69,7 +76,7 @@ def materialize(sig: Signature, seed: int = 0) -> tuple[tuple, dict]:
             v: Any = make_tensor(a, gen, rng)
         elif a[0] == "TL":
             items_h = sig.hints.get(name, {}).get("items") or []
-            v = [None if t[0] == "N" else make_tensor(t, gen, (items_h[i] if i < len(items_h) else None) or rng)
+            v = [None if t[0] == "N" else make_tensor(t, gen, _item_range(items_h, i) or rng)
                  for i, t in enumerate(a[1])]
         else:
             v = decode_value(a)

@@ -1,0 +1,192 @@
+"""Adversarial verification inputs: the values random normal inputs never hit.
+
+A kernel that matches eager on ``randn`` can still differ where IEEE or integer arithmetic
+has edges: ``floor(a / b)`` against eager's ``floor_divide`` (``1.0 // 0.1`` is 9.0 in
+eager, 10.0 from ``floor(10.000000000000002)``), infinities in ``remainder`` and floor
+division, the sign of a zero, integer extremes, and indices that eager rejects (negative
+or out of range) where Inductor wraps or reads past the end.  :func:`cases` derives a few
+small input sets from the random ones, chosen by each input's kind; the compiler's
+verification runs each through eager and the kernel, and refuses a kernel that raises
+where eager does not (or the reverse) or returns something else.
+
+Each case changes one thing, so a case on which eager raises (any negative index) does
+not hide the others.  Values stay within what each input admits: float tensors get
+special values, integer tensors integer extremes (not as indices or divisors: see
+:func:`_int_pattern`), index tensors indices at and past their bound.  Tensors keep their
+size, strides and device: the kernel was built for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from aoti_farm import signature as S
+from aoti_farm.signature.examples import storage_size
+
+INF, NAN = float("inf"), float("nan")
+
+#: Values of the "finite special values" case: signed zeros and exact quotients (1.0 and
+#: 0.1: ``1.0 // 0.1``).  With k values, input i of a call gets value ``values[(j // k**i) %
+#: k]`` at storage element j, so two inputs of k*k elements meet in every pair.
+FINITE = (0.0, -0.0, 1.0, 0.1, -1.0, 5.0, 3.0, 10.0)
+
+#: Values of the "infinities and NaN" case, with finite partners (``-inf // -1``,
+#: ``remainder(5.0, inf)``, ``remainder(-0.0, inf)``).  Its own case, so a refusal says
+#: whether a kernel differs from eager only where an input is not finite.
+NONFINITE = (INF, -INF, NAN, 0.0, -0.0, 1.0, -1.0, 5.0)
+
+#: Argument names that hold indices into another input (see :func:`index_bound`).
+INDEX_ARGS = ("index", "indices", "target")
+
+#: Ops whose integer tensors size an allocation or a loop (never given extremes).
+_SIZE_OPS = ("aten::repeat_interleave", "aten::bincount", "aten::histc", "aten::multinomial",
+             "aten::randint", "aten::arange", "aten::one_hot", "aten::_unique2", "aten::unique_dim")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A copy of the storage ``t`` spans, as a 1-D tensor (``_view`` rebuilds ``t``'s view)."""
+    n = storage_size(tuple(t.shape), tuple(t.stride()))
+    return t.as_strided((n,), (1,), t.storage_offset()).clone()
+
+
+def _view(t: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    return flat.as_strided(tuple(t.shape), tuple(t.stride()))
+
+
+def _pattern(values: list, n: int, i: int, dtype: torch.dtype, device) -> torch.Tensor:
+    k = len(values)
+    j = torch.arange(n)
+    idx = (j // (k ** i)) % k if i < 3 else (j * 7 + i) % k
+    return torch.tensor(values, dtype=torch.float64)[idx].to(dtype).to(device) if dtype.is_floating_point \
+        else torch.tensor(values, dtype=torch.int64)[idx].to(dtype).to(device)
+
+
+#: The float cases, in the order they run.
+FLOAT_CASES = ("finite special values", "infinities and NaN", "magnitudes")
+
+
+def float_values(dtype: torch.dtype, case: str) -> list:
+    """The values of a float case for ``dtype``.  Magnitudes: its huge (a quarter of its
+    max: a few of them overflow whatever the order of a sum), its smallest normal, and
+    exact quotients."""
+    if case == "finite special values":
+        return list(FINITE)
+    if case == "infinities and NaN":
+        return list(NONFINITE)
+    fi = torch.finfo(dtype)
+    return [fi.max / 4, fi.tiny, -fi.tiny, 1.0, 0.1, 2.0, -3.0, fi.max / 4]
+
+
+def _int_pattern(dtype: torch.dtype, i: int) -> list:
+    """Integer extremes.  The first integer input gets the extremes and zero; later ones (a
+    divisor, an exponent, a shift) get no zero and no negative: an integer division by zero
+    or ``INT_MIN / -1`` in a kernel is a SIGFPE that would kill the verifying process."""
+    ii = torch.iinfo(dtype)
+    if i == 0:
+        return [0, 1, -1 if ii.min < 0 else 2, ii.min, ii.max, 2, 7 if ii.min >= 0 else -7, 3]
+    return [1, 2, 7, ii.max, 3]
+
+
+def index_bound(op: str, name: str, j: int | None, values: dict) -> int | None:
+    """The exclusive upper bound of the index tensor ``name`` (item ``j`` of a list) of
+    ``op``, from the other arguments' ``values`` (by name); None when unknown."""
+    base = op.split(".")[0]
+    x = values.get("self", values.get("input"))
+    try:
+        if base == "aten::embedding":
+            return int(values["weight"].shape[0])
+        if base in ("aten::index_select", "aten::index_add", "aten::index_copy", "aten::gather",
+                    "aten::scatter", "aten::scatter_add", "aten::scatter_reduce", "aten::index_fill"):
+            d = int(values["dim"])
+            return int(x.shape[d]) if x.dim() else 1
+        if base in ("aten::nll_loss", "aten::nll_loss_forward", "aten::nll_loss2d", "aten::nll_loss2d_forward",
+                    "aten::nll_loss_nd", "aten::cross_entropy_loss"):
+            return int(x.shape[1] if x.dim() >= 2 else x.shape[0])
+        if base in ("aten::index", "aten::_unsafe_index", "aten::index_put") and j is not None:
+            return int(x.shape[j])
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        return None
+    return None
+
+
+def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple, dict]]:
+    """(name, args, kwargs) of the adversarial cases of a call whose random inputs are
+    ``args``/``kwargs`` (from :func:`aoti_farm.signature.materialize`); the inputs given
+    are not changed."""
+    info = sig.info()
+    names = list(info.arg_names)
+    values: dict[str, Any] = {}
+    for i, name in enumerate(names):
+        if i < len(args) and not info.kwarg_only[i]:
+            values[name] = args[i]
+        elif name in kwargs:
+            values[name] = kwargs[name]
+    # every tensor input: (name, list index or None, tensor)
+    slots = []
+    for name in names:
+        v = values.get(name)
+        if isinstance(v, torch.Tensor):
+            slots.append((name, None, v))
+        elif isinstance(v, (list, tuple)):
+            slots.extend((name, j, t) for j, t in enumerate(v) if isinstance(t, torch.Tensor))
+
+    def is_index(name: str, t: torch.Tensor) -> bool:
+        return name in INDEX_ARGS and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+
+    def build(repl: dict) -> tuple[tuple, dict]:
+        """The call with the tensors of ``repl`` ((name, j) -> tensor) replaced."""
+        new = {}
+        for name in names:
+            if name not in values:
+                continue
+            v = values[name]
+            if isinstance(v, (list, tuple)) and any((name, j) in repl for j in range(len(v))):
+                v = [repl.get((name, j), t) for j, t in enumerate(v)]
+            elif (name, None) in repl:
+                v = repl[(name, None)]
+            new[name] = v
+        a = tuple(new[n] for i, n in enumerate(names) if n in new and not info.kwarg_only[i] and
+                  (i < len(args)))
+        kw = {n: new[n] for i, n in enumerate(names) if n in new and (info.kwarg_only[i] or i >= len(args))}
+        return a, kw
+
+    out: list[tuple[str, tuple, dict]] = []
+    floats = [(n, j, t) for n, j, t in slots if t.is_floating_point() and t.numel()]
+    ints = [(n, j, t) for n, j, t in slots if not t.is_floating_point() and not t.is_complex()
+            and t.dtype != torch.bool and t.numel() and not is_index(n, t)]
+    if sig.op.split(".")[0] in _SIZE_OPS:
+        ints = []
+    # index tensors in their bounds in every case but the one that moves them out
+    bounds, valid = {}, {}
+    for n, j, t in slots:
+        if is_index(n, t) and t.numel():
+            b = index_bound(sig.op, n, j, values)
+            if b is not None and b >= 1:
+                bounds[(n, j)] = b
+                valid[(n, j)] = _view(t, _flat(t).remainder(b))
+    for case in FLOAT_CASES:
+        repl = dict(valid)
+        for i, (n, j, t) in enumerate(floats):
+            flat = _pattern(float_values(t.dtype, case), _flat(t).numel(), i, t.dtype, t.device)
+            repl[(n, j)] = _view(t, flat)
+        if case == "finite special values":
+            for i, (n, j, t) in enumerate(ints):
+                flat = _pattern(_int_pattern(t.dtype, i), _flat(t).numel(), i, t.dtype, t.device)
+                repl[(n, j)] = _view(t, flat)
+        if len(repl) > len(valid):
+            out.append((case, *build(repl)))
+    for (n, j), bound in bounds.items():
+        t = valid[(n, j)]
+        where = n if j is None else f"{n}[{j}]"
+        for case, v in (("index at the bound", bound - 1), ("negative index", -1), ("index out of range", bound)):
+            flat = _flat(t)
+            first = flat[0].item()
+            if case == "index at the bound":
+                # a swap, so no index value appears more often than before (duplicates make
+                # index_copy/scatter results depend on the order of the writes)
+                flat[flat == v] = first
+            flat[0] = v
+            out.append((f"{case} ({where}={v})", *build({**valid, (n, j): _view(t, flat)})))
+    return out

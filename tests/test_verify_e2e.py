@@ -1,0 +1,203 @@
+"""Verification under the conditions of serving, with real AOTInductor compiles: CPU kernels
+at several intra-op thread counts, adversarial inputs (special values, indices eager
+rejects), ops AOTInductor cannot run alone, and the reduction corpus that any change of
+Inductor's CPU threading (a patch, an option) must pass at 1 to N threads."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+
+from aoti_farm import signature as S
+from aoti_farm.cache import Cache
+from aoti_farm.compiler import AOTICompiler, compare, length_tolerance, load_runner
+from aoti_farm.errors import CompileRefused
+from aoti_farm.fingerprint import fingerprint
+from aoti_farm.job import compile_and_publish
+from aoti_farm.runner import flat_tensors
+
+
+@contextlib.contextmanager
+def _threads(n):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _var_mean_sig():
+    x = torch.empty(2, 32, 64, 64)
+    return S.from_call(torch.ops.aten.var_mean.correction, (x, [2, 3]), {"correction": 1, "keepdim": True})
+
+
+def _build_unverified(sig, workdir, monkeypatch, threads=1):
+    """A kernel built as a Ray actor with one CPU builds it (1 intra-op thread), without
+    verification (what it would refuse is what the caller checks)."""
+    with monkeypatch.context() as m, _threads(threads):
+        m.setattr(AOTICompiler, "verify", lambda self, sig, path: {})
+        AOTICompiler(measure_speed=False).compile(sig, str(workdir))
+    return os.path.join(str(workdir), "kernel.so")
+
+
+@contextlib.contextmanager
+def _parallel_like_64_threads():
+    """Fault injection: Inductor's parallel-depth decision made as for 64 threads without
+    dynamic threads, as aoti-farm's removed ``parallel_like_eager`` patch did.  Built at 1
+    thread, its var_mean over (2, 3) is wrong at 2 (the variance about 1/4095 of eager's)."""
+    from torch._inductor import config as iconfig
+    from torch._inductor.codegen import cpp as cpp_codegen
+
+    orig = cpp_codegen.CppKernel.decide_parallel_depth
+
+    def decide(self, *args, **kwargs):
+        if len(args) == 2 and not kwargs:
+            with iconfig.patch({"cpp.dynamic_threads": False}):
+                return orig(self, args[0], 64)
+        return orig(self, *args, **kwargs)
+
+    cpp_codegen.CppKernel.decide_parallel_depth = decide
+    try:
+        yield
+    finally:
+        cpp_codegen.CppKernel.decide_parallel_depth = orig
+
+
+def test_var_mean_is_published_right_at_every_thread_count(tmp_path):
+    """The U-Net block's var_mean kernel, built with the defaults at 1 thread (a Ray
+    actor's count): published with verified_threads [1, 2, cores], and equal to eager at
+    1 and 2 threads on fresh inputs."""
+    cache, fp, sig = Cache(tmp_path / "c"), fingerprint("cpu"), _var_mean_sig()
+    with _threads(1):
+        out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+        assert torch.get_num_threads() == 1   # verification restored the builder's count
+    assert out.status == "compiled", (out.error, out.evidence)
+    entry = cache.open_entry(fp, sig.key)
+    cores = len(os.sched_getaffinity(0))
+    assert entry.manifest["verified_threads"] == sorted({1, 2, cores}) == entry.verified_threads
+    runner = load_runner(entry.kernel_path, "cpu")
+    x = torch.randn(2, 32, 64, 64) * 3 + 1
+    for n in (1, 2):
+        with _threads(n):
+            expected = torch.ops.aten.var_mean.correction(x, [2, 3], correction=1, keepdim=True)
+            got = runner.run([x])
+        assert compare(expected, got) is None, n
+    # a manifest from before verified_threads: verified at 1 thread only
+    old = type(entry)(entry.fp_id, entry.key, entry.path, {k: v for k, v in entry.manifest.items()
+                                                           if k != "verified_threads"})
+    assert old.verified_threads == [1]
+
+
+def test_a_kernel_wrong_at_two_threads_is_refused_naming_the_count(tmp_path, monkeypatch):
+    sig = _var_mean_sig()
+    with _parallel_like_64_threads():
+        path = _build_unverified(sig, tmp_path, monkeypatch)
+    with pytest.raises(CompileRefused) as ei:
+        AOTICompiler(measure_speed=False).verify(sig, path)
+    ev = ei.value.evidence
+    assert ei.value.reason == "kernel disagrees with eager at 2 intra-op threads", ei.value.reason
+    assert ev["threads"] == 2 and ev["problem"] == "values" and ev["output"] == 0   # the variance
+    # at 1 thread alone it passed, as it did before
+    monkeypatch.setattr("aoti_farm.compiler.verify_thread_counts", lambda device: [1])
+    assert AOTICompiler(measure_speed=False).verify(sig, path)["ok"] is True
+
+
+def test_float_floor_division_is_refused_on_adversarial_inputs(tmp_path):
+    """floor(a / b) is not eager's floor_divide: 1.0 // 0.1 (9.0 in eager), inf // 1 (nan)."""
+    cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
+    a, b = torch.empty(16, 16), torch.empty(16, 16)
+    sig = S.from_call(torch.ops.aten.floor_divide.default, (a, b), {})
+    out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+    assert out.status == "failed"
+    assert out.error == "kernel disagrees with eager on adversarial inputs: finite special values", out.error
+    assert out.evidence["problem"] == "values"
+    assert cache.failure(fp.id, sig.key)["reason"] == out.error
+
+
+def test_negative_index_where_eager_raises_is_refused(tmp_path):
+    cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
+    w, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
+    sig = S.from_call(torch.ops.aten.index_select.default, (w, 0, idx), {})
+    sig = S.Signature(sig.op, sig.args, {"index": {"range": [0, 9]}})
+    out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+    assert out.status == "failed"
+    assert out.error == "kernel does not raise where eager raises: negative index (index=-1)", out.error
+    assert out.evidence["eager_error"].startswith("IndexError")
+
+
+def test_an_op_that_needs_the_proxy_executor_is_recorded_once(tmp_path):
+    """_logcumsumexp has no C shim: its kernel calls AOTInductor's proxy executor, which a
+    kernel.so alone cannot run.  A deterministic refusal, recorded; never a retry."""
+    cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
+    sig = S.from_call(torch.ops.aten._logcumsumexp.default, (torch.empty(8, 16), 1), {})
+    comp = AOTICompiler(measure_speed=False)
+    out = compile_and_publish(cache, comp, fp, sig, owner="t")
+    assert out.status == "failed" and out.error.startswith("unsupported: the kernel needs AOTInductor's proxy"), out.error
+    rec = cache.failure(fp.id, sig.key)
+    assert rec is not None and rec["attempts"] == 1
+
+    class Never:
+        name = "never"
+
+        def options(self):
+            return {}
+
+        def compile(self, sig, workdir):
+            raise AssertionError("compiled again")
+
+    assert compile_and_publish(cache, Never(), fp, sig, owner="t").status == "failed"
+
+
+# --- the reduction corpus ---------------------------------------------------------------------
+
+def _corpus():
+    x4 = torch.empty(2, 32, 64, 64)
+    rows = torch.empty(64, 4096)
+    cols = torch.empty(4096, 64)
+    c32 = torch.empty(32)
+    a = torch.ops.aten
+    return {
+        "sum": (a.sum.dim_IntList, (x4, [2, 3], True), {}),
+        "sum_all": (a.sum.default, (torch.empty(1 << 18),), {}),
+        "mean": (a.mean.dim, (x4, [2, 3], True), {}),
+        "var_mean": (a.var_mean.correction, (x4, [2, 3]), {"correction": 1, "keepdim": True}),
+        "var": (a.var.correction, (rows, [1]), {"correction": 1}),
+        "std": (a.std.correction, (cols, [0]), {"correction": 1}),
+        "amax": (a.amax.default, (rows, [1]), {}),
+        "argmax": (a.argmax.default, (rows, 1), {}),
+        "logsumexp": (a.logsumexp.default, (rows, [1]), {}),
+        "cumsum": (a.cumsum.default, (rows, 1), {}),
+        "softmax": (a._softmax.default, (rows, 1, False), {}),
+        "log_softmax": (a._log_softmax.default, (rows, -1, False), {}),
+        "layer_norm": (a.native_layer_norm.default, (rows, [4096], torch.empty(4096), torch.empty(4096), 1e-5), {}),
+        "group_norm": (a.native_group_norm.default, (x4, c32, c32, 2, 32, 4096, 8, 1e-5), {}),
+        "batch_norm": (a._native_batch_norm_legit_no_training.default,
+                       (x4, c32, c32, torch.zeros(32), torch.ones(32), 0.1, 1e-5), {}),
+    }
+
+
+@pytest.mark.slow
+def test_reduction_corpus_matches_eager_at_one_to_n_threads(tmp_path, monkeypatch):
+    """Every reduction, scan and norm of the corpus, built with the defaults at 1 thread,
+    equals eager at 1, 2 and 4 intra-op threads (kernel and eager at the same count) on
+    fresh inputs.  Any patch of Inductor's CPU threading must pass this (the removed
+    parallel_like_eager did not: var_mean at 2 threads)."""
+    wrong = {}
+    for name, (op, args, kwargs) in _corpus().items():
+        sig = S.from_call(op, args, kwargs)
+        path = _build_unverified(sig, tmp_path / name, monkeypatch)
+        runner = load_runner(path, "cpu")
+        fargs, fkwargs = S.materialize(sig, seed=7)
+        for n in (1, 2, 4):
+            with _threads(n), torch.no_grad():
+                expected = op(*fargs, **fkwargs)
+                got = runner.run(flat_tensors(sig, fargs, fkwargs))
+            bad = compare(expected, got, length_tolerance(sig, fargs, fkwargs, expected))
+            if bad is not None:
+                wrong.setdefault(name, {})[n] = bad
+    assert not wrong, {name: {n: (bad["problem"], bad.get("output")) for n, bad in per.items()}
+                       for name, per in wrong.items()}
