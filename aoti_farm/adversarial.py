@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.signature.examples import storage_size
+from aoti_farm.signature import storage_size
 
 INF, NAN = float("inf"), float("nan")
 

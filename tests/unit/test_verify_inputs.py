@@ -159,7 +159,7 @@ def _raise(fn):
 def test_own_code_error_tells_our_bugs_from_torch_and_the_host():
     from aoti_farm.compiler import own_code_error
     from aoti_farm.errors import CompileRefused
-    from aoti_farm.signature.examples import decode_value
+    from aoti_farm.signature import decode_value
 
     bug = own_code_error(_raise(lambda: decode_value(("no-such-tag", 1))))
     assert bug["bug"] is True and bug["exception"] == "KeyError: 'no-such-tag'"
@@ -185,7 +185,7 @@ class _BuggyCompiler:
         return {}
 
     def compile(self, sig, workdir):
-        from aoti_farm.signature.examples import decode_value
+        from aoti_farm.signature import decode_value
 
         self.calls += 1
         if self.torch_error:
