@@ -156,7 +156,7 @@ def _binary_pairs(dtype, seed, specials=None, zero_div=False):
         nz[nz == 0] = 1
         r = randint(-50, 50, (n, n), dtype, seed, dev), randint(1, 20, (n, n), dtype, seed + 1, dev)
         out = [Variant("random", r), Variant("int extremes, no zero divisor", (a, nz))]
-        if zero_div:
+        if zero_div and dev == "cpu":   # CUDA integer division by zero raises nothing: undefined
             out.append(Variant("zero divisor", (a, b)))
             out.append(Variant("random after error", r))
         return out
@@ -167,9 +167,11 @@ def _index_variants(n_rows, make, seed=0):
     """Index inputs: random in range, at the bounds, negative, out of range (then a random
     one again: a kernel must not be dropped because eager rejected a call)."""
     def v(dev):
-        return [Variant("random", make(dev, None)), Variant("index at bounds", make(dev, "bounds")),
-                Variant("negative index", make(dev, "neg")), Variant("index out of range", make(dev, "oob")),
-                Variant("random after error", make(dev, None))]
+        out = [Variant("random", make(dev, None)), Variant("index at bounds", make(dev, "bounds"))]
+        if dev == "cpu":   # on CUDA eager's bounds check is a device-side assert: the context is lost
+            out += [Variant("negative index", make(dev, "neg")), Variant("index out of range", make(dev, "oob")),
+                    Variant("random after error", make(dev, None))]
+        return out
     return v
 
 
@@ -286,6 +288,8 @@ def corpus() -> list[Case]:
     # -- scans ---------------------------------------------------------------------------------
     case("cumsum f32 [8,1024] dim 1", "scan", lambda x: aten.cumsum.default(x, 1),
          _float_unary((8, 1024), f32, F_SPECIALS, 40), aten.cumsum.default)
+    case("_logcumsumexp f32 [8,256] dim 1", "scan", lambda x: aten._logcumsumexp.default(x, 1),
+         _float_unary((8, 256), f32, F_SPECIALS, 41), aten._logcumsumexp.default)
     # -- norms, softmax ------------------------------------------------------------------------
     case("native_layer_norm f32 [8,64]", "norm",
          lambda x, w, b: aten.native_layer_norm.default(x, [64], w, b, 1e-5),
@@ -389,6 +393,8 @@ def run_call(case: Case, inputs: tuple, glob: str | None):
     with GLOBALS[glob]():
         try:
             out = case.call(*inputs)
+            if any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs):
+                torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 -- eager's own errors are part of the comparison
             return None, (type(e).__name__, str(e).splitlines()[0][:160] if str(e) else "")
     return [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in _as_list(out)], None
@@ -663,7 +669,9 @@ def compile_all(sigs: dict, plan: Plan, cache_dir: str, workdir: str) -> dict:
         out = {}
         for k in uniq:
             r = by_key.get(k)
-            out[k] = None if (r or {}).get("status") in ("compiled", "cached") else ((r or {}).get("error") or "not compiled")
+            r = r or {}
+            out[k] = None if r.get("status") in ("compiled", "cached") else (
+                f"{r.get('error') or r.get('status') or 'not compiled'} (attempts: {r.get('attempts', '?')})")
         return out
     from aoti_farm.cache import Cache
     from aoti_farm.compiler import AOTICompiler
@@ -674,7 +682,13 @@ def compile_all(sigs: dict, plan: Plan, cache_dir: str, workdir: str) -> dict:
     compiler = AOTICompiler(measure_speed=not plan.quick)
     out = {}
     for k, s in uniq.items():
-        o = compile_and_publish(cache, compiler, fp, s, owner="drill")
+        try:
+            o = compile_and_publish(cache, compiler, fp, s, owner="drill")
+        except Exception as e:  # noqa: BLE001 -- an infrastructure error (the farm would retry it)
+            out[k] = f"compile raised {type(e).__name__} (an infrastructure error to the farm: retried): " + \
+                (str(e).splitlines() or [""])[0][:160]
+            plan.log(f"drill:   {s.op}: {out[k]}")
+            continue
         out[k] = None if o.status in ("compiled", "cached") else (o.error or o.status)
         plan.log(f"drill:   {s.op}: {o.status}{'' if out[k] is None else ' (' + str(out[k])[:100] + ')'}")
     return out
@@ -715,14 +729,15 @@ def replay(cases: list[Case], plan: Plan, cache_dir: str, workdir: str) -> list[
     return recs
 
 
-def summarize(cases: list[Case], recs: list[dict], compile_errors: dict, sigs: dict) -> list[tuple[str, str, str]]:
-    """One (case, status, text) per case."""
+def summarize(cases: list[Case], recs: list[dict], compile_errors: dict, sigs: dict) -> list[tuple]:
+    """One (case, status, text, calls served) per case."""
     rows = []
     for c in cases:
         mine = [r for r in recs if r["case"] == c.name]
         wrong = [r for r in mine if r["status"] == WRONG]
         hook_calls = [r for r in mine if r["mode"] != "record"]
         served = [r for r in hook_calls if r["served"] and r["status"] != WRONG]
+        n_served = sum(1 for r in hook_calls if r["served"])
         if wrong:
             seen, parts = set(), []
             for r in wrong:
@@ -734,12 +749,12 @@ def summarize(cases: list[Case], recs: list[dict], compile_errors: dict, sigs: d
                 parts.append(f"[{where}] {r['why']}")
             more = f" (+{len(wrong) - 3} more)" if len(parts) > 3 else ""
             ncalls = f"{len(wrong)}/{len(mine)} calls"
-            rows.append((c.name, WRONG, f"WRONG ({ncalls}: " + "; ".join(parts[:3]) + more + ")"))
+            rows.append((c.name, WRONG, f"WRONG ({ncalls}: " + "; ".join(parts[:3]) + more + ")", n_served))
         elif served:
             dec = sorted({r["why"] for r in hook_calls if not r["served"]})
             note = f" ({len(served)}/{len(hook_calls)} calls served" + (
                 f"; the rest declined: {'; '.join(dec)}" if dec else "") + ")"
-            rows.append((c.name, SERVED, SERVED + note))
+            rows.append((c.name, SERVED, SERVED + note, n_served))
         else:
             reasons = sorted({r["why"] for r in hook_calls})
             errs = sorted({str(compile_errors.get(s.key))[:120] for s in sigs.get(c.name, [])
@@ -750,7 +765,7 @@ def summarize(cases: list[Case], recs: list[dict], compile_errors: dict, sigs: d
                 reasons.append("nothing recorded for this call")
             if not c.compile:
                 reasons.append("not compiled: a call the hook must leave to eager")
-            rows.append((c.name, DECLINED, f"declined ({'; '.join(reasons)})"))
+            rows.append((c.name, DECLINED, f"declined ({'; '.join(reasons)})", n_served))
     return rows
 
 
@@ -767,8 +782,9 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
-def run(plan: Plan, out_dir: str | None = None) -> tuple[int, list[tuple[str, str, str]], str]:
-    """The whole drill; returns (number of WRONG cases, per-case rows, summary line)."""
+def run(plan: Plan, out_dir: str | None = None) -> tuple[int, list[tuple], str]:
+    """The whole drill; returns (number of WRONG cases, per-case rows (case, status, line,
+    calls served), summary line)."""
     cases = select(plan)
     workdir = tempfile.mkdtemp(prefix="aoti-farm-drill-")
     cache_dir = os.path.join(workdir, "cache")
@@ -799,6 +815,6 @@ def run(plan: Plan, out_dir: str | None = None) -> tuple[int, list[tuple[str, st
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "drill.json"), "w") as f:
-            json.dump({"summary": summary, "cases": [{"case": a, "status": b, "line": c} for a, b, c in rows],
+            json.dump({"summary": summary, "cases": [{"case": a, "status": b, "line": c, "served_calls": d} for a, b, c, d in rows],
                        "calls": recs, "compile_errors": compile_errors}, f, indent=1, default=str)
     return n[WRONG], rows, summary

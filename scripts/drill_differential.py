@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         plan.threads = a.threads
     n_wrong, rows, summary = drill.run(plan, out_dir=a.out)
     width = max((len(r[0]) for r in rows), default=0)
-    for name, _, line in rows:
+    for name, _, line, _ in rows:
         print(f"{name:<{width}}  {line}")
     print(summary)
     return 1 if n_wrong else 0

@@ -65,7 +65,7 @@ def test_corpus_covers_the_families_and_the_issue():
                "Python", "lt ", "eq int32", "floor_divide f32", "rounding_mode=floor", "rounding_mode=trunc",
                "remainder f32", "floor_divide int32", "div true int32", "sum ", "mean ", "amax", "argmax",
                "var_mean f32 [2,32,64,64] dim (2,3) correction 1 keepdim", "cumsum", "native_layer_norm",
-               "native_group_norm", "_softmax", "mm ", "addmm", "bmm", "convolution", "_slow_conv2d_forward", "max_pool2d", "avg_pool2d",
+               "native_group_norm", "_logcumsumexp", "_softmax", "mm ", "addmm", "bmm", "convolution", "_slow_conv2d_forward", "max_pool2d", "avg_pool2d",
                "upsample_bilinear2d", "cat ", "stack ", "index_select", "embedding", "gather", "scatter",
                "index_add", "index_copy", "nll_loss", "searchsorted", "f16 0-dim * Python 1e5",
                "int8 0-dim + Python 200"):

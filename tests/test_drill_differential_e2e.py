@@ -20,13 +20,15 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "drill_differential.p
 def test_quick_drill_has_no_wrong_results(tmp_path):
     plan = drill.Plan(quick=True, ray=False, log=lambda s: print(s, file=sys.stderr))
     n_wrong, rows, summary = drill.run(plan, out_dir=str(tmp_path / "log"))
-    for name, _, line in rows:
+    for name, _, line, _ in rows:
         print(f"{name}: {line}")
     print(summary)
     assert {r[0] for r in rows} == {c.name for c in drill.select(plan)}
-    # the drill serves: a drill that declines everything proves nothing
-    assert sum(1 for r in rows if r[1] == drill.SERVED) >= 5, rows
-    wrong = [f"{name}: {line}" for name, status, line in rows if status == drill.WRONG]
+    # the drill serves: one that declines every call proves nothing (the compiled cases
+    # all have a kernel that is served at least once, right or wrong)
+    compiled = {c.name for c in drill.select(plan) if c.compile}
+    assert all(n > 0 for name, _, _, n in rows if name in compiled), rows
+    wrong = [f"{name}: {line}" for name, status, line, _ in rows if status == drill.WRONG]
     assert not wrong, f"{len(wrong)} WRONG op-cases:\n" + "\n".join(wrong)
 
 
