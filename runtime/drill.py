@@ -462,9 +462,10 @@ def compare_outputs(case: Case, inputs: tuple, eager: list, got: list) -> str | 
 
     if len(eager) != len(got):
         return f"{len(got)} outputs, eager {len(eager)}"
-    ev = tol_compare(eager, got, _extra(case, inputs, eager))
+    extra = _extra(case, inputs, eager)
+    ev = tol_compare(eager, got, extra)
     if ev is not None:
-        return _evidence_text(ev, eager, got)
+        return _evidence_text(ev, eager, got) + _examples(inputs, eager, got, ev.get("output", 0), extra)
     for n, (e, g) in enumerate(zip(eager, got)):
         if e.is_floating_point():
             ec, gc = e.detach().cpu(), g.detach().cpu()
@@ -478,6 +479,34 @@ def compare_outputs(case: Case, inputs: tuple, eager: list, got: list) -> str | 
                 if not torch.equal(f(ec), f(gc)):
                     return f"output {n}: {what} positions differ"
     return None
+
+
+def _examples(inputs: tuple, eager: list, got: list, n: int, extra: tuple[float, float], k: int = 3) -> str:
+    """Up to ``k`` differing elements of output ``n`` as ``op inputs -> eager vs served``
+    (the inputs shown where they have the output's shape: elementwise ops)."""
+    from aoti_farm.tolerance import TOLERANCES
+
+    if n >= len(eager) or n >= len(got) or eager[n].shape != got[n].shape or eager[n].dtype != got[n].dtype:
+        return ""
+    e, g = eager[n].detach().cpu(), got[n].detach().cpu()
+    if e.dtype in TOLERANCES and not e.is_complex():
+        rtol, atol = TOLERANCES[e.dtype]
+        bad = ~torch.isclose(g.double(), e.double(), rtol=rtol + extra[0], atol=atol + extra[1], equal_nan=True)
+    else:
+        bad = e != g
+    idx = bad.flatten().nonzero().flatten().tolist()
+    shown, seen = [], set()
+    for i in idx:
+        ins = tuple(float(t.detach().cpu().flatten()[i]) if t.dtype.is_floating_point else int(t.detach().cpu().flatten()[i])
+                    for t in inputs if isinstance(t, torch.Tensor) and t.shape == e.shape)
+        if ins in seen:
+            continue
+        seen.add(ins)
+        shown.append(f"({', '.join(map(repr, ins))}) -> eager {e.flatten()[i].item()!r}, served {g.flatten()[i].item()!r}"
+                     if ins else f"[{i}] eager {e.flatten()[i].item()!r}, served {g.flatten()[i].item()!r}")
+        if len(shown) == k:
+            break
+    return f"; e.g. {'; '.join(shown)}" if shown else ""
 
 
 def _evidence_text(ev: dict, eager, got) -> str:
@@ -670,8 +699,9 @@ def compile_all(sigs: dict, plan: Plan, cache_dir: str, workdir: str) -> dict:
         for k in uniq:
             r = by_key.get(k)
             r = r or {}
+            err = str(r.get("error") or r.get("status") or "not compiled")
             out[k] = None if r.get("status") in ("compiled", "cached") else (
-                f"{r.get('error') or r.get('status') or 'not compiled'} (attempts: {r.get('attempts', '?')})")
+                f"attempts {r.get('attempts', '?')}: {err[:100]}")
         return out
     from aoti_farm.cache import Cache
     from aoti_farm.compiler import AOTICompiler

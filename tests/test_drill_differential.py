@@ -93,3 +93,13 @@ def test_every_variant_hits_the_recorded_signature(tmp_path):
         for v, k in zip(c.variants("cpu"), keys):
             if k:     # a call eager rejects before any op runs records nothing
                 assert k == keys[0], f"{c.name}: variant {v.label!r} has another signature"
+
+
+def test_wrong_values_name_the_inputs_that_differ():
+    """A WRONG line shows inputs -> eager vs served for elementwise ops, so a colleague can
+    reproduce it without the log."""
+    case = drill.Case("floor_divide", "division", None, None, torch.ops.aten.floor_divide.default)
+    a, b = torch.tensor([1.0, -math.inf, 2.0]), torch.tensor([0.1, -1.0, 1.0])
+    served = torch.tensor([10.0, math.inf, 2.0])
+    why = drill.compare(case, (a, b), [torch.floor_divide(a, b)], None, [served], None)
+    assert "-> eager 9.0, served 10.0" in why and "(-inf, -1.0) -> eager nan, served inf" in why, why
