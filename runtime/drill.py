@@ -494,7 +494,9 @@ def _examples(inputs: tuple, eager: list, got: list, n: int, extra: tuple[float,
         bad = ~torch.isclose(g.double(), e.double(), rtol=rtol + extra[0], atol=atol + extra[1], equal_nan=True)
     else:
         bad = e != g
-    idx = bad.flatten().nonzero().flatten().tolist()
+    # differing finite values first (1.0 // 0.1), then the ones involving NaN or inf
+    finite = (torch.isfinite(e) & torch.isfinite(g)) if e.is_floating_point() else torch.ones_like(bad)
+    idx = (bad & finite).flatten().nonzero().flatten().tolist() + (bad & ~finite).flatten().nonzero().flatten().tolist()
     shown, seen = [], set()
     for i in idx:
         ins = tuple(float(t.detach().cpu().flatten()[i]) if t.dtype.is_floating_point else int(t.detach().cpu().flatten()[i])
