@@ -650,7 +650,7 @@ def record_check(cases: list[Case], plan: Plan, workdir: str) -> tuple[dict, lis
     """Record each compiled case's first (random) call into its own trace, and run every
     call of every case under ``aoti_farm.record``, compared with eager.  Returns
     ({case: [signature dicts]}, records)."""
-    import aoti_farm
+    from aoti_farm.runtime.recorder import record
     from aoti_farm.trace import load_trace
 
     sigs, recs = {}, []
@@ -659,12 +659,12 @@ def record_check(cases: list[Case], plan: Plan, workdir: str) -> tuple[dict, lis
         vs = c.variants(plan.device)
         if c.compile:
             p = os.path.join(workdir, f"case{i}.json")
-            with aoti_farm.record(p, devices=(plan.device,)):
+            with record(p, devices=(plan.device,)):
                 run_call(c, vs[0].inputs, vs[0].glob)
             sigs[c.name] = [e.sig for e in load_trace(p).entries]
         for v in vs:
             e, ee = run_call(c, v.inputs, v.glob)
-            with aoti_farm.record(os.path.join(workdir, "all.json"), devices=(plan.device,)):
+            with record(os.path.join(workdir, "all.json"), devices=(plan.device,)):
                 g, ge = run_call(c, v.inputs, v.glob)
             why = compare(c, v.inputs, e, ee, g, ge)
             rec = {"case": c.name, "mode": "record", "variant": v.label, "glob": v.glob, "threads": 1,
@@ -739,10 +739,8 @@ def replay(cases: list[Case], plan: Plan, cache_dir: str, workdir: str) -> list[
             with open(spec, "w") as f:
                 json.dump({"device": plan.device, "mode": mode, "threads": plan.threads, "cases": names,
                            "skip": skip, "cache_dir": cache_dir, "out": out}, f)
-            env = dict(os.environ, PYTHONWARNINGS="ignore")
             p = subprocess.run([sys.executable, "-c", "import sys; from aoti_farm.runtime import drill; "
-                                "sys.exit(drill.child_main(sys.argv[1]))", spec],
-                               capture_output=True, text=True, env=env)
+                                "sys.exit(drill.child_main(sys.argv[1]))", spec], capture_output=True, text=True)
             lines = []
             if os.path.exists(out):
                 with open(out) as f:
@@ -821,7 +819,6 @@ def run(plan: Plan, out_dir: str | None = None) -> tuple[int, list[tuple], str]:
     workdir = tempfile.mkdtemp(prefix="aoti-farm-drill-")
     cache_dir = os.path.join(workdir, "cache")
     os.makedirs(cache_dir, mode=0o700)
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     try:
         from aoti_farm.runtime import native
 

@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     if not a.no_ray and importlib.util.find_spec("ray") is None:
         sys.stderr.write("drill_differential: Ray is not installed here; pass --no-ray to compile in-process\n")
         return 2
+    # one Inductor compile thread: the drill's in-process compiles share the host with its replays
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     import torch
 
     from aoti_farm.runtime import drill
