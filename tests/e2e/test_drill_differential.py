@@ -14,7 +14,7 @@ import pytest
 
 from aoti_farm.runtime import drill
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "drill_differential.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "drill_differential.py"
 
 
 def test_quick_drill_has_no_wrong_results(tmp_path):

@@ -21,7 +21,7 @@ def _case():
 
 @pytest.mark.parametrize("eager, served, needle", [
     (torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]), "sign of zero"),
-    (torch.tensor([math.nan, 1.0]), torch.tensor([math.inf, 1.0]), "values"),
+    (torch.tensor([math.nan, 1.0]), torch.tensor([math.inf, 1.0]), "eager has NaN"),
     (torch.tensor([math.inf, 1.0]), torch.tensor([1e30, 1.0]), "values"),
     (torch.tensor([9.0]), torch.tensor([10.0]), "eager 9.0, served 10.0"),
     (torch.tensor([1.0], dtype=torch.float64), torch.tensor([1.0]), "dtype"),
