@@ -39,7 +39,7 @@ _bad = BAD.to_obj()
 _bad["args"][1]["sizes"], _bad["args"][1]["strides"] = [7, 5], [5, 1]
 BAD = S.parse_signature(_bad)
 
-ENV = {**os.environ, "AOTI_FARM_RAY_DASHBOARD": "0", "TORCHINDUCTOR_COMPILE_THREADS": "1",
+ENV = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1",
        "PYTHONWARNINGS": "ignore"}
 
 
