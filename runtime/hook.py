@@ -93,6 +93,7 @@ class Hook:
                  route: str | None = None):
         route = settings_mod.check_arguments(on_miss, poll_interval, devices, native, route)
         self.on_miss = on_miss
+        self.settings = settings   # as resolved (runtime/settings.py)
         self.inductor_options = dict(inductor_options or {})
         self.cache = Cache(cache_dir or settings.cache_dir, signing_key=settings.signing_key,
                            allow_insecure=allow_insecure)

@@ -170,13 +170,12 @@ def boot() -> None:
         atexit.register(_write)
     raw = os.environ.get("AOTI_FARM_HOOK")
     if raw and raw != "0":
-        from aoti_farm.runtime import settings as settings_mod
         from aoti_farm.runtime.hook import install
 
         global BOOTED
         args = {} if raw == "1" else child_arguments(raw)
-        BOOTED = settings_mod.resolve(**args).config   # what install() resolves from the same arguments
         hook = install(**args)
+        BOOTED = hook.settings.config   # what this hook was installed with
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
         def _stop() -> None:
