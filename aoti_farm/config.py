@@ -174,11 +174,16 @@ ENV_VARS = {
 #: Set by the farm for its own children, never by a user.
 INTERNAL_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR", "AOTI_FARM_FORK_SOCKET")
 
-for _cls in (FarmConfig, HookConfig):
-    for _f in dataclasses.fields(_cls):
-        if _f.name not in ENV_FIELDS:
-            RETIRED.setdefault(f"AOTI_FARM_{_f.name.upper()}",
-                               f"a flag or the TOML key [{_SECTIONS[_cls]}] {_f.name}")
+#: The [farm] fields `warm` / `serve` take as flags (aoti_farm/cli/farm_cmds.py).
+_FARM_FLAGS = {"cpu_workers", "gpu_workers", "gpus_per_worker", "timeout", "retries", "max_in_flight", "lease_ttl",
+               "poll_interval"}
+_farm = {f.name for f in dataclasses.fields(FarmConfig)}
+_hook = {f.name for f in dataclasses.fields(HookConfig)}
+for _n in sorted((_farm | _hook) - set(ENV_FIELDS)):
+    _ways = ([(f"--{_n.replace('_', '-')} or " if _n in _FARM_FLAGS else "") + f"[farm] {_n}"]
+             if _n in _farm else []) + (
+        [f"install({_n}=...) or [hook] {_n}"] if _n in _hook else [])
+    RETIRED[f"AOTI_FARM_{_n.upper()}"] = " or ".join(_ways) + " in the TOML file"
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> None:
@@ -472,8 +477,10 @@ def load_toml(path: str) -> dict:
 
 
 def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-            config_path: str | None = None) -> Any:
-    """Build ``cls`` from defaults < TOML < environment < CLI (values of None are unset)."""
+            config_path: str | None = None, cli_label: str = "option --{flag}") -> Any:
+    """Build ``cls`` from defaults < TOML < environment < CLI (values of None are unset).
+    ``cli_label`` names an explicit value in errors (``{flag}``, ``{name}``): a flag for a
+    command, an argument for ``install()``."""
     env = os.environ if env is None else env
     check_environment(env)
     section = _SECTIONS[cls]
@@ -495,9 +502,10 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
             values[k] = ev
     for k, v in (cli or {}).items():
         if v is not None:
+            label = cli_label.format(flag=k.replace("_", "-"), name=k)
             if k not in names:
-                raise UserError(f"option {k}: unknown")
-            values[k] = _coerce(cls, k, v, f"option --{k.replace('_', '-')}")
+                raise UserError(f"{label}: unknown")
+            values[k] = _coerce(cls, k, v, label)
     values["cache_dir"] = cache_dir(values.get("cache_dir"), {})   # the default, applied here only
     cfg = cls(**values)
     if isinstance(cfg, HookConfig):

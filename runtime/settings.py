@@ -59,7 +59,7 @@ def resolve(*, metrics_port=None, signing_key: bytes | str | None = None, config
         cli.pop("ops")   # op objects (torch OpOverloads): checked by the dispatcher, not by a config table
     else:
         raw_ops = None
-    cfg = config.resolve(HookConfig, cli=cli, env=env, config_path=config_path)
+    cfg = config.resolve(HookConfig, cli=cli, env=env, config_path=config_path, cli_label="install({name}=...)")
     if raw_ops is not None:
         cfg = dataclasses.replace(cfg, ops=raw_ops)
     metrics = config.metrics_endpoint(metrics_port, env)

@@ -110,7 +110,7 @@ def test_a_missing_config_file_is_refused(tmp_path):
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(UserError, match="option no_such: unknown"):
+    with pytest.raises(UserError, match="option --no-such: unknown"):
         resolve(FarmConfig, cli={"no_such": 1}, env={})
     with pytest.raises(UserError, match="option --gpus-per-worker: gpus_per_worker: .*positive"):
         resolve(FarmConfig, cli={"gpus_per_worker": -0.5}, env={})
@@ -126,3 +126,54 @@ def test_resolved_config_is_frozen():
     cfg = resolve(HookConfig, env={})
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.on_miss = "ignore"
+
+
+# --- one resolver: the file, the retired variables, the developer switches -------------------
+
+
+def test_the_toml_file_is_named_by_the_flag_else_the_variable_never_implicitly(tmp_path, monkeypatch):
+    from aoti_farm.config import config_file
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "aoti-farm.toml").write_text("[farm]\nretries = 9\n")   # not read: no implicit file
+    assert config_file(None, {}) is None and resolve(FarmConfig, env={}).retries == 2
+    assert config_file(None, {"AOTI_FARM_CONFIG": "a.toml"}) == "a.toml"
+    assert config_file("b.toml", {"AOTI_FARM_CONFIG": "a.toml"}) == "b.toml"
+
+
+@pytest.mark.parametrize("var,says", [
+    ("AOTI_FARM_TIMEOUT", r"--timeout or \[farm\] timeout in the TOML file"),
+    ("AOTI_FARM_POLL_INTERVAL", r"--poll-interval or \[farm\] poll_interval or install\(poll_interval=...\) or "
+                                r"\[hook\] poll_interval"),
+    ("AOTI_FARM_DEVICES", r"install\(devices=...\) or \[hook\] devices"),
+    ("AOTI_FARM_FORK_SERVER", "AOTI_FARM_DEV=fork_server=0"),
+    ("AOTI_FARM_SPLIT_WRAPPER", "AOTI_FARM_DEV=split_build=0"),
+    ("AOTI_FARM_SIGNING_KEY", "a key file: .* set AOTI_FARM_SIGNING_KEY_FILE"),
+])
+def test_a_retired_variable_is_refused_naming_its_replacement(var, says):
+    """An old variable never silently stops counting: every resolution refuses it."""
+    for cls in (FarmConfig, HookConfig):
+        with pytest.raises(UserError, match=f"environment {var}: no longer read; use {says}"):
+            resolve(cls, env={var: "0"})
+
+
+def test_developer_switches_are_one_variable():
+    from aoti_farm.config import DEV, dev
+
+    assert {k: dev(k, {}) for k in DEV} == {k: d for k, (d, _) in DEV.items()}
+    env = {"AOTI_FARM_DEV": " fork_server=0, split_build=0 ,"}
+    assert (dev("fork_server", env), dev("split_build", env), dev("isa_replay", env)) == ("0", "0", "1")
+    assert resolve(HookConfig, env=env).on_miss == "compile"
+    for bad in ("fork_server", "no_such=1", "fork_server="):
+        with pytest.raises(UserError, match="AOTI_FARM_DEV: .* is not key=value"):
+            resolve(FarmConfig, env={"AOTI_FARM_DEV": bad})
+        assert dev("fork_server", {"AOTI_FARM_DEV": bad}) == "auto"   # never raises where it acts
+
+
+def test_install_arguments_are_named_as_arguments(tmp_path):
+    from aoti_farm.runtime.settings import resolve as install_resolve
+
+    with pytest.raises(UserError, match=r"install\(poll_interval=...\): poll_interval: .* must be positive"):
+        install_resolve(env={}, poll_interval=0)
+    with pytest.raises(UserError, match="unknown argument 'no_such'"):
+        install_resolve(env={}, no_such=1)

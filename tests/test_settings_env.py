@@ -232,6 +232,13 @@ def test_every_variable_in_the_source_is_listed_and_few_are_user_facing():
     doc = (REPO / "docs" / "settings.md").read_text()
     missing = [v for v in user if f"`{v}`" not in doc]
     assert not missing, f"docs/settings.md lacks {missing}"
+    import dataclasses
+
+    from aoti_farm.config import DEV, FarmConfig, HookConfig
+
+    fields = {f.name for cls in (FarmConfig, HookConfig) for f in dataclasses.fields(cls)}
+    missing = sorted(k for k in fields | set(DEV) if f"`{k}`" not in doc)
+    assert not missing, f"docs/settings.md lacks the keys {missing}"
 
 
 def test_the_cache_directorys_default_is_applied_in_one_place():
