@@ -114,7 +114,7 @@ WARMUP_LEVELS = ("none", "light", "compile")
 class FarmConfig:
     """`aoti-farm warm` / `aoti-farm serve`."""
 
-    cache_dir: str | None = None          # None: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm
+    cache_dir: str | None = None          # resolve() always sets it (cache_dir(): the default is applied there only)
     address: str | None = None            # None: $RAY_ADDRESS, else an embedded local Ray; "auto" or host:port
     cpu_workers: int | None = None        # None: the cluster's CPUs
     gpu_workers: int | None = None        # None: GPUs / gpus_per_worker
@@ -135,7 +135,7 @@ class FarmConfig:
 class HookConfig:
     """The runtime hook (`aoti_farm.runtime.install`, `aoti-farm run`)."""
 
-    cache_dir: str | None = None
+    cache_dir: str | None = None          # as FarmConfig's
     ops: tuple | None = None              # None: every op the recorder/compiler support
     devices: tuple = ("cpu", "cuda")
     on_miss: str = "compile"              # compile | queue | ignore
@@ -332,9 +332,10 @@ def signing_key(cfg: FarmConfig | HookConfig, env: Mapping[str, str] | None = No
     (``--config``'s TOML or ``AOTI_FARM_SIGNING_KEY_FILE``, through :func:`resolve`); None
     when none is configured.  Fails closed (UserError)."""
     env = os.environ if env is None else env
-    if cfg.signing_key_file is None:
-        return None
-    source = ("AOTI_FARM_SIGNING_KEY_FILE" if env.get("AOTI_FARM_SIGNING_KEY_FILE") == cfg.signing_key_file
+    if cfg.signing_key_file is None:   # none resolved: a variable set but empty still fails closed
+        return load_signing_key(env=env)
+    var = env.get("AOTI_FARM_SIGNING_KEY_FILE")
+    source = ("AOTI_FARM_SIGNING_KEY_FILE" if var is not None and var.strip() == cfg.signing_key_file
               else "signing_key_file")
     return load_signing_key(path=cfg.signing_key_file, source=source)
 

@@ -103,3 +103,13 @@ def test_a_compile_actor_takes_the_keys_path(tmp_path, monkeypatch):
     factory = lambda options: SimpleNamespace(options=lambda: {})   # noqa: E731
     CompileActor(str(tmp_path / "c"), signing_key_file=str(f), compiler_factory=factory)._setup()
     assert built["key"] == KEY
+
+
+@pytest.mark.parametrize("env", [{"AOTI_FARM_SIGNING_KEY_FILE": ""}, {"AOTI_FARM_SIGNING_KEY_FILE": " "}])
+def test_a_key_file_variable_set_but_empty_fails_closed(env):
+    from aoti_farm.runtime import settings
+
+    with pytest.raises(UserError, match="AOTI_FARM_SIGNING_KEY_FILE: set but empty"):
+        config.signing_key(config.resolve(FarmConfig, env=env), env)
+    with pytest.raises(UserError, match="AOTI_FARM_SIGNING_KEY_FILE: set but empty"):
+        settings.resolve(env=env)
