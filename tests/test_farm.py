@@ -150,7 +150,6 @@ def _copy(warmed, tmp_path, drop=()):
 def test_killed_actor_mid_compile_is_retried(warmed, tmp_path, monkeypatch):
     from aoti_farm.workers.warm import warm
 
-    monkeypatch.setenv("AOTI_FARM_RAY_DASHBOARD", "0")
     cache = _copy(warmed, tmp_path)
     trace = write_trace(tmp_path / "t.json", [S1, S4])
     killed = []
