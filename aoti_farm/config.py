@@ -462,7 +462,17 @@ def _coerce(cls: type, name: str, value: Any, source: str) -> Any:
             raise ValueError(f"{value!r} is not a string")
         return value
     except (ValueError, TypeError, json.JSONDecodeError) as e:
-        raise UserError(f"{source}: {name}: {e}; fix the value") from None
+        raise UserError(f"{source}: {name}: {e}; fix the value (set by {where(cls, name)})") from None
+
+
+def where(cls: type, name: str) -> str:
+    """Where the setting ``name`` of ``cls`` is set, for an error's fix (docs/settings.md)."""
+    ways = [f"install({name}=...)"] if cls is HookConfig else []
+    if cls is FarmConfig and name in _FARM_FLAGS | {"cache_dir", "address", "memory_budget", "dynamic"}:
+        ways.append(f"--{name.replace('_', '-')}")
+    if name in ENV_FIELDS:
+        ways.append(f"AOTI_FARM_{name.upper()}")
+    return ", ".join(ways + [f"[{_SECTIONS[cls]}] {name}"])
 
 
 def load_toml(path: str) -> dict:
