@@ -48,7 +48,7 @@ from aoti_farm.config import load_signing_key  # noqa: F401 -- checks an explici
 from aoti_farm.errors import FarmError, UserError
 from aoti_farm import safeio
 from aoti_farm.fingerprint import Fingerprint
-from aoti_farm.fsutil import atomic_write, default_cache_dir, fsync_dir  # noqa: F401 -- used by importers too
+from aoti_farm.fsutil import atomic_write, fsync_dir  # noqa: F401 -- used by importers too
 from aoti_farm.layout import (  # noqa: F401 -- the cache's names, used by importers too
     CACHE_FORMAT, FP_RE, KERNEL, KEY_RE, MANIFEST, check_fp, check_key, msgpack_default)
 from aoti_farm.manifest import (  # noqa: F401 -- Entry, BadEntry, sign, sha256_file: used by importers too
@@ -67,11 +67,13 @@ class Cache:
     def __init__(self, root: str | os.PathLike | None, *, signing_key: bytes | str | None = None,
                  allow_insecure: bool = False):
         """``root``: the cache directory, resolved by the caller (``aoti_farm.config.cache_dir``
-        resolves ``--cache-dir`` / ``AOTI_FARM_CACHE_DIR``); None is ``~/.cache/aoti-farm``
-        (:func:`aoti_farm.fsutil.default_cache_dir`, never the environment).  ``signing_key``:
+        resolves ``--cache-dir`` / ``AOTI_FARM_CACHE_DIR`` and applies the default, in one
+        place; never the environment here).  ``signing_key``:
         the key's bytes (``aoti_farm.config.signing_key`` resolves the configured one), or
         None to sign and check nothing."""
-        self.root = Path(root or default_cache_dir()).absolute()
+        if not root:
+            raise ValueError("Cache: root is the resolved cache directory (aoti_farm.config.cache_dir)")
+        self.root = Path(root).absolute()
         # an empty key is an error (UserError), never "no signing"
         self.signing_key = None if signing_key is None else load_signing_key(signing_key)
         self.allow_insecure = allow_insecure

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from aoti_farm.cache import Cache
 from aoti_farm.errors import UserError
-from aoti_farm.fsutil import default_cache_dir
 
 _FP_NAME = re.compile(r"^[0-9a-f]{24}$")
 
@@ -19,7 +18,9 @@ def open_cache(cache_dir: str | None, *, create: bool = False, signing_key: byte
                write: bool = False) -> Cache:
     """A Cache for a command, or UserError (one line) if the directory is unusable
     (``write``/``create``: also if it exists but cannot be written, e.g. a read-only mount)."""
-    root = Path(cache_dir or default_cache_dir())
+    if not cache_dir:   # resolved by config.resolve, which applies the default
+        raise ValueError("open_cache: cache_dir is the resolved cache directory (aoti_farm.config.cache_dir)")
+    root = Path(cache_dir)
     fix = "pass another --cache-dir or fix the directory"
     if root.exists() and not root.is_dir():
         raise UserError(f"cache {root}: is not a directory; {fix}")

@@ -1,16 +1,29 @@
-"""Configuration: one frozen dataclass per component, resolved in one place.
+"""Settings: one frozen dataclass per component, resolved in one place.
 
-Precedence, highest first: command-line flags > environment (``AOTI_FARM_<FIELD>``) >
-a TOML file (``--config`` or ``$AOTI_FARM_CONFIG``; table ``[farm]`` or ``[hook]``) >
-the dataclass defaults.  :func:`resolve` is the only function that reads any of them.
-A bad value raises :class:`UserError` naming where it came from and the field.
+Precedence, highest first: an argument or command-line flag > the environment (the
+variables of :data:`ENV_VARS`) > a TOML file (:func:`config_file`: ``--config``, else
+``$AOTI_FARM_CONFIG``; table ``[farm]`` or ``[hook]``) > the dataclass defaults.
+:func:`resolve` is the one resolver: every command, ``aoti-farm run`` (``runtime/launch.py``)
+and ``install()`` (``runtime/settings.py``) call it, so the same environment and file give
+the same settings everywhere.  A bad value raises :class:`UserError` naming where it came
+from and the field.  ``docs/settings.md`` lists every setting.
+
+Only the variables of :data:`ENV_VARS` are read: a setting a user changes per run or per
+host.  The rest of a table (worker counts, timeouts, retries...) is a flag or a TOML key,
+which keeps the environment's surface small.  Developer A/B switches are one variable,
+``AOTI_FARM_DEV`` (:func:`dev`).  A variable that is no longer read is refused
+(:data:`RETIRED`) rather than silently ignored, so an old setting never changes nothing
+without a word.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -19,23 +32,73 @@ from aoti_farm import safeio
 from aoti_farm.errors import UserError
 
 #: Low-level switches: environment variables read where they act (not settings of a config
-#: table; README names each).  Everything else is resolved here, by the command layer.
+#: table; docs/settings.md names each).  Everything else is resolved here.
 SWITCHES = {
     "AOTI_FARM_PRELOAD_LIBSTDCXX": "loadenv.forced: 1 forces the libstdc++ preload, 0 turns it off",
-    "AOTI_FARM_SPLIT_WRAPPER": "splitbuild.enabled: 0 builds the AOTI wrapper whole",
-    "AOTI_FARM_ISA_REPLAY": "fingerprint.seed_inductor_vec_isa: 0 runs Inductor's own ISA checks (A/B)",
-    "AOTI_FARM_ISA_PREDICT": "isapredict.enabled: 0 makes a fresh host's preparation wait for the probed ISA (A/B)",
-    "AOTI_FARM_ISA_FORK": "isafork.enabled: 0 probes a fresh host's ISA in an exec'd child, not a fork (A/B)",
-    "AOTI_FARM_EARLY_RAY": "workers.earlyray.enabled: 0 has warm load its traces before it starts Ray (A/B)",
-    "AOTI_FARM_ISA_FAST_LOAD": "isaload.fast_loads: 0 keeps torch < 2.13's `import torch` in each ISA load check (A/B)",
-    "AOTI_FARM_PRECOMPILE": "pyprecompile.enabled: 0 leaves a fresh bytecode cache to the importing processes (A/B)",
-    "AOTI_FARM_FORK_SERVER": "workers.forkclient.mode: 0 has each CPU actor import torch itself, 1 forks them also on few cores (A/B)",
-    "AOTI_FARM_RAY_DASHBOARD": "workers.raysetup.start_ray: 1 starts the embedded Ray's dashboard",
     "AOTI_FARM_NATIVE": "runtime.native.disabled: 0 never uses the native hit path",
     "AOTI_FARM_NATIVE_DIR": "runtime.native.native_dir: where the native hit path is built",
     "CXX": "runtime.native.compiler: the C++ compiler of the native hit path",
     "XDG_CACHE_HOME": "fsutil.memo_dir and the runtime's memos: where host-local memos live",
     "LD_PRELOAD": "loadenv.preloaded: whether this process has the libstdc++ preload",
+}
+
+#: ``AOTI_FARM_DEV="key=value,key=value"``: the developer's A/B switches (not user
+#: settings), each with its default and meaning.  Read with :func:`dev` where they act;
+#: children inherit the one variable.
+DEV = {
+    "split_build": ("1", "aoti_farm.splitbuild: 0 builds the AOTI wrapper whole"),
+    "isa_replay": ("1", "aoti_farm.fingerprint: 0 runs Inductor's own ISA checks in every process"),
+    "isa_predict": ("1", "aoti_farm.isapredict: 0 makes a fresh host's preparation wait for the probed ISA"),
+    "isa_fork": ("1", "aoti_farm.isafork: 0 probes a fresh host's ISA in an exec'd child, not a fork"),
+    "isa_fast_load": ("1", "aoti_farm.isaload: 0 keeps torch < 2.13's `import torch` in each ISA load check"),
+    "precompile": ("1", "aoti_farm.pyprecompile: 0 leaves a fresh bytecode cache to the importing processes"),
+    "early_ray": ("1", "workers.earlyray: 0 has warm load its traces before it starts Ray"),
+    "fork_server": ("auto", "workers.forkclient: 0 has each CPU actor import torch itself, 1 forks them also "
+                            "on few cores"),
+    "ray_dashboard": ("0", "workers.raysetup: 1 starts the embedded Ray's dashboard"),
+}
+DEV_VAR = "AOTI_FARM_DEV"
+
+
+def _parse_dev(raw: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        k, eq, v = item.partition("=")
+        k, v = k.strip(), v.strip()
+        if not eq or k not in DEV or not v:
+            raise UserError(f"environment {DEV_VAR}: {item!r} is not key=value with a key of "
+                            f"{', '.join(DEV)}; fix the value (e.g. {DEV_VAR}=fork_server=0,split_build=0)")
+        out[k] = v
+    return out
+
+
+def dev(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The developer switch ``name`` (a key of :data:`DEV`) from ``AOTI_FARM_DEV``, else its
+    default.  Never raises (it is read in compiling and serving processes): a malformed
+    variable is refused by :func:`resolve`, which every command and ``install()`` run first,
+    and reads as the defaults here."""
+    default = DEV[name][0]
+    raw = (os.environ if env is None else env).get(DEV_VAR, "")
+    try:
+        return _parse_dev(raw).get(name, default)
+    except UserError:
+        return default
+
+
+#: Variables that are no longer read, and what replaced each.  Setting one is a UserError
+#: (at :func:`resolve`), never silently ignored.
+RETIRED = {
+    **{old: f"{DEV_VAR}={key}={{value}}" for old, key in (
+        ("AOTI_FARM_SPLIT_WRAPPER", "split_build"), ("AOTI_FARM_ISA_REPLAY", "isa_replay"),
+        ("AOTI_FARM_ISA_PREDICT", "isa_predict"), ("AOTI_FARM_ISA_FORK", "isa_fork"),
+        ("AOTI_FARM_ISA_FAST_LOAD", "isa_fast_load"), ("AOTI_FARM_PRECOMPILE", "precompile"),
+        ("AOTI_FARM_EARLY_RAY", "early_ray"), ("AOTI_FARM_FORK_SERVER", "fork_server"),
+        ("AOTI_FARM_RAY_DASHBOARD", "ray_dashboard"))},
+    "AOTI_FARM_SIGNING_KEY": "a key file: put the key in a file only you can write and set "
+                             "AOTI_FARM_SIGNING_KEY_FILE (a key travels to child processes by path only)",
 }
 
 #: Warm-up levels: "none" (nothing), "light" (imports, fingerprint, one torch.export of a
@@ -51,7 +114,7 @@ WARMUP_LEVELS = ("none", "light", "compile")
 class FarmConfig:
     """`aoti-farm warm` / `aoti-farm serve`."""
 
-    cache_dir: str | None = None          # None: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm
+    cache_dir: str | None = None          # resolve() always sets it (cache_dir(): the default is applied there only)
     address: str | None = None            # None: $RAY_ADDRESS, else an embedded local Ray; "auto" or host:port
     cpu_workers: int | None = None        # None: the cluster's CPUs
     gpu_workers: int | None = None        # None: GPUs / gpus_per_worker
@@ -72,7 +135,7 @@ class FarmConfig:
 class HookConfig:
     """The runtime hook (`aoti_farm.runtime.install`, `aoti-farm run`)."""
 
-    cache_dir: str | None = None
+    cache_dir: str | None = None          # as FarmConfig's
     ops: tuple | None = None              # None: every op the recorder/compiler support
     devices: tuple = ("cpu", "cuda")
     on_miss: str = "compile"              # compile | queue | ignore
@@ -90,6 +153,63 @@ class HookConfig:
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
 
+#: The fields a variable ``AOTI_FARM_<FIELD>`` sets (every other field is a flag, an
+#: ``install()`` argument or a TOML key only; see the module docstring).
+ENV_FIELDS = ("cache_dir", "signing_key_file", "address", "memory_budget", "dynamic",
+              "on_miss", "serve", "ops", "yield_core", "explain_misses", "widen", "install_trial")
+
+#: Every user-facing variable and what it sets (docs/settings.md has the full table).
+ENV_VARS = {
+    "AOTI_FARM_CONFIG": "the TOML file (config_file)",
+    **{f"AOTI_FARM_{n.upper()}": f"field {n}" for n in ENV_FIELDS},
+    "AOTI_FARM_METRICS_PORT": "metrics_endpoint: the port a process serves its metrics on",
+    "AOTI_FARM_METRICS_ADDR": "metrics_endpoint: the address it binds",
+    "AOTI_FARM_METRICS_PORTS": "metrics_endpoint: how many ports from the first it tries",
+    "AOTI_FARM_METRICS_SD_DIR": "metrics_endpoint: where it writes a Prometheus file_sd target",
+    "AOTI_FARM_HOOK_STATS": "runtime/launch.py: a directory where each `aoti-farm run` process writes its stats",
+    **{k: v for k, v in SWITCHES.items() if k.startswith("AOTI_FARM_")},
+    DEV_VAR: "developer A/B switches (DEV)",
+}
+
+#: Set by the farm for its own children, never by a user.
+INTERNAL_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR", "AOTI_FARM_FORK_SOCKET")
+
+#: The [farm] fields `warm` / `serve` take as flags (aoti_farm/cli/farm_cmds.py).
+_FARM_FLAGS = {"cpu_workers", "gpu_workers", "gpus_per_worker", "timeout", "retries", "max_in_flight", "lease_ttl",
+               "poll_interval"}
+_farm = {f.name for f in dataclasses.fields(FarmConfig)}
+_hook = {f.name for f in dataclasses.fields(HookConfig)}
+for _n in sorted((_farm | _hook) - set(ENV_FIELDS)):
+    _ways = ([(f"--{_n.replace('_', '-')} or " if _n in _FARM_FLAGS else "") + f"[farm] {_n}"]
+             if _n in _farm else []) + (
+        [f"install({_n}=...) or [hook] {_n}"] if _n in _hook else [])
+    RETIRED[f"AOTI_FARM_{_n.upper()}"] = " or ".join(_ways) + " in the TOML file"
+
+
+def check_environment(env: Mapping[str, str] | None = None) -> None:
+    """A UserError for a retired variable that is set (naming what replaced it) or a
+    malformed ``AOTI_FARM_DEV``."""
+    env = os.environ if env is None else env
+    for var, instead in RETIRED.items():
+        if var in env:
+            raise UserError(f"environment {var}: no longer read; use {instead.format(value=env[var] or '0')} "
+                            f"and unset {var}")
+    _parse_dev(env.get(DEV_VAR, ""))
+
+
+#: Where the shared kernel cache is when nothing names one.  Applied by :func:`cache_dir`
+#: only (through :func:`resolve`); everything below takes the resolved path.
+def default_cache_dir() -> str:
+    return os.path.join(os.path.expanduser("~"), ".cache", "aoti-farm")
+
+
+def config_file(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """The TOML file every resolution reads: ``explicit`` (``--config``), else
+    ``$AOTI_FARM_CONFIG``; None: no file (the defaults).  There is no implicit file: a
+    setting never comes from a file the user did not name."""
+    env = os.environ if env is None else env
+    return explicit or env.get("AOTI_FARM_CONFIG") or None
+
 
 #: What the hook does with a miss.
 ON_MISS = ("compile", "queue", "ignore")
@@ -98,7 +218,8 @@ ON_MISS = ("compile", "queue", "ignore")
 def check_on_miss(value) -> str:
     """The one check of ``on_miss`` (the config path and ``install()``'s argument)."""
     if value not in ON_MISS:
-        raise UserError(f"on_miss: {value!r} is not one of {', '.join(ON_MISS)}")
+        raise UserError(f"on_miss: {value!r} is not one of {', '.join(ON_MISS)}; fix install(on_miss=...), "
+                        f"--on-miss, AOTI_FARM_ON_MISS or [hook] on_miss")
     return value
 
 
@@ -141,6 +262,8 @@ def from_env(cls: type, name: str, env: Mapping[str, str] | None = None) -> Any:
     """One field of ``cls`` from its variable ``AOTI_FARM_<NAME>``, coerced (a bad value is a
     UserError naming the variable); None when unset or empty.  :func:`resolve` and the
     serving process's settings (``runtime/settings.py``) both read the environment here."""
+    if name not in ENV_FIELDS:
+        return None
     env = os.environ if env is None else env
     var = f"AOTI_FARM_{name.upper()}"
     v = env.get(var)
@@ -149,9 +272,7 @@ def from_env(cls: type, name: str, env: Mapping[str, str] | None = None) -> Any:
 
 def cache_dir(explicit: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> str:
     """The shared kernel cache: ``explicit``, else ``AOTI_FARM_CACHE_DIR``, else
-    ``~/.cache/aoti-farm`` (:func:`aoti_farm.fsutil.default_cache_dir`)."""
-    from aoti_farm.fsutil import default_cache_dir
-
+    :func:`default_cache_dir` (the one place that default is applied)."""
     if explicit:
         return os.fspath(explicit)
     return from_env(HookConfig, "cache_dir", env) or default_cache_dir()
@@ -170,7 +291,7 @@ def memory_budget(explicit: int | str | None = None, env: Mapping[str, str] | No
 
 def policy_from_env(default: str = "faster", env: Mapping[str, str] | None = None) -> str:
     """The serving policy ``AOTI_FARM_SERVE`` (faster | always), else ``default``."""
-    v = (os.environ if env is None else env).get("AOTI_FARM_SERVE", "").strip().lower()
+    v = (from_env(HookConfig, "serve", env) or "").lower()
     return v if v in ("faster", "always") else default
 
 
@@ -207,22 +328,25 @@ def _coerce_span(v) -> int | None:
 
 
 def signing_key(cfg: FarmConfig | HookConfig, env: Mapping[str, str] | None = None) -> bytes | None:
-    """The resolved signing key's bytes for ``cfg``: its ``signing_key_file`` (``--config``'s
-    TOML, or ``AOTI_FARM_SIGNING_KEY_FILE`` through :func:`resolve`), else the key itself in
-    ``AOTI_FARM_SIGNING_KEY``; None when none is configured.  Fails closed (UserError)."""
+    """The resolved signing key's bytes for ``cfg``: the file ``cfg.signing_key_file``
+    (``--config``'s TOML or ``AOTI_FARM_SIGNING_KEY_FILE``, through :func:`resolve`); None
+    when none is configured.  Fails closed (UserError)."""
     env = os.environ if env is None else env
-    source = ("AOTI_FARM_SIGNING_KEY_FILE" if cfg.signing_key_file is not None
-              and env.get("AOTI_FARM_SIGNING_KEY_FILE") == cfg.signing_key_file else "signing_key_file")
-    return load_signing_key(path=cfg.signing_key_file, source=source, env=env)
+    if cfg.signing_key_file is None:   # none resolved: a variable set but empty still fails closed
+        return load_signing_key(env=env)
+    var = env.get("AOTI_FARM_SIGNING_KEY_FILE")
+    source = ("AOTI_FARM_SIGNING_KEY_FILE" if var is not None and var.strip() == cfg.signing_key_file
+              else "signing_key_file")
+    return load_signing_key(path=cfg.signing_key_file, source=source)
 
 
 def load_signing_key(explicit: str | bytes | None = None, *, path: str | None = None,
                      source: str = "signing_key_file", env: Mapping[str, str] | None = None) -> bytes | None:
-    """The signing key: ``explicit``; else the file ``path`` (a config's ``signing_key_file``,
-    named ``source`` in errors); else ``AOTI_FARM_SIGNING_KEY`` (the key itself) or
-    ``AOTI_FARM_SIGNING_KEY_FILE``; None when none is configured.  Fails closed: a key
-    that is configured but empty, whitespace-only or unreadable is a UserError, never
-    "no signing"."""
+    """The signing key: ``explicit`` (bytes); else the file ``path`` (named ``source`` in
+    errors); else the file ``AOTI_FARM_SIGNING_KEY_FILE``; None when none is configured.
+    Fails closed: a key that is configured but empty, whitespace-only, unreadable or in a
+    file someone else could have written is a UserError, never "no signing".  The key
+    itself is never read from the environment: it reaches a child process by path only."""
     if explicit is not None:
         key = explicit.encode() if isinstance(explicit, str) else bytes(explicit)
         if not key.strip():
@@ -232,14 +356,34 @@ def load_signing_key(explicit: str | bytes | None = None, *, path: str | None = 
         return _read_key_file(path, source)
     env = os.environ if env is None else env
     if "AOTI_FARM_SIGNING_KEY" in env:
-        value = env["AOTI_FARM_SIGNING_KEY"]
-        if not value.strip():
-            raise UserError("AOTI_FARM_SIGNING_KEY: set but empty; set it to the key, or unset it "
-                            "to run without signing")
-        return os.fsencode(value)   # the environment's own bytes (any encoding)
+        raise UserError(f"environment AOTI_FARM_SIGNING_KEY: no longer read; use {RETIRED['AOTI_FARM_SIGNING_KEY']}")
     if "AOTI_FARM_SIGNING_KEY_FILE" in env:
         return _read_key_file(env["AOTI_FARM_SIGNING_KEY_FILE"], "AOTI_FARM_SIGNING_KEY_FILE")
     return None
+
+
+_key_files: dict[bytes, str] = {}
+
+
+def key_file_for_children(key: bytes | None, path: str | None) -> str | None:
+    """The path a child process reads ``key`` from: ``path`` where the key came from a
+    file, else (a key passed as bytes, e.g. ``install(signing_key=...)``) a file of this
+    process's own (mode 0600 in a 0700 directory, removed at exit).  A key is never an
+    argument or an environment variable of a child: both are visible to other users
+    (``/proc/<pid>/cmdline``) or inherited by whatever the child starts."""
+    if key is None:
+        return None
+    if path is not None:
+        return path
+    if key not in _key_files:
+        d = tempfile.mkdtemp(prefix="aoti-farm-key-")     # 0700, this user's
+        atexit.register(shutil.rmtree, d, True)
+        p = os.path.join(d, "key")
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        _key_files[key] = p
+    return _key_files[key]
 
 
 #: Most bytes a signing key file may have.
@@ -251,7 +395,8 @@ def _read_key_file(path: str, source: str) -> bytes:
         raise UserError(f"{source}: set but empty; name the key file, or unset it to run without signing")
     try:
         # links are followed (secrets are often mounted as links); FIFOs, devices and huge files are not read
-        data = safeio.read_bounded(os.path.realpath(path), max_bytes=KEY_FILE_MAX,
+        # owner and mode checked as for the cache's own files: this user or root, not world-writable
+        data = safeio.read_bounded(os.path.realpath(path), max_bytes=KEY_FILE_MAX, uids=safeio.allowed_uids(),
                                    what=f"signing key file {path}")
     except safeio.UnsafeFile as e:
         raise UserError(f"{e}; fix {source}") from None
@@ -317,7 +462,17 @@ def _coerce(cls: type, name: str, value: Any, source: str) -> Any:
             raise ValueError(f"{value!r} is not a string")
         return value
     except (ValueError, TypeError, json.JSONDecodeError) as e:
-        raise UserError(f"{source}: {name}: {e}; fix the value") from None
+        raise UserError(f"{source}: {name}: {e}; fix the value (set by {where(cls, name)})") from None
+
+
+def where(cls: type, name: str) -> str:
+    """Where the setting ``name`` of ``cls`` is set, for an error's fix (docs/settings.md)."""
+    ways = [f"install({name}=...)"] if cls is HookConfig else []
+    if cls is FarmConfig and name in _FARM_FLAGS | {"cache_dir", "address", "memory_budget", "dynamic"}:
+        ways.append(f"--{name.replace('_', '-')}")
+    if name in ENV_FIELDS:
+        ways.append(f"AOTI_FARM_{name.upper()}")
+    return ", ".join(ways + [f"[{_SECTIONS[cls]}] {name}"])
 
 
 def load_toml(path: str) -> dict:
@@ -333,13 +488,16 @@ def load_toml(path: str) -> dict:
 
 
 def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-            config_path: str | None = None) -> Any:
-    """Build ``cls`` from defaults < TOML < environment < CLI (values of None are unset)."""
+            config_path: str | None = None, cli_label: str = "option --{flag}") -> Any:
+    """Build ``cls`` from defaults < TOML < environment < CLI (values of None are unset).
+    ``cli_label`` names an explicit value in errors (``{flag}``, ``{name}``): a flag for a
+    command, an argument for ``install()``."""
     env = os.environ if env is None else env
+    check_environment(env)
     section = _SECTIONS[cls]
     names = [f.name for f in dataclasses.fields(cls)]
     values: dict[str, Any] = {}
-    path = config_path or env.get("AOTI_FARM_CONFIG")
+    path = config_file(config_path, env)
     if path:
         doc = load_toml(path)
         table = doc.get(section, {})
@@ -355,9 +513,11 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
             values[k] = ev
     for k, v in (cli or {}).items():
         if v is not None:
+            label = cli_label.format(flag=k.replace("_", "-"), name=k)
             if k not in names:
-                raise UserError(f"option {k}: unknown")
-            values[k] = _coerce(cls, k, v, f"option --{k.replace('_', '-')}")
+                raise UserError(f"{label}: unknown")
+            values[k] = _coerce(cls, k, v, label)
+    values["cache_dir"] = cache_dir(values.get("cache_dir"), {})   # the default, applied here only
     cfg = cls(**values)
     if isinstance(cfg, HookConfig):
         check_on_miss(cfg.on_miss)

@@ -275,7 +275,8 @@ def add_explain_args(p) -> None:
                    help="cache directory (default: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm)")
     p.add_argument("--config", default=None, help="TOML config file (default: $AOTI_FARM_CONFIG)")
     p.add_argument("--serve", choices=("faster", "always"), default=None,
-                   help="the hook's policy (default: $AOTI_FARM_SERVE, else faster: only kernels faster than eager)")
+                   help="the hook's policy (default: $AOTI_FARM_SERVE, [hook] serve, else faster: only kernels faster "
+                        "than eager)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(freeze_at_exit=True)   # nothing to finalise at exit (see cli.main)
 
@@ -321,7 +322,7 @@ def explain_command(ns) -> int:
 
 
 def _explain_command(ns) -> int:
-    from aoti_farm.config import FarmConfig, resolve
+    from aoti_farm.config import FarmConfig, HookConfig, resolve
     from aoti_farm.trace import load_trace
 
     cfg = resolve(FarmConfig, cli={"cache_dir": ns.cache_dir}, config_path=ns.config)
@@ -335,7 +336,7 @@ def _explain_command(ns) -> int:
     cache = Cache(cfg.cache_dir, signing_key=None)
     fps, unserved = host_fingerprints(ns.device, cfg.inductor_options)
     t0 = time.perf_counter()
-    ex = Explainer(cache, fps, unserved=unserved, serve=ns.serve)
+    ex = Explainer(cache, fps, unserved=unserved, serve=resolve(HookConfig, cli={"serve": ns.serve}, config_path=ns.config).serve)
     rows = [ex.explain(e.sig, i) for i, e in entries]
     seconds = time.perf_counter() - t0
     counts = {o: sum(r.outcome == o for r in rows) for o in OUTCOMES}

@@ -166,7 +166,7 @@ def _checks(cpu_vec_isa, record: dict | None = None, replay: dict | None = None)
     while the block runs (and ``valid_vec_isa_list``'s cache read); checked against torch
     2.11 and 2.13.0.  Why: every process re-runs these checks, serialised by a host-wide
     lock, and Inductor offers no way to seed them.  It can go when Inductor caches its ISA
-    answer across processes.  ``AOTI_FARM_ISA_REPLAY=0`` turns the replay off."""
+    answer across processes.  ``AOTI_FARM_DEV=isa_replay=0`` turns the replay off."""
     orig = cpu_vec_isa.VecISA.check_build
 
     def check_build(self, code):
@@ -325,8 +325,8 @@ def _prefetch_checks(cpu_vec_isa) -> None:
 
 
 _SEEDED: list = []
-#: ``AOTI_FARM_ISA_REPLAY=0``: each process runs Inductor's ISA checks itself (A/B only).
-REPLAY_ENV = "AOTI_FARM_ISA_REPLAY"
+#: ``AOTI_FARM_DEV=isa_replay=0``: each process runs Inductor's ISA checks itself (A/B only).
+REPLAY_DEV = "isa_replay"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
 
 
 def seed_inductor_vec_isa() -> bool:
@@ -345,7 +345,9 @@ def seed_inductor_vec_isa() -> bool:
     if _SEEDED:
         return _SEEDED[0]
     ok = False
-    if os.environ.get(REPLAY_ENV) == "0":   # A/B: every process runs Inductor's own checks
+    from aoti_farm.config import dev as _dev
+
+    if _dev(REPLAY_DEV) == "0":   # A/B: every process runs Inductor's own checks
         _SEEDED.append(ok)
         return ok
     try:

@@ -3,9 +3,6 @@ its files on a host.
 
 * :func:`atomic_write`: a temporary file in the target's directory, fsync'ed, renamed into
   place: a reader sees the old file or the whole new one.
-* :func:`default_cache_dir`: the shared kernel cache when nothing names one
-  (``~/.cache/aoti-farm``; ``$AOTI_FARM_CACHE_DIR`` is resolved by the command layer,
-  :func:`aoti_farm.config.cache_dir`, and by a serving process's ``runtime/settings.py``).
 * :func:`memo_dir`: host-local memos (the CPU's ISA, the libstdc++ loader probe, the op
   list, the native hit path): ``$XDG_CACHE_HOME/aoti-farm``, else ``~/.cache/aoti-farm``.
 """
@@ -15,11 +12,6 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-
-
-def default_cache_dir() -> str:
-    """``~/.cache/aoti-farm`` (no environment: see :func:`aoti_farm.config.cache_dir`)."""
-    return os.path.join(os.path.expanduser("~"), ".cache", "aoti-farm")
 
 
 def memo_dir() -> str:

@@ -17,7 +17,7 @@ bytecode where an exec'd child of ``warm`` would (:mod:`aoti_farm.pycache`), run
 file lock, as the exec'd child does), sends the answer
 through a pipe and leaves with ``os._exit``, so no atexit handler of the driver runs.
 A child that fails or says nothing within the timeout is killed; the caller then runs
-the exec'd child as before.  ``AOTI_FARM_ISA_FORK=0`` turns the fork off.
+the exec'd child as before.  ``AOTI_FARM_DEV=isa_fork=0`` turns the fork off.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ import threading
 import time
 import warnings
 
-ENV = "AOTI_FARM_ISA_FORK"
+DEV = "isa_fork"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
+from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return _dev(DEV) != "0"
 
 
 class Forked:

@@ -29,7 +29,8 @@ import sys
 
 #: torch 2.13's load code on Linux (``VecISA._avx_py_load`` without its non-Linux import)
 LOAD_CODE = 'from ctypes import cdll\ncdll.LoadLibrary("__lib_path__")\n'
-ENV = "AOTI_FARM_ISA_FAST_LOAD"
+DEV = "isa_fast_load"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
+from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 
 
 def _target(cmd, template: str) -> str | None:
@@ -76,7 +77,7 @@ def fast_loads(cpu_vec_isa):
     module doc); yields the stand-in (its ``fast``/``fallback`` counts) or None."""
     template = getattr(getattr(cpu_vec_isa, "VecISA", None), "_avx_py_load", None)
     real = getattr(cpu_vec_isa, "subprocess", None)
-    if (not sys.platform.startswith("linux") or os.environ.get(ENV) == "0" or not isinstance(template, str)
+    if (not sys.platform.startswith("linux") or _dev(DEV) == "0" or not isinstance(template, str)
             or "import torch" not in template or "sys.platform" in template or real is not subprocess):
         yield None
         return

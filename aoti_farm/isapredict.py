@@ -31,7 +31,7 @@ A wrong prediction can only leave behind files that are keyed by their exact inp
 the common object's key hashes its compile command, which names the ISA's flags, and
 Inductor's check builds are keyed by their flags.  No other process's key names such
 a file, so a wrong prediction costs time and never a wrong kernel.
-``AOTI_FARM_ISA_PREDICT=0`` turns prediction off.
+``AOTI_FARM_DEV=isa_predict=0`` turns prediction off.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ import hashlib
 import os
 import platform
 
-ENV = "AOTI_FARM_ISA_PREDICT"
+DEV = "isa_predict"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
+from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 _PICKED: list = []   # this process's predicted pick, once made (see picked_here)
 
 
@@ -52,7 +53,7 @@ def picked_here() -> bool:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return _dev(DEV) != "0"
 
 
 def check_key(isa, code: str) -> str:

@@ -30,7 +30,7 @@ when the list no longer covers what the compile path imports here.
 
 Only where it helps: the farm's bytecode cache is in use (:func:`aoti_farm.pycache.apply`),
 the host has at least :data:`MIN_CORES` cores, and the cache does not hold the list's
-bytecode already.  ``AOTI_FARM_PRECOMPILE=0`` turns it off.
+bytecode already.  ``AOTI_FARM_DEV=precompile=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-ENV = "AOTI_FARM_PRECOMPILE"
+DEV = "precompile"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
+from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 LIST = Path(__file__).with_name("import_path.txt")
 #: Below this many cores the children would take the CPU from the imports they serve.
 MIN_CORES = 4
@@ -77,7 +78,7 @@ print(done, skipped, failed, time.time())
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return _dev(DEV) != "0"
 
 
 def module_names(path: Path | None = None) -> list[str]:

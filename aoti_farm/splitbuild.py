@@ -40,7 +40,7 @@ is seen identically by both, inline and template copies merge at link time like 
 objects of one library, and the finished library is verified against eager like any other.
 Anything unexpected (a wrapper without the interface text, a compile error in either half,
 a failed ``ld -r``, a missing CppBuilder attribute in another torch) falls back to
-Inductor's own whole-file build, counted in :func:`stats`.  ``AOTI_FARM_SPLIT_WRAPPER=0``
+Inductor's own whole-file build, counted in :func:`stats`.  ``AOTI_FARM_DEV=split_build=0``
 turns it off.
 """
 
@@ -62,7 +62,8 @@ from aoti_farm.counters import Counters
 
 EXPLICIT = "template class torch::aot_inductor::AOTInductorModelBase<torch::aot_inductor::AOTInductorModel>;"
 EXTERN = "extern " + EXPLICIT
-ENV = "AOTI_FARM_SPLIT_WRAPPER"
+DEV = "split_build"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
+from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 
 _tls = threading.local()
 _lock = threading.Lock()
@@ -78,7 +79,7 @@ COMMON_WAIT_S = 300.0
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return _dev(DEV) != "0"
 
 
 def stats() -> dict:
@@ -344,7 +345,7 @@ def _patched_build(self) -> None:
     if getattr(_tls, "depth", 0) > 0 and _is_wrapper_build(self):
         info = None
         if not enabled():
-            _tls.last = {"wrapper": "whole", "reason": f"{ENV}=0"}
+            _tls.last = {"wrapper": "whole", "reason": f"AOTI_FARM_DEV={DEV}=0"}
         else:
             try:
                 target = self.get_target_file_path()

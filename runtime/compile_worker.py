@@ -14,8 +14,8 @@ done), ``compile`` (a compile begins), ``outcome`` / ``error`` (it ended), ``bad
 :mod:`aoti_farm.missq`) is one ``bad-item`` event, skipped, never fatal.  Exit status: 0
 when idle, 2 on bad arguments (an empty signing key too) or a fingerprint that is not
 this host's.  Its settings are its arguments (``--memory-budget``: the hook's resolved
-budget), except the signing key, which its hook puts in its environment
-(``runtime/supervisor.py``'s ``worker_env``) so that it never appears on a command line.
+budget; ``--signing-key-file``: the file it reads the signing key from, checked as every
+key file is, so the key itself is never on a command line or in an environment).
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-insecure", action="store_true")
     p.add_argument("--memory-budget", default=None,
                    help="bytes per compile (6G, 512M); unset: a quarter of the host's memory")
+    p.add_argument("--signing-key-file", default=None, help="the signing key's file (unset: no signing)")
     ns = p.parse_args(argv)
 
     import warnings
@@ -111,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
               f"start the worker with the hook's inductor options", file=sys.stderr)
         return 2
     try:
-        # this main() is the worker's command layer: the signing key comes from the
-        # environment its hook built (runtime/supervisor.py worker_env), never argv
-        cache = Cache(ns.cache_dir, signing_key=load_signing_key(), allow_insecure=ns.allow_insecure)
+        # the key's file, read here: never the key itself in argv or the environment
+        key = load_signing_key(path=ns.signing_key_file, source="--signing-key-file") if ns.signing_key_file else None
+        cache = Cache(ns.cache_dir, signing_key=key, allow_insecure=ns.allow_insecure)
     except UserError as e:   # an empty or unreadable signing key: never "no signing"
         print(f"compile_worker: {e}", file=sys.stderr)
         return 2

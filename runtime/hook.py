@@ -93,6 +93,7 @@ class Hook:
                  route: str | None = None):
         route = settings_mod.check_arguments(on_miss, poll_interval, devices, native, route)
         self.on_miss = on_miss
+        self.settings = settings   # as resolved (runtime/settings.py)
         self.inductor_options = dict(inductor_options or {})
         self.cache = Cache(cache_dir or settings.cache_dir, signing_key=settings.signing_key,
                            allow_insecure=allow_insecure)
@@ -128,7 +129,7 @@ class Hook:
         self._writer.wake = wake
         self._kernels = KernelTable(self.cache, self.fps, self._index, self._writer.report, self._writer.submit)
         self._workers = WorkerSupervisor(self.cache, self.fps, self.inductor_options, self.worker_log, worker_idle,
-                                         self._room, wake, settings.memory_budget)
+                                         self._room, wake, settings.memory_budget, settings.signing_key_file)
         self._shapes = ShapeIndex(self.cache, self.fps, Call, gated=self.gate.active,   # runtime/shapeserve.py
                                   widen=settings.widen)
         self._writer.widen_of = self._shapes.widen_request   # a miss outside every range (aoti_farm/widen.py)
@@ -368,18 +369,22 @@ class Hook:
 
 
 def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = None,
-            devices: Iterable[str] = ("cpu", "cuda"), on_miss: str = "compile", poll_interval: float = 1.0,
-            signing_key: bytes | str | None = None, allow_insecure: bool = False,
+            devices: Iterable[str] | None = None, on_miss: str | None = None, poll_interval: float | None = None,
+            signing_key: bytes | str | None = None, allow_insecure: bool | None = None,
             inductor_options: dict | None = None, *, serve: str | None = None, yield_core: bool | None = None,
             metrics_port: int | None = None, explain_misses: bool | None = None,
             memory_budget: int | str | None = None, widen: str | None = None, install_trial: float | None = None,
-            **kw) -> Hook:
+            signing_key_file: str | None = None, config: str | None = None, **kw) -> Hook:
     """Install the serving hook; see the module docstring.  ``uninstall()`` or use as a
-    context manager.  Settings left None come from the environment (``runtime/settings.py``);
-    bad arguments raise :class:`UserError`."""
-    settings = settings_mod.resolve(serve=serve, yield_core=yield_core, metrics_port=metrics_port,
-                                    explain_misses=explain_misses, signing_key=signing_key,
-                                    cache_dir=cache_dir, memory_budget=memory_budget, widen=widen,
-                                    install_trial=install_trial)
-    return Hook(cache_dir, ops, tuple(devices), on_miss, poll_interval, settings, allow_insecure,
-                inductor_options, **kw)
+    context manager.  Settings left None are resolved as ``aoti-farm run`` resolves them:
+    environment, then the TOML file (``config``, else ``$AOTI_FARM_CONFIG``), then the
+    defaults (``runtime/settings.py``, ``docs/settings.md``); bad arguments raise
+    :class:`UserError`."""
+    s = settings_mod.resolve(
+        metrics_port=metrics_port, signing_key=signing_key, config_path=config, cache_dir=cache_dir, ops=ops,
+        devices=devices, on_miss=on_miss, poll_interval=poll_interval, allow_insecure=allow_insecure,
+        inductor_options=inductor_options, serve=serve, yield_core=yield_core, explain_misses=explain_misses,
+        memory_budget=memory_budget, widen=widen, install_trial=install_trial, signing_key_file=signing_key_file)
+    c = s.config
+    return Hook(c.cache_dir, c.ops, tuple(c.devices), c.on_miss, c.poll_interval, s, c.allow_insecure,
+                c.inductor_options, **kw)

@@ -4,11 +4,14 @@ Both run the command as a child whose PYTHONPATH starts with ``runtime/_site``, 
 ``sitecustomize.py`` calls :func:`boot` in every Python process of the program (children
 included) that sees the variables below:
 
-* ``aoti-farm run [--cache-dir D] [--on-miss M] [--config F] -- python serve.py ARGS``:
-  the hook configuration is resolved once here (``config.resolve(HookConfig, ...)``: CLI >
-  environment > TOML) and handed to the child as ``AOTI_FARM_HOOK=1`` plus
-  ``AOTI_FARM_<FIELD>`` variables.  ``AOTI_FARM_HOOK_STATS=DIR`` makes each process write
-  its ``hook.stats()`` to ``DIR/stats-<pid>.json`` at exit.
+* ``aoti-farm run [--cache-dir D] [--on-miss M] [--serve S] [--config F] -- python serve.py ARGS``:
+  the hook's settings are resolved once here by :func:`hook_config`, the resolver
+  ``install()`` uses (``config.resolve(HookConfig)``: flag > environment > TOML file >
+  default), and handed to the child as ``install()``'s arguments, JSON in
+  ``AOTI_FARM_HOOK`` (an internal variable; ``1`` there means "no arguments": the child
+  resolves from its environment as ``install()`` would).  The signing key goes by its
+  file's path, never itself.  ``AOTI_FARM_HOOK_STATS=DIR`` makes each process write its
+  ``hook.stats()`` to ``DIR/stats-<pid>.json`` at exit.
 * ``aoti-farm record --out trace.json -- python script.py ARGS``: ``AOTI_FARM_RECORD_DIR``
   names a temporary directory; each process writes ``trace-<pid>.json`` at exit and this
   process merges them (``aoti_farm.trace.merge``) into ``--out``.
@@ -18,7 +21,8 @@ be started is a UserError (exit 2).
 
 This module is a command layer (of ``aoti-farm run`` and of the child's side, :func:`boot`),
 so it reads the environment: the variables above, and the hook's settings through
-``config.resolve(HookConfig)``, which it passes to ``install`` explicitly.
+``config.resolve(HookConfig)``, which it passes to ``install`` explicitly.  :data:`BOOTED`
+holds what the child resolved (for tests and ``explain``-style introspection).
 """
 
 from __future__ import annotations
@@ -72,46 +76,40 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
     return p.returncode if p.returncode >= 0 else 128 - p.returncode
 
 
-def _env_value(v) -> str | None:
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, (tuple, list)):
-        return ",".join(map(str, v))
-    if isinstance(v, dict):
-        return json.dumps(v)
-    return str(v)
-
-
 def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", help="kernel cache (default: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm)")
     p.add_argument("--on-miss", choices=("compile", "queue", "ignore"),
                    help="compile misses in a background worker (default), only queue them, or ignore them")
     p.add_argument("--serve", choices=("faster", "always"),
                    help="serve a cached kernel only where it is faster than eager (default), or always")
-    p.add_argument("--config", help="TOML file with a [hook] table")
+    p.add_argument("--config", help="TOML file with a [hook] table (default: $AOTI_FARM_CONFIG; docs/settings.md)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the program and its arguments")
 
 
-def run_command(ns) -> int:
-    from aoti_farm.config import HookConfig, resolve
+def hook_config(ns, env=None):
+    """The hook's settings for ``aoti-farm run``'s flags ``ns``: the one resolver
+    (``config.resolve(HookConfig)``), as ``install()`` calls it, with the flags as its
+    arguments.  The signing key is checked here, so a bad one stops the run before the
+    program starts."""
+    from aoti_farm.config import HookConfig, resolve, signing_key
 
-    cmd = _command(ns)
     cfg = resolve(HookConfig, cli={"cache_dir": ns.cache_dir, "on_miss": ns.on_miss,
                                      "serve": getattr(ns, "serve", None)},
-                  config_path=getattr(ns, "config", None))
-    extra = {"AOTI_FARM_HOOK": "1"}
-    for f in dataclasses.fields(cfg):
-        v = _env_value(getattr(cfg, f.name))
-        name = f"AOTI_FARM_{f.name.upper()}"
-        if v is not None:
-            extra[name] = v
-    env = _child_env(extra)
-    env.pop("AOTI_FARM_CONFIG", None)  # resolved already; the child reads the environment only
-    for f in dataclasses.fields(cfg):
-        if getattr(cfg, f.name) is None:
-            env.pop(f"AOTI_FARM_{f.name.upper()}", None)
+                  config_path=getattr(ns, "config", None), env=env)
+    signing_key(cfg, env)   # fails closed (UserError) on an empty or unreadable key file
+    return cfg
+
+
+def install_arguments(cfg) -> dict:
+    """``cfg`` as ``install()``'s keyword arguments (JSON: tuples become lists)."""
+    return {f.name: (list(v) if isinstance(v, tuple) else v)
+            for f in dataclasses.fields(cfg) if (v := getattr(cfg, f.name)) is not None}
+
+
+def run_command(ns) -> int:
+    cmd = _command(ns)
+    cfg = hook_config(ns)
+    env = _child_env({"AOTI_FARM_HOOK": json.dumps(install_arguments(cfg))})
     stats = os.environ.get("AOTI_FARM_HOOK_STATS")
     if stats:
         if not os.path.isdir(stats):
@@ -170,18 +168,14 @@ def boot() -> None:
             save_trace(rec.trace(), os.path.join(rec_dir, f"trace-{os.getpid()}.json"))
 
         atexit.register(_write)
-    if os.environ.get("AOTI_FARM_HOOK") == "1":
-        from aoti_farm.cache import load_signing_key
-        from aoti_farm.config import HookConfig, resolve
+    raw = os.environ.get("AOTI_FARM_HOOK")
+    if raw and raw != "0":
         from aoti_farm.runtime.hook import install
 
-        cfg = resolve(HookConfig)
-        key = load_signing_key(path=cfg.signing_key_file) if cfg.signing_key_file else None
-        hook = install(cache_dir=cfg.cache_dir, ops=cfg.ops, devices=cfg.devices, on_miss=cfg.on_miss,
-                       poll_interval=cfg.poll_interval, allow_insecure=cfg.allow_insecure,
-                       inductor_options=cfg.inductor_options, yield_core=cfg.yield_core, serve=cfg.serve,
-                       explain_misses=cfg.explain_misses, memory_budget=cfg.memory_budget, signing_key=key,
-                       widen=cfg.widen, install_trial=cfg.install_trial)
+        global BOOTED
+        args = {} if raw == "1" else child_arguments(raw)
+        hook = install(**args)
+        BOOTED = hook.settings.config   # what this hook was installed with
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
         def _stop() -> None:
@@ -195,6 +189,23 @@ def boot() -> None:
                 print(f"aoti-farm: hook stats not written to {stats_dir}: {why}", file=sys.stderr)
 
         atexit.register(_stop)
+
+
+#: The hook settings this process's :func:`boot` resolved (None: no hook booted).
+BOOTED = None
+
+
+def child_arguments(raw: str) -> dict:
+    """``AOTI_FARM_HOOK``'s JSON: ``install()``'s keyword arguments, as :func:`run_command`
+    wrote them."""
+    try:
+        args = json.loads(raw)
+    except ValueError:
+        args = None
+    if not isinstance(args, dict):
+        raise UserError("AOTI_FARM_HOOK: not the JSON `aoti-farm run` writes; it is set by `aoti-farm run`, "
+                        "unset it")
+    return args
 
 
 def _write_stats(stats_dir: str, stats: dict) -> None:

@@ -1,37 +1,21 @@
-"""A serving process's settings: the one place in ``runtime/`` that resolves them, through
-:mod:`aoti_farm.config` (which reads the environment).
+"""A serving process's settings: ``install()`` resolves here, through the one resolver,
+:func:`aoti_farm.config.resolve` (``HookConfig``: argument > environment > TOML file >
+default), exactly as ``aoti-farm run`` does (``runtime/launch.py``), so the same
+environment and file give the same settings either way.  ``Hook`` and its collaborators
+(room, gate, kernels, workers, metrics) take resolved values only.
 
-``install()`` (the Python entry point of a serving process) resolves here what its caller
-left unset (None); ``aoti-farm run``'s child (``runtime/launch.py``, the command layer of
-that process) passes everything explicitly after ``config.resolve(HookConfig)``.  ``Hook``
-and its collaborators (room, gate, kernels, workers, metrics) take resolved values only,
-so an explicit argument always wins over the environment.
-
-=============================  ==================  ============================
-variable                       ``install()`` arg   when unset
-=============================  ==================  ============================
-``AOTI_FARM_SERVE``            ``serve``           ``"faster"``
-``AOTI_FARM_YIELD_CORE``       ``yield_core``      on
-``AOTI_FARM_METRICS_PORT``     ``metrics_port``    no endpoint
-``AOTI_FARM_EXPLAIN_MISSES``   ``explain_misses``  off
-``AOTI_FARM_SIGNING_KEY``,     ``signing_key``     no signing
-``AOTI_FARM_SIGNING_KEY_FILE``
-``AOTI_FARM_CACHE_DIR``        ``cache_dir``       ``~/.cache/aoti-farm``
-``AOTI_FARM_MEMORY_BUDGET``    ``memory_budget``   a quarter of host memory
-``AOTI_FARM_WIDEN``            ``widen``           ``"auto"`` (aoti_farm/widen.py)
-``AOTI_FARM_INSTALL_TRIAL``    ``install_trial``   5 seconds (runtime/pretrial.py)
-=============================  ==================  ============================
-
-Low-level switches, documented in the README, read where they act:
-``AOTI_FARM_NATIVE=0`` and ``AOTI_FARM_NATIVE_DIR`` (``runtime/native.py``, with ``CXX``),
-``XDG_CACHE_HOME`` for host memos (``aoti_farm/fsutil.py``'s ``memo_dir``: the op-list memo,
-the native build), ``AOTI_FARM_PRELOAD_LIBSTDCXX`` (``aoti_farm/loadenv.py``).  ``runtime/launch.py`` reads
-``AOTI_FARM_HOOK``, ``AOTI_FARM_HOOK_STATS`` and ``AOTI_FARM_RECORD_DIR`` (its child's side)
-and :func:`aoti_farm.runtime.supervisor.worker_env` builds a compile worker's environment.
+``docs/settings.md`` lists every setting: its ``install()`` argument, variable, TOML key
+and default.  Besides ``HookConfig``'s fields, ``install()`` resolves here the metrics
+endpoint (``metrics_port``, ``config.metrics_endpoint``) and the signing key: an explicit
+``signing_key`` (bytes) or the file ``signing_key_file`` (argument, then
+``AOTI_FARM_SIGNING_KEY_FILE``, then ``[hook] signing_key_file``).  The hook's compile
+worker reads the key from a file (``config.key_file_for_children``), never from its
+arguments or environment.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from aoti_farm import config
@@ -47,43 +31,44 @@ class HookSettings:
     metrics: Endpoint | None
     explain_misses: bool
     signing_key: bytes | None
-    cache_dir: str = ""                   # the cache directory (config.cache_dir)
+    cache_dir: str = ""                   # the cache directory (config.cache_dir applies the default)
     memory_budget: int | None = None      # bytes per compile for the compile worker; None: its default
     widen: str = "auto"                   # what a miss outside every shape class's range queues (widen.py)
     install_trial: float = 5.0            # seconds install() may time kernels before routing (pretrial.py)
+    signing_key_file: str | None = None   # the key's file, where it came from one (the compile worker reads it)
+    config: HookConfig | None = None      # every HookConfig field, resolved
 
 
-def resolve(*, serve: str | None = None, yield_core: bool | None = None, metrics_port=None,
-            explain_misses: bool | None = None, signing_key: bytes | str | None = None,
-            cache_dir=None, memory_budget=None, widen: str | None = None, install_trial=None,
-            env=None) -> HookSettings:
-    """Explicit values as given; unset ones from ``env`` (default ``os.environ``), through
-    :mod:`aoti_farm.config`'s resolution (``config.from_env``: the variables, their parsing
-    and ``HookConfig``'s defaults exist once).  A bad value is a UserError naming the
-    argument or the variable."""
-    if serve is None:
-        serve = config.from_env(HookConfig, "serve", env) or HookConfig.serve
-    config.check_serve(serve)
-    if yield_core is None:
-        yield_core = config.from_env(HookConfig, "yield_core", env)
-        yield_core = HookConfig.yield_core if yield_core is None else yield_core
-    if explain_misses is None:
-        explain_misses = config.from_env(HookConfig, "explain_misses", env)
-        explain_misses = HookConfig.explain_misses if explain_misses is None else explain_misses
-    if widen is None:
-        widen = config.from_env(HookConfig, "widen", env) or HookConfig.widen
-    config.check_widen(widen)
-    if install_trial is None:
-        install_trial = config.from_env(HookConfig, "install_trial", env)
-        install_trial = HookConfig.install_trial if install_trial is None else install_trial
-    install_trial = config.check_install_trial(install_trial)
+#: install()'s arguments that are HookConfig fields (None: unset, resolved).
+FIELDS = tuple(f.name for f in dataclasses.fields(HookConfig))
+
+
+def resolve(*, metrics_port=None, signing_key: bytes | str | None = None, config_path: str | None = None,
+            env=None, **fields) -> HookSettings:
+    """``fields`` (HookConfig's, None: unset) through :func:`aoti_farm.config.resolve`:
+    explicit values win, then ``env`` (default ``os.environ``), then the TOML file
+    (``config_path``, else ``$AOTI_FARM_CONFIG``), then the defaults.  A bad value is a
+    UserError naming the argument, the variable or the file."""
+    bad = sorted(set(fields) - set(FIELDS))
+    if bad:
+        raise UserError(f"install(): unknown argument {bad[0]!r}")
+    cli = {k: (v if v is None or isinstance(v, (str, dict, bool, int, float)) else
+               str(v) if k == "cache_dir" else tuple(v)) for k, v in fields.items()}
+    raw_ops = cli.get("ops")
+    if raw_ops is not None and not all(isinstance(o, str) for o in raw_ops if not isinstance(raw_ops, str)):
+        cli.pop("ops")   # op objects (torch OpOverloads): checked by the dispatcher, not by a config table
+    else:
+        raw_ops = None
+    cfg = config.resolve(HookConfig, cli=cli, env=env, config_path=config_path, cli_label="install({name}=...)")
+    if raw_ops is not None:
+        cfg = dataclasses.replace(cfg, ops=raw_ops)
     metrics = config.metrics_endpoint(metrics_port, env)
-    # explicit, else AOTI_FARM_SIGNING_KEY(_FILE); an empty or unreadable one is an error,
-    # never "no signing"
-    key = config.load_signing_key(signing_key, env=env)
-    return HookSettings(serve, bool(yield_core), metrics, bool(explain_misses), key,
-                        config.cache_dir(cache_dir, env), config.memory_budget(memory_budget, env), widen,
-                        install_trial)
+    if signing_key is not None:   # explicit bytes: an empty one is an error, never "no signing"
+        key, key_file = config.load_signing_key(signing_key), None
+    else:
+        key, key_file = config.signing_key(cfg, env), cfg.signing_key_file
+    return HookSettings(cfg.serve, cfg.yield_core, metrics, cfg.explain_misses, key, cfg.cache_dir,
+                        cfg.memory_budget, cfg.widen, cfg.install_trial, key_file, cfg)
 
 
 #: The hook's routing policies (see check_arguments).

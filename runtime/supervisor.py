@@ -9,9 +9,11 @@ events to one log that this module follows: their busy/idle events set the servi
 threads' limit (:mod:`.room`), and an outcome tells the poller to look at the index now.
 
 :func:`worker_env` is the one place that builds a worker's environment: this process's,
-minus the launcher's variables, with one compile thread, the libstdc++ preload where this
-host needs it, and the signing key (the only setting a worker takes from its environment,
-so that it never appears on a command line).
+minus the launcher's variables and any signing key variable, with one compile thread and
+the libstdc++ preload where this host needs it.  The signing key reaches a worker as the
+path of a file it reads itself (``--signing-key-file``, :func:`aoti_farm.config.key_file_for_children`),
+never as an argument or a variable: both are visible to whatever else runs as this user
+(``/proc/<pid>/cmdline``, ``environ``) and the variable to everything the worker starts.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import threading
 import time
 
-from aoti_farm import loadenv
+from aoti_farm import config, loadenv
 from aoti_farm.cache import Cache
 from aoti_farm.counters import Counters
 from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events
@@ -37,19 +39,17 @@ RETRY_SECONDS = 10.0
 #: Events after which a compile (or the worker) ended: the index may have changed.
 ENDED_EVENTS = frozenset({"outcome", "error", "bad-item", "idle-exit"})
 #: The launcher's variables (``runtime/launch.py``): a worker is not a hooked program.
-_LAUNCHER_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD", "AOTI_FARM_RECORD_DIR")
+_LAUNCHER_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR")
 
 
-def worker_env(signing_key: bytes | None) -> dict[str, str]:
+def worker_env() -> dict[str, str]:
     """The environment of a compile worker started by this process."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
     env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     env["OMP_NUM_THREADS"] = "1"
     env = loadenv.child_env(env)
-    env.pop("AOTI_FARM_SIGNING_KEY_FILE", None)
+    env.pop("AOTI_FARM_SIGNING_KEY_FILE", None)   # the worker reads the file its hook names
     env.pop("AOTI_FARM_SIGNING_KEY", None)
-    if signing_key:
-        env["AOTI_FARM_SIGNING_KEY"] = os.fsdecode(signing_key)   # read back with os.fsencode
     return env
 
 
@@ -57,8 +57,10 @@ class WorkerSupervisor:
     """The compile workers of one hook, per device, and the log they write."""
 
     def __init__(self, cache: Cache, fps: dict, inductor_options: dict, log_path: str, idle: float,
-                 room: ThreadRoom, wake: threading.Event, memory_budget: int | None = None):
+                 room: ThreadRoom, wake: threading.Event, memory_budget: int | None = None,
+                 key_file: str | None = None):
         self.cache, self.fps, self.inductor_options = cache, fps, inductor_options
+        self.key_file = key_file   # where the hook's signing key came from (None: bytes, or no key)
         self.memory_budget = memory_budget   # bytes per compile (the worker's --memory-budget); None: its default
         self.log_path, self.idle, self.room, self.wake = log_path, idle, room, wake
         self.last: subprocess.Popen | None = None          # the worker last started
@@ -82,7 +84,7 @@ class WorkerSupervisor:
 
     def command(self, device: str) -> list[str]:
         """The command line of a compile worker for ``device``: the hook's resolved settings
-        as arguments (the signing key goes in :func:`worker_env`)."""
+        as arguments, the signing key as the path of its file."""
         cmd = [sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", str(self.cache.root),
                "--device", device, "--fp-id", self.fps[device].id, "--idle", str(self.idle),
                "--inductor-options", json.dumps(self.inductor_options)]
@@ -90,6 +92,9 @@ class WorkerSupervisor:
             cmd.append("--allow-insecure")
         if self.memory_budget:
             cmd += ["--memory-budget", str(int(self.memory_budget))]
+        key_file = config.key_file_for_children(self.cache.signing_key, self.key_file)
+        if key_file:
+            cmd += ["--signing-key-file", key_file]
         return cmd
 
     def _start(self, device: str) -> None:
@@ -98,7 +103,7 @@ class WorkerSupervisor:
             logf = open(self.log_path, "ab")
             try:
                 self.last = self._workers[device] = subprocess.Popen(
-                    cmd, env=worker_env(self.cache.signing_key), stdin=subprocess.DEVNULL, stdout=logf,
+                    cmd, env=worker_env(), stdin=subprocess.DEVNULL, stdout=logf,
                     stderr=logf, preexec_fn=lowest_priority)
             finally:
                 logf.close()

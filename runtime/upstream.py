@@ -218,7 +218,7 @@ def enable_upstream_backend(cache_dir: str | os.PathLike | None = None, *, devic
     Call it before ``Library(...)._impl_with_aoti_compile(...)``: a holder loads its
     kernels once, when it is registered.  ``compile=False`` serves published kernels and
     waits for other workers' compiles but never compiles here.  ``signing_key``: the
-    key, or None for the configured one (``AOTI_FARM_SIGNING_KEY(_FILE)``, read here: this
+    key, or None for the configured one (``AOTI_FARM_SIGNING_KEY_FILE``, read here: this
     is a serving process's entry point, like ``install``), none when none is configured."""
     try:
         from torch._inductor import aoti_eager

@@ -2,7 +2,7 @@
 
 Contract (what the scheduler in :mod:`aoti_farm.workers.scheduler` relies on):
 
-* ``CompileActor(cache_root, device, inductor_options, lease_ttl, signing_key,
+* ``CompileActor(cache_root, device, inductor_options, lease_ttl, signing_key_file,
   compiler_factory, warmup_level, memory_budget)`` (resolved values, no environment)
   builds nothing expensive; ``warmup()`` imports torch and Inductor,
   computes this worker's fingerprint (so a CUDA fingerprint is computed *on the GPU
@@ -64,7 +64,7 @@ def _ray_context():
 
 class CompileActor:
     def __init__(self, cache_root: str, device: str = "cpu", inductor_options: dict | None = None,
-                 lease_ttl: float = 30.0, signing_key: bytes | None = None,
+                 lease_ttl: float = 30.0, signing_key_file: str | None = None,
                  compiler_factory: Callable | None = None, warmup_level: str = "light",
                  memory_budget: int | None = None):
         self.created_at = time.time()
@@ -81,7 +81,7 @@ class CompileActor:
         self.inductor_options = dict(inductor_options or {})
         self.lease_ttl = lease_ttl
         self.memory_budget = memory_budget   # bytes per compile; None: the host default (budget.current)
-        self.signing_key = signing_key
+        self.signing_key_file = signing_key_file   # read here (_setup): a key is never an actor's argument
         self.compiler_factory = compiler_factory
         self.warmup_level = warmup_level
         self._cache = self._compiler = self._fp = None
@@ -99,7 +99,10 @@ class CompileActor:
         from aoti_farm.fingerprint import fingerprint
         from aoti_farm.leases import new_owner
 
-        self._cache = Cache(self.cache_root, signing_key=self.signing_key)
+        from aoti_farm.config import load_signing_key
+
+        key = load_signing_key(path=self.signing_key_file) if self.signing_key_file else None
+        self._cache = Cache(self.cache_root, signing_key=key)
         factory = self.compiler_factory or AOTICompiler
         self._compiler = factory(self.inductor_options)
         self._fp = fingerprint(self.device, self._compiler.options())
@@ -161,7 +164,7 @@ class CompileActor:
             return False
         s = time.time()
         kw = {"cache_root": self.cache_root, "device": self.device, "inductor_options": self.inductor_options,
-              "lease_ttl": self.lease_ttl, "signing_key": self.signing_key, "warmup_level": self.warmup_level,
+              "lease_ttl": self.lease_ttl, "signing_key_file": self.signing_key_file, "warmup_level": self.warmup_level,
               "memory_budget": self.memory_budget}
         try:
             self._copy = forkclient.attach(path, kw, (self._actor_id(), self._node_id()))

@@ -26,7 +26,7 @@ It applies only to an embedded Ray with the real compiler and ``--dynamic off``,
 host of at least :data:`~aoti_farm.workers.warm.PREP_MIN_CORES` cores (on 2 cores
 start-up is CPU-bound and keeps its order).  Anything unexpected in the count (an
 unreadable or malformed trace, an odd cache) means no early start, and the normal path
-reports the problem.  ``AOTI_FARM_EARLY_RAY=0`` turns it off.
+reports the problem.  ``AOTI_FARM_DEV=early_ray=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from typing import Callable
 
 from aoti_farm.config import FarmConfig
 
-ENV = "AOTI_FARM_EARLY_RAY"
+DEV = "early_ray"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
+from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 #: The most bytes of one trace read here (``aoti_farm.trace.MAX_BYTES``; a larger trace
 #: is refused by the loader anyway).
 MAX_TRACE_BYTES = 256 << 20
@@ -51,7 +52,7 @@ _KEY_NAME = re.compile(r"^[0-9a-f]{64}")
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return _dev(DEV) != "0"
 
 
 @dataclass(frozen=True)
@@ -220,12 +221,7 @@ def begin(cfg: FarmConfig, models: list[str], signing_key: bytes | None, compile
         return None
     counts = count_entries(models)
     total = sum(counts.values()) if counts else 0
-    if not total or total <= known_keys(str(cfg.cache_dir or _default_cache_dir()), enough=total):
+    if not total or total <= known_keys(str(cfg.cache_dir), enough=total):
         return None
     return Early(cfg, models, counts, signing_key, compiler_factory, timeline, steps)
 
-
-def _default_cache_dir() -> str:
-    from aoti_farm.fsutil import default_cache_dir
-
-    return str(default_cache_dir())

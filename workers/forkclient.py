@@ -12,7 +12,8 @@ import socket
 import struct
 import time
 
-ENV = "AOTI_FARM_FORK_SERVER"
+DEV = "fork_server"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
+from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 #: Where an embedded Ray's workers find the server (set in the environment they inherit).
 SOCKET_VAR = "AOTI_FARM_FORK_SOCKET"
 #: The calls a child runs on its CompileActor.
@@ -25,8 +26,8 @@ MAX_FRAME = 64 << 20
 
 
 def mode() -> str:
-    """``AOTI_FARM_FORK_SERVER``: "0" (off), "1" (on), or "auto"."""
-    v = os.environ.get(ENV, "auto")
+    """``AOTI_FARM_DEV=fork_server=...``: "0" (off), "1" (on), or "auto"."""
+    v = _dev(DEV)
     return v if v in ("0", "1") else "auto"
 
 

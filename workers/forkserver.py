@@ -45,7 +45,7 @@ a real ``CompileActor`` in its own process (Ray is never imported there).  The c
 ends when the socket closes or the proxy's process is gone (the scheduler's ``ray.kill``
 of a stuck actor), so a forked compiler never outlives its actor.
 
-``AOTI_FARM_FORK_SERVER``: ``0`` off, ``1`` on wherever an embedded Ray's job has only
+``AOTI_FARM_DEV=fork_server=...``: ``0`` off, ``1`` on wherever an embedded Ray's job has only
 CPU signatures (also on a 2-core host, for the tests), default: on from
 :data:`~aoti_farm.workers.warm.PREP_MIN_CORES` cores.
 """

@@ -1,7 +1,7 @@
 """Starting and stopping Ray for `warm` and `serve`, and the compile actors' pool.
 
 An embedded Ray starts without its dashboard (nobody could reach it: it lives for one
-run); ``AOTI_FARM_RAY_DASHBOARD=1`` starts it (when Ray's dashboard dependencies are
+run); ``AOTI_FARM_DEV=ray_dashboard=1`` starts it (when Ray's dashboard dependencies are
 installed).  ``--address``/``$RAY_ADDRESS`` joins a cluster instead.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from aoti_farm.config import FarmConfig
+from aoti_farm.config import FarmConfig, dev as _dev
 from aoti_farm.errors import UserError
 
 
@@ -57,7 +57,7 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     # "local", not None: ray.init(address=None) would join any cluster `ray start` left in
     # /tmp/ray/ray_current_cluster on this host instead of starting the embedded one.
     kw: dict = {"address": address or "local", "logging_level": logging.WARNING}
-    if address is None and os.environ.get("AOTI_FARM_RAY_DASHBOARD") != "1":
+    if address is None and _dev("ray_dashboard") != "1":
         # the embedded Ray lives for one run and its address is printed nowhere
         kw["include_dashboard"] = False
     global _EMBEDDED_ENV
@@ -170,6 +170,18 @@ def stop_ray(ray) -> None:
     _EMBEDDED_ENV = None
 
 
+def _key_file(cfg: FarmConfig, cache) -> str | None:
+    """The signing key's file for the actors: they read the key themselves
+    (``config.load_signing_key``), never take it as an argument (Ray keeps actor
+    arguments in its object store and shows them in its dashboard and logs)."""
+    if cache.signing_key is None:
+        return None
+    if not cfg.signing_key_file:
+        raise UserError("signing key: the compile actors read it from a file; set signing_key_file "
+                        "([farm] signing_key_file or AOTI_FARM_SIGNING_KEY_FILE)")
+    return cfg.signing_key_file
+
+
 def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,
                    on_event: Callable | None = None):
     from aoti_farm.workers.compile_actor import CompileActor
@@ -182,7 +194,7 @@ def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory
         # everything an actor needs is an argument (no runtime_env: an embedded Ray's
         # prestarted workers can take the actors, see placement.actor_options)
         return remote_cls.options(**actor_options(kind, cfg.gpus_per_worker, None, inherited=_EMBEDDED_ENV)).remote(
-            str(cache.root), kind, cfg.inductor_options, cfg.lease_ttl, cache.signing_key, compiler_factory,
+            str(cache.root), kind, cfg.inductor_options, cfg.lease_ttl, _key_file(cfg, cache), compiler_factory,
             cfg.warmup, cfg.memory_budget)
 
     return Scheduler(ray, cache, make_actor, sizes, timeout=cfg.timeout, retries=cfg.retries,

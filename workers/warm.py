@@ -22,7 +22,7 @@ serve
 
 Ray is imported only here and in ``aoti_farm.workers``, and only when there is work.
 An embedded Ray starts without its dashboard (nobody could reach it: it lives for one
-run); ``AOTI_FARM_RAY_DASHBOARD=1`` starts it (when Ray's dashboard dependencies are
+run); ``AOTI_FARM_DEV=ray_dashboard=1`` starts it (when Ray's dashboard dependencies are
 installed).  ``warm`` starts an embedded Ray *while* planning when some signature is in no
 namespace of the cache (so Ray is surely needed), and builds the host's per-host compile
 products meanwhile (see :func:`start_host_prep`).

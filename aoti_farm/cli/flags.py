@@ -16,8 +16,8 @@ def common(p: argparse.ArgumentParser, *, cache: bool = True, js: bool = True, t
         p.add_argument("--cache-dir", default=None,
                        help="cache directory (default: $AOTI_FARM_CACHE_DIR or ~/.cache/aoti-farm)")
         p.add_argument("--config", default=None,
-                       help=f"TOML config file, table [{table}] (default: $AOTI_FARM_CONFIG); see configs/farm.toml"
-                       if table else "TOML config file (default: $AOTI_FARM_CONFIG)")
+                       help=f"TOML config file, table [{table}] (default: $AOTI_FARM_CONFIG); see docs/settings.md"
+                       if table else "TOML config file (default: $AOTI_FARM_CONFIG); see docs/settings.md")
     if js:
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 

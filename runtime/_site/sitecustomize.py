@@ -1,14 +1,14 @@
 """Installed into programs started by ``aoti-farm run`` / ``aoti-farm record``.
 
 The launcher puts this directory first on PYTHONPATH; Python imports this module at
-start-up.  It does nothing unless AOTI_FARM_HOOK=1 or AOTI_FARM_RECORD_DIR is set, and it
+start-up.  It does nothing unless AOTI_FARM_HOOK (the hook's arguments) or AOTI_FARM_RECORD_DIR is set, and it
 never stops the program: a failure is one line on stderr.
 """
 
 import os
 import sys
 
-if os.environ.get("AOTI_FARM_HOOK") == "1" or os.environ.get("AOTI_FARM_RECORD_DIR"):
+if os.environ.get("AOTI_FARM_HOOK", "0") != "0" or os.environ.get("AOTI_FARM_RECORD_DIR"):
     try:
         from aoti_farm.runtime import launch as _aoti_farm_launch
 

@@ -2,7 +2,7 @@
 
     python scripts/bench/forkserver_ab.py [--model configs/examples/mlp_trace.json] [--pairs 4]
 
-Runs ``aoti-farm warm --model MODEL`` with ``AOTI_FARM_FORK_SERVER=1`` and ``=0``
+Runs ``aoti-farm warm --model MODEL`` with ``AOTI_FARM_DEV=fork_server=1`` and ``=0``
 alternately (on, off, on, off, ...), each with a fresh cache directory and the same host
 state otherwise (Inductor's cache and the host memos are shared by both sides, warmed by
 one untimed run of each first). Prints each run's wall time and its report's start-up
@@ -29,7 +29,7 @@ def one(model: str, on: bool, work: Path) -> dict:
     cache, report = work / "cache", work / "report.json"
     shutil.rmtree(cache, ignore_errors=True)
     report.unlink(missing_ok=True)
-    env = {**os.environ, "AOTI_FARM_FORK_SERVER": "1" if on else "0"}
+    env = {**os.environ, "AOTI_FARM_DEV": "fork_server=1" if on else "fork_server=0"}
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "aoti_farm", "warm", "--model", model, "--cache-dir", str(cache),
                         "--report", str(report)], env=env, capture_output=True, text=True)

@@ -308,8 +308,8 @@ def bench_warm(ctx: Ctx) -> dict:
     # what the C++ side would give: the same profiled compile under Inductor knobs that
     # change only how the wrapper is built (each in a fresh process and inductor cache)
     variants = {}
-    for label, env in () if ctx.quick else (("whole wrapper, no split build (AOTI_FARM_SPLIT_WRAPPER=0)",
-                                               {"AOTI_FARM_SPLIT_WRAPPER": "0"}),
+    for label, env in () if ctx.quick else (("whole wrapper, no split build (AOTI_FARM_DEV=split_build=0)",
+                                               {"AOTI_FARM_DEV": "split_build=0"}),
                                               ("wrapper -O0 (AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL=O0)",
                                                {"AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL": "O0"}),):
         env = {**env, "TORCHINDUCTOR_CACHE_DIR": ctx.dir("inductor-prof-variant")}

@@ -656,7 +656,7 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
 
     out["job"]["signatures"] = len(load_trace(trace))
     out["job"]["trace_sha256"] = hashlib.sha256(Path(trace).read_bytes()).hexdigest()
-    log(f"[scaling] job: {out['job']}; runs: W={workers}" + (" + W=max with AOTI_FARM_ISA_REPLAY=0" if isa_replay_off_too else ""))
+    log(f"[scaling] job: {out['job']}; runs: W={workers}" + (" + W=max with AOTI_FARM_DEV=isa_replay=0" if isa_replay_off_too else ""))
     if not fresh_headers:
         out["headers_prebuilt"] = prebuild_headers(work)
         hp = out["headers_prebuilt"]
@@ -671,7 +671,7 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
     plan = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
     if isa_replay_off_too:
         wmax = max(workers)
-        plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_ISA_REPLAY": "0"}))
+        plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_DEV": "isa_replay=0"}))
     for i, kv in enumerate(also_env or []):   # A/B: W=max again with one variable set
         name, _, value = kv.partition("=")
         plan.insert(i, (max(workers), f"w{max(workers)}-{name.lower().split('_')[-1]}-{value}", {name: value}))
@@ -744,7 +744,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default=",".join(map(str, BERT_LENGTHS)),
                     help="the tiny BERT's sequence lengths (more lengths, more signatures: a job for many cores)")
     ap.add_argument("--isa-replay-off-too", action="store_true",
-                    help="also a W=max run with AOTI_FARM_ISA_REPLAY=0 (every actor runs Inductor's ISA checks)")
+                    help="also a W=max run with AOTI_FARM_DEV=isa_replay=0 (every actor runs Inductor's ISA checks)")
     ap.add_argument("--also-env", action="append", default=[], metavar="NAME=VALUE",
                     help="also a W=max run with NAME=VALUE in its environment (first; repeatable), an A/B")
     ap.add_argument("--fresh-headers", action="store_true",

@@ -3,7 +3,7 @@
     python scripts/bench/splitbuild_ab.py cuda|cpu
 
 One warm-up compile, then 8 compiles of distinct `add` signatures alternating
-AOTI_FARM_SPLIT_WRAPPER=1/0; prints each compile's wall and CPU seconds (own + C++
+AOTI_FARM_DEV=split_build=1/0; prints each compile's wall and CPU seconds (own + C++
 compiler children) and the medians.  Every kernel is verified against eager by
 AOTICompiler.compile.  Results: docs/benchmarks.md, "Split build"
 (run there as scripts/gpu_split_ab.py).
@@ -21,7 +21,7 @@ rows = []
 comp.compile(sig(7, 2), tempfile.mkdtemp())  # first compile in the process (and the common object)
 for i in range(4):
     for mode in (("1", "0") if i % 2 == 0 else ("0", "1")):
-        os.environ[splitbuild.ENV] = mode
+        os.environ["AOTI_FARM_DEV"] = f"{splitbuild.DEV}={mode}"
         t = time.perf_counter(); c0 = os.times()
         r = comp.compile(sig(8 + i * 2 + int(mode), 2), tempfile.mkdtemp())
         c1 = os.times()

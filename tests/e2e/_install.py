@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def clean_env(**extra) -> dict:
     """This environment without what would point the child at the checkout or a cache."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AOTI_FARM_CACHE_DIR")}
-    env.update({"AOTI_FARM_RAY_DASHBOARD": "0", "TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    env.update({"TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONWARNINGS": "ignore"})
     env.update(extra)
     return env
 

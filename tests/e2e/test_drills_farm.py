@@ -99,7 +99,7 @@ def run_worker_crash(tmp: Path, sigs) -> dict:
     report = tmp / "report.json"
     p = subprocess.Popen([EXE, "warm", "--model", str(trace), "--cache-dir", str(root), "--cpu-workers", "1",
                           "--retries", "2", "--report", str(report)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env(AOTI_FARM_RAY_DASHBOARD=0),
+                         stderr=subprocess.PIPE, text=True, env=env(),
                          start_new_session=True)
     killed = []
     try:
@@ -154,9 +154,10 @@ def test_driver_killed_then_rerun(tmp_path):
     sigs = [sig_add_alpha(), sig_mul()]
     trace = _trace(tmp_path / "t.json", sigs)
     fp = fingerprint("cpu").id
-    e = env(AOTI_FARM_LEASE_TTL=ttl, AOTI_FARM_RAY_DASHBOARD=0)
+    e = env()
     report = tmp_path / "rerun.json"
-    p = subprocess.Popen([EXE, "warm", "--model", str(trace), "--cache-dir", str(root), "--cpu-workers", "1"],
+    p = subprocess.Popen([EXE, "warm", "--model", str(trace), "--cache-dir", str(root), "--cpu-workers", "1",
+                          "--lease-ttl", str(ttl)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
                          start_new_session=True)
     try:

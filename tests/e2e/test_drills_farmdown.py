@@ -81,7 +81,7 @@ def test_farm_down_queue_survives_then_serve_drains(tmp_path):
     # 2. a serving process that keeps running, then the farm comes up
     loop = _serving(root, "loop")
     serve = subprocess.Popen([EXE, "serve", "--cache-dir", str(root), "--cpu-workers", "1"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env(AOTI_FARM_RAY_DASHBOARD=0),
+                             stderr=subprocess.PIPE, text=True, env=env(),
                              start_new_session=True)
     try:
         entry = cache.entry_dir(fp, sig.key) / MANIFEST

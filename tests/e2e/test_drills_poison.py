@@ -36,7 +36,7 @@ from aoti_farm.errors import FarmError, UserError
 from conftest import sig_add_alpha, sig_mul
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "AOTI_FARM_RAY_DASHBOARD": "0", "TORCHINDUCTOR_COMPILE_THREADS": "1",
+ENV = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1",
        "PYTHONWARNINGS": "ignore"}
 for _v in ("AOTI_FARM_SIGNING_KEY", "AOTI_FARM_SIGNING_KEY_FILE", "AOTI_FARM_CONFIG"):
     ENV.pop(_v, None)

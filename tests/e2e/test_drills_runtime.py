@@ -181,9 +181,10 @@ def test_entry_moved_from_another_namespace(served):
 
 # --- drill 9: trust -------------------------------------------------------------------------
 
-def test_signed_serving_refuses_unsigned_and_forged(served, monkeypatch):
+def test_signed_serving_refuses_unsigned_and_forged(served, monkeypatch, tmp_path):
     cache, fp, sig, d = served
-    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "fleet-secret")
+    (tmp_path / "fleet.key").write_bytes(b"fleet-secret")
+    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY_FILE", str(tmp_path / "fleet.key"))
     _, st = serve_once(cache.root)                      # the entry is unsigned
     unsigned = stat(st, "integrity_failures")
     assert unsigned >= 1 and stat(st, "hits") == 0 and not _mapped(st, d)

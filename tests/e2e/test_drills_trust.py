@@ -157,12 +157,14 @@ def test_file_owned_by_another_user_refused(entry):
 def configured_key():
     from aoti_farm.config import FarmConfig, resolve, signing_key
 
-    return signing_key(resolve(FarmConfig, env={}))   # AOTI_FARM_SIGNING_KEY: read by signing_key()
+    return signing_key(resolve(FarmConfig))   # AOTI_FARM_SIGNING_KEY_FILE, through resolve()
 
 
 def test_signing_key_from_environment_signs_every_publish(entry, tmp_path, monkeypatch):
     cache, fp, key, d = entry
-    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "fleet-secret")
+    for name in ("fleet", "another"):
+        (tmp_path / f"{name}.key").write_bytes(f"{name}-secret".encode())
+    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY_FILE", str(tmp_path / "fleet.key"))
     signed = Cache(tmp_path / "signed", signing_key=configured_key())   # the environment's key, resolved once
     assert signed.signing_key == b"fleet-secret"
     sig = cache.open_entry(fp, key).signature
@@ -170,7 +172,7 @@ def test_signing_key_from_environment_signs_every_publish(entry, tmp_path, monke
     m = _manifest(signed.entry_dir(fp.id, key))
     assert m["hmac"] == sign(m, b"fleet-secret")
     assert signed.open_entry(fp, key).key == key
-    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "another-secret")
+    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY_FILE", str(tmp_path / "another.key"))
     with pytest.raises(BadEntry) as ei:
         Cache(tmp_path / "signed", signing_key=configured_key()).open_entry(fp, key)
     assert ei.value.kind == "forged"

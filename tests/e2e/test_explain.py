@@ -226,3 +226,15 @@ def test_serve_always_and_entry_without_speed(cache, tmp_path, capsys):
     mul, add = doc["signatures"]
     assert mul["outcome"] == add["outcome"] == "gated"
     assert add["category"] == "no speed record" and "no speed record" in add["reason"]
+
+
+def test_the_policy_is_resolved_like_the_hooks(cache, tmp_path, capsys):
+    """`explain` resolves ``serve`` as install() does: the TOML file's [hook] serve counts,
+    and --serve wins over it."""
+    t = write(tmp_path, [MUL])
+    toml = tmp_path / "f.toml"
+    toml.write_text('[hook]\nserve = "always"\n')
+    doc = run_json(capsys, "--trace", t, "--cache-dir", str(cache.root), "--config", str(toml))
+    assert [r["outcome"] for r in doc["signatures"]] == ["hit"]
+    doc = run_json(capsys, "--trace", t, "--cache-dir", str(cache.root), "--config", str(toml), "--serve", "faster")
+    assert [r["outcome"] for r in doc["signatures"]] == ["gated"]

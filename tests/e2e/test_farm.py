@@ -39,7 +39,7 @@ _bad = BAD.to_obj()
 _bad["args"][1]["sizes"], _bad["args"][1]["strides"] = [7, 5], [5, 1]
 BAD = S.parse_signature(_bad)
 
-ENV = {**os.environ, "AOTI_FARM_RAY_DASHBOARD": "0", "TORCHINDUCTOR_COMPILE_THREADS": "1",
+ENV = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1",
        "PYTHONWARNINGS": "ignore"}
 
 
@@ -150,7 +150,6 @@ def _copy(warmed, tmp_path, drop=()):
 def test_killed_actor_mid_compile_is_retried(warmed, tmp_path, monkeypatch):
     from aoti_farm.workers.warm import warm
 
-    monkeypatch.setenv("AOTI_FARM_RAY_DASHBOARD", "0")
     cache = _copy(warmed, tmp_path)
     trace = write_trace(tmp_path / "t.json", [S1, S4])
     killed = []

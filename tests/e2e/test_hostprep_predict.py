@@ -144,7 +144,7 @@ def test_the_forked_probe_answers_through_its_pipe_and_is_not_started_beside_oth
         th = threading.Thread(target=ev.wait); th.start()
         assert isafork.start(lambda: {}) is None          # another thread: no fork
         ev.set(); th.join()
-        os.environ["AOTI_FARM_ISA_FORK"] = "0"
+        os.environ["AOTI_FARM_DEV"] = "isa_fork=0"
         assert isafork.start(lambda: {}) is None
         print(" ok")
     """)

@@ -67,7 +67,7 @@ def test_left_alone_where_the_load_code_does_not_import_torch(tmp_path, monkeypa
         assert stand is None and mod.subprocess is subprocess
     with isaload.fast_loads(cpu_vec_isa) as stand:      # this torch (2.13 has the fix)
         assert (stand is None) == ("sys.platform" in cpu_vec_isa.VecISA._avx_py_load)
-    monkeypatch.setenv(isaload.ENV, "0")
+    monkeypatch.setenv("AOTI_FARM_DEV", f"{isaload.DEV}=0")
     mod.VecISA._avx_py_load = OLD_LOAD
     with isaload.fast_loads(mod) as stand:
         assert stand is None

@@ -188,7 +188,7 @@ def test_serve_metrics_equal_its_counters_and_ray_metrics(tmp_path):
     fp = fingerprint("cpu")
     c.ensure(fp)
     assert missq.enqueue(c, fp.id, BAD)
-    env = {**os.environ, "AOTI_FARM_RAY_DASHBOARD": "0", "PYTHONWARNINGS": "ignore",
+    env = {**os.environ, "PYTHONWARNINGS": "ignore",
            "AOTI_FARM_METRICS_ADDR": "127.0.0.1"}
     p = subprocess.Popen([sys.executable, "-m", "aoti_farm", "serve", "--cache-dir", str(c.root), "--cpu-workers", "1",
                           "--poll-interval", "0.5", "--metrics-port", "0"], env=env, stdout=subprocess.PIPE,

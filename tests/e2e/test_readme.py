@@ -81,7 +81,7 @@ def test_readme_examples_run_as_shown(tmp_path):
     work.mkdir()
     bindir = str(Path(sys.executable).parent)
     env = clean_env(PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
-    env = {k: v for k, v in env.items() if not k.startswith("AOTI_FARM_") or k == "AOTI_FARM_RAY_DASHBOARD"}
+    env = {k: v for k, v in env.items() if not k.startswith("AOTI_FARM_") or k == "AOTI_FARM_DEV"}
     ran, outputs = [], []
     try:
         for i, (lang, body) in enumerate(snippets(README.read_text())):

@@ -73,7 +73,7 @@ def warm_report(kernels, tmp_path_factory):
         pass
     trace = d / "t.json"
     save_trace(Trace([TraceEntry(s, 1, i) for i, s in enumerate([ADD, RELU, BAD])]), str(trace))
-    env = {**os.environ, "AOTI_FARM_RAY_DASHBOARD": "0", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     p = subprocess.run([sys.executable, "-m", "aoti_farm", "warm", "--model", str(trace), "--cache-dir",
                         str(cache.root), "--cpu-workers", "1", "--report", str(d / "r.json")],
                        env=env, capture_output=True, text=True, timeout=900)

@@ -58,10 +58,10 @@ def test_fallbacks_still_build_verified_kernels(tmp_path, monkeypatch):
     after = splitbuild.stats()
     assert after["common_busy"] == before["common_busy"] + 1 and after["whole"] == before["whole"] + 1
 
-    monkeypatch.setenv(splitbuild.ENV, "0")
+    monkeypatch.setenv("AOTI_FARM_DEV", f"{splitbuild.DEV}=0")
     r = comp.compile(_sig(5), str(tmp_path / "c"))
-    assert r.build == {"wrapper": "whole", "reason": f"{splitbuild.ENV}=0"} and r.verification["ok"]
-    monkeypatch.delenv(splitbuild.ENV)
+    assert r.build == {"wrapper": "whole", "reason": f"AOTI_FARM_DEV={splitbuild.DEV}=0"} and r.verification["ok"]
+    monkeypatch.delenv("AOTI_FARM_DEV")
 
     data = bytearray(open(obj, "rb").read())
     data[len(data) // 2] ^= 0xFF

@@ -256,10 +256,11 @@ def test_import_runs_foreign_constructors_only_in_a_sandboxed_child(warmed, tmp_
     marker = tmp_path / "constructor-ran"
     for item in json.loads((dev / "add.Tensor.json").read_text()):   # every add kernel is foreign code now
         build_evil_so(str(dev / item["kernel_path"]), str(marker))
-    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY", "fleet-secret")
+    (tmp_path / "fleet.key").write_bytes(b"fleet-secret")
+    monkeypatch.setenv("AOTI_FARM_SIGNING_KEY_FILE", str(tmp_path / "fleet.key"))
     from aoti_farm.config import load_signing_key
 
-    dst = Cache(tmp_path / "dst", signing_key=load_signing_key())   # the environment's key
+    dst = Cache(tmp_path / "dst", signing_key=load_signing_key())   # the environment's key file
     assert dst.signing_key == b"fleet-secret"
     rep = U.import_upstream(dst, exp_dir)
     rejected = {r["key"]: r for r in rep["rejected"]}

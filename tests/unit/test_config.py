@@ -6,24 +6,24 @@ import dataclasses
 
 import pytest
 
-from aoti_farm.config import FarmConfig, HookConfig, resolve
+from aoti_farm.config import FarmConfig, HookConfig, default_cache_dir, resolve
 from aoti_farm.errors import UserError
 from aoti_farm.leases import MAX_TTL
 
 
 def test_precedence_cli_over_env_over_toml(tmp_path):
     toml = tmp_path / "f.toml"
-    toml.write_text("[farm]\ntimeout = 10\nretries = 5\nlease_ttl = 20\n")
-    cfg = resolve(FarmConfig, cli={"timeout": 30}, env={"AOTI_FARM_RETRIES": "7"}, config_path=str(toml))
-    assert (cfg.timeout, cfg.retries, cfg.lease_ttl) == (30.0, 7, 20.0)
+    toml.write_text("[farm]\ntimeout = 10\ndynamic = \"off\"\nlease_ttl = 20\n")
+    cfg = resolve(FarmConfig, cli={"timeout": 30}, env={"AOTI_FARM_DYNAMIC": "auto"}, config_path=str(toml))
+    assert (cfg.timeout, cfg.dynamic, cfg.lease_ttl) == (30.0, "auto", 20.0)
 
 
 def test_lease_ttl_beyond_what_leases_accept_is_refused():
     assert resolve(FarmConfig, cli={"lease_ttl": MAX_TTL}, env={}).lease_ttl == MAX_TTL
     with pytest.raises(UserError, match="lease_ttl: .* more than an hour"):
         resolve(FarmConfig, cli={"lease_ttl": MAX_TTL * 2}, env={})
-    with pytest.raises(UserError, match="AOTI_FARM_LEASE_TTL"):
-        resolve(FarmConfig, env={"AOTI_FARM_LEASE_TTL": "0"})
+    with pytest.raises(UserError, match="--lease-ttl: lease_ttl: 0.0 must be positive"):
+        resolve(FarmConfig, cli={"lease_ttl": 0}, env={})
 
 
 @pytest.mark.parametrize("field,value", [("on_miss", "later"), ("serve", "sometimes")])
@@ -37,13 +37,14 @@ def test_hook_choices_are_checked(field, value):
 
 def test_each_layer_overrides_the_one_below(tmp_path):
     toml = tmp_path / "f.toml"
-    toml.write_text("[farm]\nretries = 5\ntimeout = 10\nwarmup = \"none\"\n")
-    env = {"AOTI_FARM_TIMEOUT": "20", "AOTI_FARM_WARMUP": "compile"}
-    cfg = resolve(FarmConfig, cli={"warmup": "light"}, env=env, config_path=str(toml))
+    toml.write_text("[farm]\nretries = 5\nmemory_budget = \"1G\"\ndynamic = \"off\"\n")
+    env = {"AOTI_FARM_MEMORY_BUDGET": "2G", "AOTI_FARM_DYNAMIC": "off"}
+    cfg = resolve(FarmConfig, cli={"dynamic": "auto"}, env=env, config_path=str(toml))
     assert cfg.retries == 5                    # TOML over the default (2)
-    assert cfg.timeout == 20.0                 # environment over TOML
-    assert cfg.warmup == "light"               # command line over environment
-    assert resolve(FarmConfig, env={}) == FarmConfig()         # nothing set: the defaults
+    assert cfg.memory_budget == 2 << 30        # environment over TOML
+    assert cfg.dynamic == "auto"               # command line over environment
+    # nothing set: the defaults, with the cache directory's default applied (here only)
+    assert resolve(FarmConfig, env={}) == FarmConfig(cache_dir=default_cache_dir())
 
 
 def test_config_file_from_the_environment_and_its_table(tmp_path):
@@ -62,29 +63,25 @@ def test_config_file_from_the_environment_and_its_table(tmp_path):
 def test_unset_values_do_not_override(tmp_path):
     toml = tmp_path / "f.toml"
     toml.write_text("[farm]\nretries = 4\n")
-    cfg = resolve(FarmConfig, cli={"retries": None}, env={"AOTI_FARM_RETRIES": ""}, config_path=str(toml))
-    assert cfg.retries == 4
+    cfg = resolve(FarmConfig, cli={"retries": None}, env={"AOTI_FARM_DYNAMIC": ""}, config_path=str(toml))
+    assert cfg.retries == 4 and cfg.dynamic == "off"
 
 
 def test_values_are_converted_from_the_environment():
     env = {"AOTI_FARM_YIELD_CORE": "no", "AOTI_FARM_OPS": "aten::add.Tensor, aten::mul.Tensor,",
-           "AOTI_FARM_INDUCTOR_OPTIONS": '{"max_autotune": false}', "AOTI_FARM_POLL_INTERVAL": " 0.25 ",
-           "AOTI_FARM_ALLOW_INSECURE": "TRUE"}
+           "AOTI_FARM_EXPLAIN_MISSES": "TRUE", "AOTI_FARM_INSTALL_TRIAL": " 0.25 "}
     hook = resolve(HookConfig, env=env)
-    assert hook.yield_core is False and hook.allow_insecure is True
+    assert hook.yield_core is False and hook.explain_misses is True
     assert hook.ops == ("aten::add.Tensor", "aten::mul.Tensor")
-    assert hook.inductor_options == {"max_autotune": False}
-    assert hook.poll_interval == 0.25
-    farm = resolve(FarmConfig, env={"AOTI_FARM_MEMORY_BUDGET": "6G", "AOTI_FARM_CPU_WORKERS": "3"})
-    assert farm.memory_budget == 6 << 30 and farm.cpu_workers == 3
+    assert hook.install_trial == 0.25
+    farm = resolve(FarmConfig, env={"AOTI_FARM_MEMORY_BUDGET": "6G", "AOTI_FARM_ADDRESS": " auto "})
+    assert farm.memory_budget == 6 << 30 and farm.address == "auto"
 
 
 @pytest.mark.parametrize("cls,var,value,says", [
     (HookConfig, "YIELD_CORE", "maybe", "not a boolean"),
-    (FarmConfig, "RETRIES", "-1", "negative"),
-    (FarmConfig, "RETRIES", "two", "invalid literal"),
-    (FarmConfig, "TIMEOUT", "0", "must be positive"),
-    (FarmConfig, "INDUCTOR_OPTIONS", "{not json", "Expecting"),
+    (HookConfig, "INSTALL_TRIAL", "-1", "must be >= 0"),
+    (HookConfig, "INSTALL_TRIAL", "two", "could not convert"),
     (FarmConfig, "MEMORY_BUDGET", "lots", "not a size"),
 ])
 def test_a_bad_environment_value_names_its_variable(cls, var, value, says):
@@ -113,7 +110,7 @@ def test_a_missing_config_file_is_refused(tmp_path):
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(UserError, match="option no_such: unknown"):
+    with pytest.raises(UserError, match="option --no-such: unknown"):
         resolve(FarmConfig, cli={"no_such": 1}, env={})
     with pytest.raises(UserError, match="option --gpus-per-worker: gpus_per_worker: .*positive"):
         resolve(FarmConfig, cli={"gpus_per_worker": -0.5}, env={})
@@ -129,3 +126,54 @@ def test_resolved_config_is_frozen():
     cfg = resolve(HookConfig, env={})
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.on_miss = "ignore"
+
+
+# --- one resolver: the file, the retired variables, the developer switches -------------------
+
+
+def test_the_toml_file_is_named_by_the_flag_else_the_variable_never_implicitly(tmp_path, monkeypatch):
+    from aoti_farm.config import config_file
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "aoti-farm.toml").write_text("[farm]\nretries = 9\n")   # not read: no implicit file
+    assert config_file(None, {}) is None and resolve(FarmConfig, env={}).retries == 2
+    assert config_file(None, {"AOTI_FARM_CONFIG": "a.toml"}) == "a.toml"
+    assert config_file("b.toml", {"AOTI_FARM_CONFIG": "a.toml"}) == "b.toml"
+
+
+@pytest.mark.parametrize("var,says", [
+    ("AOTI_FARM_TIMEOUT", r"--timeout or \[farm\] timeout in the TOML file"),
+    ("AOTI_FARM_POLL_INTERVAL", r"--poll-interval or \[farm\] poll_interval or install\(poll_interval=...\) or "
+                                r"\[hook\] poll_interval"),
+    ("AOTI_FARM_DEVICES", r"install\(devices=...\) or \[hook\] devices"),
+    ("AOTI_FARM_FORK_SERVER", "AOTI_FARM_DEV=fork_server=0"),
+    ("AOTI_FARM_SPLIT_WRAPPER", "AOTI_FARM_DEV=split_build=0"),
+    ("AOTI_FARM_SIGNING_KEY", "a key file: .* set AOTI_FARM_SIGNING_KEY_FILE"),
+])
+def test_a_retired_variable_is_refused_naming_its_replacement(var, says):
+    """An old variable never silently stops counting: every resolution refuses it."""
+    for cls in (FarmConfig, HookConfig):
+        with pytest.raises(UserError, match=f"environment {var}: no longer read; use {says}"):
+            resolve(cls, env={var: "0"})
+
+
+def test_developer_switches_are_one_variable():
+    from aoti_farm.config import DEV, dev
+
+    assert {k: dev(k, {}) for k in DEV} == {k: d for k, (d, _) in DEV.items()}
+    env = {"AOTI_FARM_DEV": " fork_server=0, split_build=0 ,"}
+    assert (dev("fork_server", env), dev("split_build", env), dev("isa_replay", env)) == ("0", "0", "1")
+    assert resolve(HookConfig, env=env).on_miss == "compile"
+    for bad in ("fork_server", "no_such=1", "fork_server="):
+        with pytest.raises(UserError, match="AOTI_FARM_DEV: .* is not key=value"):
+            resolve(FarmConfig, env={"AOTI_FARM_DEV": bad})
+        assert dev("fork_server", {"AOTI_FARM_DEV": bad}) == "auto"   # never raises where it acts
+
+
+def test_install_arguments_are_named_as_arguments(tmp_path):
+    from aoti_farm.runtime.settings import resolve as install_resolve
+
+    with pytest.raises(UserError, match=r"install\(poll_interval=...\): poll_interval: .* must be positive"):
+        install_resolve(env={}, poll_interval=0)
+    with pytest.raises(UserError, match="unknown argument 'no_such'"):
+        install_resolve(env={}, no_such=1)

@@ -45,9 +45,9 @@ def test_no_early_start_where_it_does_not_apply(tmp_path, monkeypatch):
     assert earlyray.begin(cfg, [t], None, object(), tl, steps) is None          # a test double compiler
     assert earlyray.begin(FarmConfig(cache_dir=cfg.cache_dir, dynamic="auto"), [t], None, None, tl, steps) is None
     assert earlyray.begin(cfg, [str(tmp_path / "missing.json")], None, None, tl, steps) is None
-    monkeypatch.setenv(earlyray.ENV, "0")
+    monkeypatch.setenv("AOTI_FARM_DEV", f"{earlyray.DEV}=0")
     assert earlyray.begin(cfg, [t], None, None, tl, steps) is None
-    monkeypatch.delenv(earlyray.ENV)
+    monkeypatch.delenv("AOTI_FARM_DEV")
     monkeypatch.setattr(warm, "PREP_MIN_CORES", 10 ** 6)                       # the 2-core path
     assert earlyray.begin(cfg, [t], None, None, tl, warm.early_steps()) is None
     assert tl == {}

@@ -93,7 +93,7 @@ def test_warm_preloads_only_for_the_real_compiler_on_a_many_core_host(monkeypatc
     """On a many-core host a CPU-only job's actors are forked from one server that
     imported torch (workers/forkserver.py) instead of each importing it (the preload); a
     job with GPU signatures keeps the preload; a test double, no warm-up, a cluster or
-    few cores get neither unless AOTI_FARM_FORK_SERVER says so."""
+    few cores get neither unless AOTI_FARM_DEV=fork_server=... says so."""
     from aoti_farm import signature as S
     from aoti_farm.config import FarmConfig
     from aoti_farm.workers import warm
@@ -101,7 +101,7 @@ def test_warm_preloads_only_for_the_real_compiler_on_a_many_core_host(monkeypatc
     import torch
 
     sigs = [S.from_call(torch.ops.aten.relu.default, (torch.empty(n),), {}) for n in (4, 8, 16)]
-    monkeypatch.delenv("AOTI_FARM_FORK_SERVER", raising=False)
+    monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
     monkeypatch.setattr(warm, "_host_cpus", lambda: 16)
     assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None) == {
         "num_cpus": 3, "preload": False, "hide_gpus": True, "fork_server": True}
@@ -114,12 +114,12 @@ def test_warm_preloads_only_for_the_real_compiler_on_a_many_core_host(monkeypatc
     # a job with a GPU signature has GPU actors: its workers see the GPUs, and import torch themselves
     assert warm.embedded_ray_args_for(FarmConfig(cpu_workers=None), 3, 1, None) == {
         "num_cpus": None, "preload": False, "hide_gpus": False, "fork_server": False}
-    monkeypatch.setenv("AOTI_FARM_FORK_SERVER", "0")   # each actor imports torch itself (A/B)
+    monkeypatch.setenv("AOTI_FARM_DEV", "fork_server=0")   # each actor imports torch itself (A/B)
     assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None) == {
         "num_cpus": 3, "preload": True, "hide_gpus": True, "fork_server": False}
     monkeypatch.setattr(warm, "_host_cpus", lambda: 2)
-    monkeypatch.delenv("AOTI_FARM_FORK_SERVER")
+    monkeypatch.delenv("AOTI_FARM_DEV")
     assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None) == {
         "num_cpus": 2, "preload": False, "hide_gpus": True, "fork_server": False}
-    monkeypatch.setenv("AOTI_FARM_FORK_SERVER", "1")   # forced on few cores (the tests)
+    monkeypatch.setenv("AOTI_FARM_DEV", "fork_server=1")   # forced on few cores (the tests)
     assert warm.embedded_ray_args(FarmConfig(cpu_workers=None), sigs, None)["fork_server"] is True
