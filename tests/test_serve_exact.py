@@ -1,0 +1,62 @@
+"""Unit tests (no compile): an unserved call is eager's own call, and signatures and the
+runner's inputs are exact (runtime/dispatch.py, aoti_farm/signature, aoti_farm/runner.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aoti_farm
+from aoti_farm import signature as S
+from aoti_farm.runtime import dispatch
+
+from _runtime_helpers import same
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return bytes(t.contiguous().reshape(-1).view(torch.uint8).tolist())
+
+
+def _wrapped_calls():
+    """Python numbers next to 0-dim tensors: eager keeps wrapped-number semantics."""
+    h = torch.tensor(0.0010004, dtype=torch.float16)
+    h3 = torch.tensor(3.0, dtype=torch.float16)
+    i8 = torch.tensor(109, dtype=torch.int8)
+    b = torch.tensor(True)
+    return {
+        "f16*1e5": lambda: h * 1e5,            # a float16 1e5 would be inf
+        "f16*0.1": lambda: h3 * 0.1,           # a float16 0.1 would round first
+        "i8+200": lambda: i8 + 200,            # an int8 200 would raise overflow
+        "i8*-0.0": lambda: i8 * -0.0,
+        "bool+1.5": lambda: b + 1.5,
+        "f16*(1+2j)": lambda: h3 * (1 + 2j),
+        "f16/3": lambda: h3 / 3,
+    }
+
+
+def _check_untouched(expected, got):
+    for k in expected:
+        e, g = expected[k], got[k]
+        assert (g.dtype, g.shape, g.stride(), _bits(g)) == (e.dtype, e.shape, e.stride(), _bits(e)), (k, g, e)
+
+
+def test_unserved_numbers_next_to_0dim_tensors_are_eager_bit_for_bit():
+    calls = _wrapped_calls()
+    expected = {k: f() for k, f in calls.items()}
+    assert torch.isfinite(expected["f16*1e5"]) and expected["i8+200"].item() == 109 + 200 - 256
+    reg = dispatch.Registration(None, lambda info, device, orig, keyset, args, kwargs:
+                                dispatch.call_original(info, orig, keyset, args, kwargs))
+    try:
+        got = {k: f() for k, f in calls.items()}
+    finally:
+        reg.uninstall()
+    _check_untouched(expected, got)
+
+
+def test_record_does_not_change_numbers_next_to_0dim_tensors(tmp_path):
+    calls = _wrapped_calls()
+    expected = {k: f() for k, f in calls.items()}
+    with aoti_farm.record(tmp_path / "t.json") as rec:
+        got = {k: f() for k, f in calls.items()}
+    _check_untouched(expected, got)
+    assert rec.skipped   # the wrapped numbers were seen (and never recorded)
