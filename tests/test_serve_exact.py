@@ -60,3 +60,18 @@ def test_record_does_not_change_numbers_next_to_0dim_tensors(tmp_path):
         got = {k: f() for k, f in calls.items()}
     _check_untouched(expected, got)
     assert rec.skipped   # the wrapped numbers were seen (and never recorded)
+
+
+def test_flat_tensors_binds_keyword_only_tensors_by_name():
+    from aoti_farm.runner import flat_tensors
+    from aoti_farm.runtime.calls import gatherer
+
+    seq = torch.tensor([5.0, 1.0, 3.0])
+    v = torch.tensor([2.0, 4.0])
+    idx = torch.argsort(seq)
+    op = torch.ops.aten.searchsorted.Tensor
+    for args, kwargs in [((seq, v), {"sorter": idx}), ((seq, v), {"right": True, "sorter": idx}),
+                         ((seq,), {"self": v, "sorter": idx})]:
+        sig = S.from_call(op, args, kwargs)
+        for got in (flat_tensors(sig, args, kwargs), gatherer(sig)(args, kwargs)):
+            assert [t is x for t, x in zip(got, (seq, v, idx))] == [True] * 3 and len(got) == 3
