@@ -75,3 +75,24 @@ def test_flat_tensors_binds_keyword_only_tensors_by_name():
         sig = S.from_call(op, args, kwargs)
         for got in (flat_tensors(sig, args, kwargs), gatherer(sig)(args, kwargs)):
             assert [t is x for t, x in zip(got, (seq, v, idx))] == [True] * 3 and len(got) == 3
+
+
+def test_signed_zero_scalars_have_their_own_keys():
+    """Keys compare bits: ``leaky_relu(x, -0.0)`` is never the ``0.0`` kernel's call."""
+    from aoti_farm.runtime.calls import CallMemo
+
+    x = torch.randn(4)
+    op = torch.ops.aten.leaky_relu.default
+    info = S.op_info(op)
+    memo = CallMemo(["cpu"])
+    pos, neg = S.from_call(op, (x, 0.0), {}), S.from_call(op, (x, -0.0), {})   # 0.0 first: cached first
+    assert pos != neg and pos.key != neg.key and S.signature_key(neg.op, neg.args) == neg.key
+    assert memo.get(info, pos.args).key == pos.key and memo.get(info, neg.args).key == neg.key
+    back = S.parse_signature(neg.to_obj())            # a trace's signature is the hook's
+    assert back == neg and back != pos and back.key == neg.key
+    nan1, nan2 = S.from_call(op, (x, float("nan")), {}), S.from_call(op, (x, float("nan")), {})
+    assert nan1 == nan2 and hash(nan1.args) == hash(nan2.args)   # memoised once, not per call
+    lst = torch.ops.aten.upsample_nearest1d.vec
+    a = S.from_call(lst, (torch.randn(1, 1, 4), None, [0.0]), {})
+    b = S.from_call(lst, (torch.randn(1, 1, 4), None, [-0.0]), {})
+    assert a != b and a.key != b.key
