@@ -96,3 +96,48 @@ def test_signed_zero_scalars_have_their_own_keys():
     a = S.from_call(lst, (torch.randn(1, 1, 4), None, [0.0]), {})
     b = S.from_call(lst, (torch.randn(1, 1, 4), None, [-0.0]), {})
     assert a != b and a.key != b.key
+
+
+def test_conditions_name_each_global_and_follow_it():
+    C = S.conditions
+    assert C.mismatch("cpu") is None and C.mismatch("cuda") is None and C.current() == C.DEFAULTS
+    assert set(C.NAMES) >= {"default_dtype", "matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision",
+                            "cudnn_enabled", "cudnn_deterministic", "cudnn_benchmark", "deterministic_algorithms"}
+    changed = {"default_dtype": ("float64", ("cpu", "cuda")), "matmul_allow_tf32": (True, ("cuda",)),
+               "cudnn_allow_tf32": (False, ("cuda",)), "float32_matmul_precision": ("medium", ("cpu", "cuda")),
+               "cudnn_deterministic": (True, ("cuda",)), "cudnn_benchmark": (True, ("cuda",)),
+               "deterministic_algorithms": (True, ("cpu", "cuda"))}
+    for name, (value, devices) in changed.items():
+        with C.applied({**C.as_dict(C.DEFAULTS), name: value}):
+            for d in ("cpu", "cuda"):
+                why = C.mismatch(d)
+                if d in devices:
+                    assert why is not None and why.startswith(f"{name}="), (name, d, why)
+                elif name not in ("float32_matmul_precision", "matmul_allow_tf32"):   # one setting in torch
+                    assert why is None, (name, d, why)
+        assert C.current() == C.DEFAULTS, name                   # restored
+    # a manifest's record of them: absent = the defaults, round trip, malformed never matches
+    assert C.from_dict(None) == C.DEFAULTS and C.from_dict(C.as_dict()) == C.DEFAULTS
+    assert C.mismatch("cpu", C.from_dict("junk")) is not None
+    f64 = C.from_dict({"default_dtype": "float64"})
+    assert C.mismatch("cpu", f64) == "default_dtype=float32"
+
+
+def test_kernel_meta_reads_verified_threads_defensively():
+    from types import SimpleNamespace
+
+    from aoti_farm.runtime.kernels import KernelTable
+
+    sig = S.from_call(torch.ops.aten.mul.Tensor, (torch.empty(4), torch.empty(4)), {})
+    call = SimpleNamespace(key=sig.key, sig=sig, device="cpu")
+    runner = object()   # a Python runner: checked with itself
+    cases = [({}, {1}), ({"verified_threads": [1, 2, 4]}, {1, 2, 4}), ({"verified_threads": "x"}, set()),
+             ({"verified_threads": [0, True, 2.0, 3]}, {3})]
+    for extra, threads in cases:
+        entry = SimpleNamespace(manifest={"signature": sig.to_obj(), **extra})
+        conds, got, msig, checker = KernelTable._meta(entry, call, runner, "cpu")
+        assert got == frozenset(threads) and conds == S.conditions.DEFAULTS and msig == sig and checker is runner
+    cuda = SimpleNamespace(key=sig.key, sig=sig, device="cuda")
+    entry = SimpleNamespace(manifest={"signature": sig.to_obj(), "conditions": {"cudnn_allow_tf32": False}})
+    conds, threads, _, _ = KernelTable._meta(entry, cuda, runner, "cuda:0")
+    assert threads is None and S.conditions.mismatch("cuda", conds) == "cudnn_allow_tf32=True"
