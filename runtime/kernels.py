@@ -24,7 +24,7 @@ checked here first, once per key and thread count, in the calling thread (a CPU 
 runs at its caller's thread count): its outputs on the signature's example inputs against
 eager's, with the compiler's tolerance.  It is served there only if they agree; otherwise
 the call runs eager, counted as ``thread_mismatch`` (or ``threads_unverified`` where the
-check could not run).
+check could not run); ``stats()["thread_checks"]`` counts the checks by outcome.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class KernelTable:
         self.thread_verdicts: dict[tuple, str | None] = {}
         self.counters = Counters("kernels_loaded", "kernels_dropped", "load_errors", "load_unsafe",
                                  "kernel_errors", "user_errors", "integrity_failures", "foreign",
-                                 "thread_checks", "thread_mismatches", integrity_failures_by_kind={})
+                                 integrity_failures_by_kind={}, thread_checks={})
 
     def _serves(self, h) -> bool:
         """Whether handle ``h`` belongs to the registration serving now: a Python runner
@@ -189,9 +189,13 @@ class KernelTable:
 
     def _check_threads(self, sig, checker, bypassed) -> str | None:
         """The kernel against eager at this thread's thread count, on ``sig``'s example inputs."""
+        verdict = self._compare_at_threads(sig, checker, bypassed)
+        self.counters.inc("thread_checks", verdict or "agree")
+        return verdict
+
+    def _compare_at_threads(self, sig, checker, bypassed) -> str | None:
         if checker is None:
             return "threads_unverified"
-        self.counters.inc("thread_checks")
         try:
             args, kwargs = S.materialize(sig, seed=0)
             op = S.resolve_op(sig.op)
@@ -203,7 +207,6 @@ class KernelTable:
             log.debug("thread check of %s failed: %s", sig.op, e)
             return "threads_unverified"
         if bad is not None:
-            self.counters.inc("thread_mismatches")
             log.warning("kernel for %s disagrees with eager at %d threads: %s; eager at that thread count",
                         sig.op, torch.get_num_threads(), bad)
             return "thread_mismatch"
