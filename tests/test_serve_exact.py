@@ -141,3 +141,24 @@ def test_kernel_meta_reads_verified_threads_defensively():
     entry = SimpleNamespace(manifest={"signature": sig.to_obj(), "conditions": {"cudnn_allow_tf32": False}})
     conds, threads, _, _ = KernelTable._meta(entry, cuda, runner, "cuda:0")
     assert threads is None and S.conditions.mismatch("cuda", conds) == "cudnn_allow_tf32=True"
+
+
+def test_key_command_names_the_serving_conditions(tmp_path, capsys):
+    import json
+
+    from aoti_farm.cli import main
+    from aoti_farm.trace import Trace, TraceEntry, save_trace
+
+    sig = S.from_call(torch.ops.aten.leaky_relu.default, (torch.empty(4), -0.0), {})
+    t = tmp_path / "t.json"
+    save_trace(Trace([TraceEntry(sig, 1, 0)]), t)
+    assert main(["key", "--trace", str(t), "--index", "0", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["key"] == sig.key and ["arg1", ["f", -0.0]] in d["key_fields"]
+    assert d["serving_conditions"]["default_dtype"] == "float32" and "threads" in d
+    assert "deterministic_algorithms" in d["serving_conditions"]
+    assert main(["key", "--trace", str(t), "--index", "0"]) == 0
+    out = capsys.readouterr().out
+    for name in ("default_dtype", "float32_matmul_precision", "deterministic_algorithms", "verified_threads",
+                 '["f", -0.0]'):
+        assert name in out, name

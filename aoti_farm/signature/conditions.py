@@ -80,6 +80,11 @@ def current() -> tuple:
     return tuple(g() for g in _GETTERS)
 
 
+def for_device(device: str, values: tuple = DEFAULTS) -> dict[str, Any]:
+    """``{name: value}`` of the fields that change ``device``'s results (``aoti-farm key``)."""
+    return {NAMES[i]: _jsonable(values[i]) for i in _INDICES.get(device, _INDICES["cuda"])}
+
+
 def _jsonable(v: Any) -> Any:
     if isinstance(v, torch.dtype):
         return DTYPE_NAMES[v]
