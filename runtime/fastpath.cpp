@@ -362,7 +362,7 @@ inline void put64(std::string& k, int64_t v) { put(k, &v, sizeof v); }
 
 // The globals a served result depends on (aoti_farm/signature/conditions.py names them),
 // and this thread's intra-op thread count (a CPU kernel runs at its caller's).
-inline void key_conditions(std::string& k) {
+uint64_t conditions_word() {
   auto& c = at::globalContext();
   uint64_t w = static_cast<uint64_t>(c10::get_default_dtype_as_scalartype());
   uint64_t bit = 1u << 8;
@@ -375,6 +375,18 @@ inline void key_conditions(std::string& k) {
   w |= static_cast<uint64_t>(c.float32MatmulPrecision()) << 24;
   w |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << 32;
   w |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << 40;
+  return w;
+}
+
+inline void key_conditions(std::string& k) {
+  uint64_t w;
+  try {
+    w = conditions_word();
+  } catch (...) {
+    // torch refuses to read the precision once a program mixed its legacy and new APIs:
+    // a value of its own (Python declines such calls: "float32_matmul_precision=mixed")
+    w = ~uint64_t{0};
+  }
   put64(k, static_cast<int64_t>(w));
   put64(k, static_cast<int64_t>(at::get_num_threads()));
 }

@@ -149,3 +149,27 @@ def test_unverified_thread_count_is_checked_first(kernels, native, one_thread):
     expected = torch.sum(x, dim=1)
     for g in at1 + at2:
         torch.testing.assert_close(g, expected)
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_precision_torch_cannot_read_declines_instead_of_raising(kernels, native, one_thread):
+    """Once a program sets the new per-backend precision API, torch 2.13 raises when the
+    legacy precision is read: the hook (and the native key) must neither raise nor serve."""
+    from conftest import sig_add_alpha
+
+    sig = sig_add_alpha()
+    _compiled(kernels, torch.ops.aten.add.Tensor, (torch.randn(8, 16), torch.randn(16)), {"alpha": 2})
+    a, b = torch.randn(8, 16), torch.randn(16)
+    expected = torch.add(a, b, alpha=2)
+    prev = torch.backends.mkldnn.matmul.fp32_precision
+    with _hook(kernels, native) as hook:
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        try:
+            got = torch.add(a, b, alpha=2)
+        finally:
+            torch.backends.mkldnn.matmul.fp32_precision = prev
+        again = torch.add(a, b, alpha=2)
+        st = hook.stats()
+    assert _bits(got) == _bits(expected) and _bits(again) == _bits(expected)
+    assert st["fallbacks"].get("conditions: float32_matmul_precision=mixed") == 1, st["fallbacks"]
+    assert st["per_op"][sig.op]["hits"] == 1, st["per_op"]
