@@ -129,11 +129,13 @@ class PooledRunner:
 
 def flat_tensors(sig: S.Signature, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """The runner's inputs: every tensor argument in schema order (lists flattened).  Every
-    non-tensor argument is baked into the kernel (and is part of the key)."""
+    non-tensor argument is baked into the kernel (and is part of the key).  Arguments are
+    bound as ``encode_call`` binds them: positional ones by position, the rest (keyword-only
+    ones such as ``searchsorted``'s ``sorter`` among them) by name."""
     info = sig.info()
-    vals = list(args) + [kwargs[n] for n, kwo in zip(info.arg_names, info.kwarg_only) if kwo and n in kwargs]
+    n = len(args)
     out = []
     for i, j in S.tensor_positions(sig):
-        v = vals[i]
+        v = args[i] if i < n and not info.kwarg_only[i] else kwargs[info.arg_names[i]]
         out.append(v if j is None else v[j])
     return out

@@ -13,9 +13,9 @@ runner, by our own bookkeeping) goes straight to the original kernel.
 
 Wrapped numbers: a Python number that a C++ caller passed as a Tensor (``x * 2.5``,
 ``torch.allclose``) reaches a Python kernel as a plain ``float``/``int``/``bool``, which
-``call_boxed`` refuses.  :func:`call_original` turns it into a 0-dim tensor whose dtype
-gives the same result dtype and the same value as the wrapped number would (see
-:func:`_scalar_tensor`).
+``call_boxed`` refuses.  :func:`call_original` makes it a wrapped number again (see
+:func:`_wrapped_number`), so the original kernel gets the very call eager would: a 0-dim
+tensor of any dtype instead would change type promotion and the scalar's precision.
 
 Private torch APIs used here (checked against torch 2.13.0; each goes when torch offers a
 public equivalent): ``Library._destroy()`` (torch.library has no public way to remove one
@@ -128,55 +128,56 @@ def resolve_ops(ops: Iterable | None, device: str = "cpu") -> list[torch._ops.Op
 # --- calling the original kernel ----------------------------------------------------------
 
 
-def _category(dt: torch.dtype) -> int:
-    if dt is torch.bool:
-        return 0
-    if dt.is_complex:
-        return 3
-    if dt.is_floating_point:
-        return 2
-    return 1
+def _wrapped_number(v: Any) -> torch.Tensor:
+    """``v`` as the wrapped number C++ made of it: a 0-dim CPU tensor of the widest dtype
+    of its kind whose ``is_wrapped_number`` flag is set, so type promotion ranks it below
+    every tensor and kernels read its exact value (``x_f16 * 1e5`` stays finite, ``x_i8 +
+    200`` wraps), exactly as in eager.
 
-
-def _scalar_tensor(v: Any, tensors: list[torch.Tensor]) -> torch.Tensor:
-    """A 0-dim tensor that acts like the wrapped number ``v`` among ``tensors``.
-
-    Type promotion ranks wrapped numbers below 0-dim tensors, which rank below tensors with
-    dimensions, each only within a category (bool < int < float < complex).  If a tensor
-    of ``v``'s category or higher is present, the widest dtype of ``v``'s category
-    (int64/float64/complex128) changes no result dtype and keeps ``v`` exact, as the
-    wrapped double/long would.  Otherwise ``v`` raises the category and the result takes
-    the default dtype of that category, which is what we give the 0-dim tensor.
+    Python cannot set that flag, but torch's Python argument parser sets it on a number it
+    converts for a Tensor parameter of an op that admits numbers (``torch.mul``), and
+    ``out=`` hands that very tensor back: ``torch.mul(t, True, out=v)`` returns the
+    wrapped number, and ``copy_`` then writes ``v``'s exact bits into it (mul.out and
+    copy_ mutate, so they are never routed: no re-entry).  Checked on torch 2.13 by
+    :func:`_wrapping_works` at import (before any op is routed: the check calls ``mul``);
+    torch offers no public way to build a wrapped number (this goes when it does).
     """
     if isinstance(v, bool):
-        cat, wide, default = 0, torch.bool, torch.bool
+        dt = torch.bool
     elif isinstance(v, int):
-        cat, wide, default = 1, torch.int64, torch.int64
+        dt = torch.int64
     elif isinstance(v, float):
-        cat, wide, default = 2, torch.float64, torch.get_default_dtype()
+        dt = torch.float64
     elif isinstance(v, complex):
-        d = torch.get_default_dtype()
-        cat, wide, default = 3, torch.complex128, (torch.complex128 if d is torch.float64 else torch.complex64)
+        dt = torch.complex128
     else:
         raise TypeError(f"cannot pass {type(v).__name__} as a tensor")
-    dims = [t for t in tensors if t.dim() > 0]
-    if not dims and tensors:
-        # only 0-dim tensors: a 0-dim tensor of ours would take part in promotion as their
-        # peer, so take their promoted dtype when it is of v's category or higher (exact for
-        # ints; a float v is rounded to that dtype, a documented approximation)
-        dt = tensors[0].dtype
-        for t in tensors[1:]:
-            dt = torch.promote_types(dt, t.dtype)
-        if _category(dt) >= cat:
-            return torch.tensor(v, dtype=dt) if _category(dt) == cat else torch.tensor(v, dtype=wide)
-        return torch.tensor(v, dtype=default)
-    top = max((_category(t.dtype) for t in dims), default=-1)
-    # a 0-dim CPU tensor is accepted next to CUDA tensors, like a wrapped number
-    return torch.tensor(v, dtype=wide if top >= cat else default)
+    t = torch.tensor(v, dtype=dt)
+    w = torch.mul(t, True, out=v)
+    w.copy_(t)
+    return w
+
+
+def _check_wrapping() -> bool:
+    """Whether :func:`_wrapped_number` yields a wrapped number on this torch (a float16
+    0-dim tensor times it stays float16, which no plain float64 tensor does)."""
+    try:
+        w = _wrapped_number(1e5)
+        h = torch.tensor(0.001, dtype=torch.float16)
+        ok = torch.mul(h, w).dtype is torch.float16 and w.dtype is torch.float64 and w.item() == 1e5
+    except Exception:  # noqa: BLE001
+        ok = False
+    if not ok:
+        warnings.warn("aoti-farm: this torch build does not hand back wrapped numbers; a hooked op "
+                      "called with a Python number for a Tensor argument raises", RuntimeWarning)
+    return ok
+
+
+_WRAPPING = _check_wrapping()
 
 
 def _fix_numbers(info: S.OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """Replace Python numbers found in Tensor slots; None if there are none."""
+    """Python numbers found in Tensor slots made wrapped numbers again; None if none."""
     slots = []
     for i, (name, kind) in enumerate(zip(info.arg_names, info.kinds)):
         if kind not in ("tensor", "opt_tensor"):
@@ -187,15 +188,14 @@ def _fix_numbers(info: S.OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict
             v = kwargs.get(name)
         if isinstance(v, (bool, int, float, complex)):
             slots.append((i, name))
-    if not slots:
+    if not slots or not _WRAPPING:
         return None
-    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
     args, kwargs = list(args), dict(kwargs)
     for i, name in slots:
         if i < len(args) and not info.kwarg_only[i]:
-            args[i] = _scalar_tensor(args[i], tensors)
+            args[i] = _wrapped_number(args[i])
         else:
-            kwargs[name] = _scalar_tensor(kwargs[name], tensors)
+            kwargs[name] = _wrapped_number(kwargs[name])
     return tuple(args), kwargs
 
 

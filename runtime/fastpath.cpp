@@ -11,14 +11,20 @@
 //
 // The fast key is every piece of call metadata the dispatcher hands us: per argument its
 // IValue tag and, for a tensor, dtype, device, sizes and strides; for a scalar its exact
-// value.  It is therefore at least as fine as aoti-farm's signature (which is built from
-// the same arguments), so two calls with one fast key always have one signature.  Calls
+// value (a double's bits: -0.0 is not 0.0).  It is therefore at least as fine as aoti-farm's
+// signature (which is built from the same arguments), so two calls with one fast key always
+// have one signature.  It starts with the conditions a decision depends on beyond the
+// arguments (key_conditions: the default dtype, the TF32/cuBLAS/cuDNN/oneDNN flags,
+// deterministic mode, this thread's intra-op thread count), so a decision made under one
+// setting is never replayed under another: a call under new values is decided again.  Calls
 // with anything the key does not capture (a wrapped Python number, a conj/neg view, a
 // non-strided or symbolic tensor, grad mode with a tensor that requires grad, an argument
 // of any other type) never use a remembered decision.
 //
 // Nothing here raises into the caller except eager's own errors: a failing runner or a
-// failing Python callback becomes eager's result and a counter.
+// failing Python callback becomes eager's result and a counter.  A runner that fails where
+// eager fails too (the caller's error: a division by zero, an index out of range) is not
+// reported: eager's error propagates and the kernel stays.
 //
 // Making room for the compiler: while the hook's background compile runs, Python sets a
 // thread limit (cores - compiles) and every thread that enters one of these kernels lowers
@@ -40,7 +46,9 @@
 #include <torch/library.h>
 #include <torch/python.h>
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <dlfcn.h>
 #include <sys/syscall.h>
@@ -323,7 +331,7 @@ struct State {
   std::atomic<uint64_t> epoch{0};
   std::array<std::atomic<uint64_t>, INELIGIBLE_REASONS> ineligible{};
   std::atomic<uint64_t> slow{0}, wrapped{0}, grad{0}, views{0}, unkeyable{0}, kernel_errors{0},
-      callback_errors{0}, remembered{0}, forgotten{0}, gated{0}, trial_calls{0};
+      user_errors{0}, callback_errors{0}, remembered{0}, forgotten{0}, gated{0}, trial_calls{0};
   ~State() {
     // The dispatcher may outlive the interpreter (static destruction at exit): never touch
     // Python objects then.
@@ -351,6 +359,37 @@ inline void put(std::string& k, const void* p, size_t n) {
   k.append(static_cast<const char*>(p), n);
 }
 inline void put64(std::string& k, int64_t v) { put(k, &v, sizeof v); }
+
+// The globals a served result depends on (aoti_farm/signature/conditions.py names them),
+// and this thread's intra-op thread count (a CPU kernel runs at its caller's).
+uint64_t conditions_word() {
+  auto& c = at::globalContext();
+  uint64_t w = static_cast<uint64_t>(c10::get_default_dtype_as_scalartype());
+  uint64_t bit = 1u << 8;
+  for (bool b : {c.allowTF32CuBLAS(), c.allowTF32CuDNN(), c.allowFP16AccumulationCuBLAS(),
+                 c.allowFP16ReductionCPU(), c.userEnabledCuDNN(), c.deterministicCuDNN(), c.benchmarkCuDNN(),
+                 c.userEnabledMkldnn(), c.deterministicMkldnn(), c.deterministicAlgorithms()}) {
+    if (b) w |= bit;
+    bit <<= 1;
+  }
+  w |= static_cast<uint64_t>(c.float32MatmulPrecision()) << 24;
+  w |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << 32;
+  w |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << 40;
+  return w;
+}
+
+inline void key_conditions(std::string& k) {
+  uint64_t w;
+  try {
+    w = conditions_word();
+  } catch (...) {
+    // torch refuses to read the precision once a program mixed its legacy and new APIs:
+    // a value of its own (Python declines such calls: "float32_matmul_precision=mixed")
+    w = ~uint64_t{0};
+  }
+  put64(k, static_cast<int64_t>(w));
+  put64(k, static_cast<int64_t>(at::get_num_threads()));
+}
 
 Keyed key_tensor(std::string& k, const at::Tensor& t) {
   if (!t.defined()) {
@@ -498,15 +537,30 @@ struct SlotKernel final : public c10::OperatorKernel {
     slot->orig.callBoxed(op, ks, stack);
   }
 
-  bool run(const std::shared_ptr<Runner>& runner, int64_t kid, torch::jit::Stack* stack) {
+  // Run kernel `kid`: true if it served the call (a hit).  False if it raised: eager ran
+  // instead and its result is on the stack.  Where eager raises too the error is the
+  // caller's: it propagates and the kernel stays; otherwise the kernel is reported.
+  bool run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, const std::shared_ptr<Runner>& runner,
+           int64_t kid, torch::jit::Stack* stack) {
     const size_t n = slot->nargs;
     std::vector<at::Tensor> outputs;
+    std::string what;
     try {
       InsideGuard g;
       outputs = runner->run(runner_inputs(&*(stack->end() - n), n));
     } catch (const std::exception& e) {
+      what = e.what();
+      if (what.empty()) what = "kernel error";
+    }
+    if (!what.empty()) {
+      try {
+        eager(op, ks, stack);
+      } catch (...) {
+        st->user_errors++;
+        throw;
+      }
       st->kernel_errors++;
-      report_error(kid, e.what());
+      report_error(kid, what.c_str());
       return false;
     }
     torch::jit::drop(*stack, n);
@@ -548,6 +602,7 @@ struct SlotKernel final : public c10::OperatorKernel {
     const c10::IValue* args = &*(stack->end() - n);
     thread_local std::string key;
     key.clear();
+    key_conditions(key);
     Keyed kd = Keyed::ok;
     for (size_t i = 0; i < n && kd == Keyed::ok; ++i) kd = key_value(key, args[i]);
     switch (kd) {
@@ -565,8 +620,8 @@ struct SlotKernel final : public c10::OperatorKernel {
             auto it = st->runners.find(code);
             if (it != st->runners.end()) r = it->second;
           }
-          if (r && run(r, code, stack)) {
-            slot->c.hits++;
+          if (r) {
+            if (run(op, ks, r, code, stack)) slot->c.hits++;
             return;
           }
         }
@@ -586,11 +641,8 @@ struct SlotKernel final : public c10::OperatorKernel {
     }
     if (found) {
       if (d.code >= 0) {
-        if (run(d.runner, d.code, stack)) {
-          slot->c.hits++;
-          return;
-        }
-        return eager(op, ks, stack);
+        if (run(op, ks, d.runner, d.code, stack)) slot->c.hits++;
+        return;
       }
       if (d.code <= EAGER_INELIGIBLE_BASE) st->ineligible[EAGER_INELIGIBLE_BASE - d.code]++;
       else if (d.code == EAGER_GATED) st->gated++;
@@ -610,8 +662,8 @@ struct SlotKernel final : public c10::OperatorKernel {
           remember(key, code, r);
         }
       }
-      if (r && run(r, code, stack)) {
-        slot->c.hits++;
+      if (r) {
+        if (run(op, ks, r, code, stack)) slot->c.hits++;
         return;
       }
       return eager(op, ks, stack);
@@ -765,6 +817,7 @@ class FastPath {
     d["ineligible"] = inel;
     d["unkeyable"] = st_->unkeyable.load();
     d["kernel_errors"] = st_->kernel_errors.load();
+    d["user_errors"] = st_->user_errors.load();
     d["callback_errors"] = st_->callback_errors.load();
     d["remembered"] = known;
     d["forgotten_full"] = st_->forgotten.load();

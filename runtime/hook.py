@@ -222,6 +222,12 @@ class Hook:
                     self._kernels.load_soon(call)
                     return self._missed_call(info, call)
                 handle = self._kernels.load(call)
+            if handle is not None:
+                # served only under what it was verified under (runtime/kernels.py)
+                why = self._kernels.unservable(call, self._routes.bypassed)
+                if why is not None:
+                    self._fallback(info, why)
+                    return ("fallback", None, why)   # the native key holds these values
             if handle is not None and self.gate.active:
                 ok = self.gate.decision(call.key)
                 if ok is None:   # timed in the gate's thread; eager meanwhile
@@ -260,8 +266,17 @@ class Hook:
             try:
                 out = runner.run(call.gather(args, kwargs))
             except Exception as e:  # noqa: BLE001
+                # eager's own error on these inputs is the caller's (it propagates, the
+                # kernel stays); an error eager does not raise drops the kernel
+                try:
+                    res = dispatch.call_original(info, orig, keyset, args, kwargs)
+                except Exception:
+                    self._kernels.counters.inc("user_errors")
+                    self.counters.inc("calls")
+                    raise
                 self._kernels.failed(call.key, e)
                 self._missed_call(info, call)
+                return res
             else:
                 c = self.counters
                 c.inc("calls")

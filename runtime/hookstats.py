@@ -60,6 +60,7 @@ def merged_stats(hook) -> dict:
 
 def _fold_native(s: dict, n: dict, reasons: dict) -> None:
     s["hits"] += n["hits"]
+    s["user_errors"] = s.get("user_errors", 0) + n.get("user_errors", 0)   # eager raised too: kept
     s["misses"] += n["misses"]
     s["failed_signatures"] += n["failed_signatures"]
     s["calls"] += n["hits"] + n["misses"] + n["failed_signatures"] + n.get("gated", 0)

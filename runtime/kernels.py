@@ -11,7 +11,20 @@ time; concurrent callers wait for it.
 A refused entry (``BadEntry``) is counted (``foreign`` or ``integrity_failures`` by kind),
 dropped from the index and reported again (a good kernel may replace it); a runner that
 fails to load or raises while running is dropped.  Either is remembered in ``bad`` with
-its entry directory's stamp until the entry is replaced.
+its entry directory's stamp until the entry is replaced.  A runner that raises where eager
+raises too (an integer division by zero, an index out of range) met the caller's error, not
+a fault of its own: the hook re-raises eager's error and the kernel stays.
+
+**Conditions of serving** (:meth:`KernelTable.unservable`, asked on every hit).  A kernel
+is served only under what it was verified under: the globals of
+``aoti_farm.signature.conditions`` (the manifest's ``conditions``, absent: torch's
+defaults), and for a CPU kernel the calling thread's ``torch.get_num_threads()`` among the
+manifest's ``verified_threads`` (absent: ``[1]``).  At another thread count the kernel is
+checked here first, once per key and thread count, in the calling thread (a CPU kernel
+runs at its caller's thread count): its outputs on the signature's example inputs against
+eager's, with the compiler's tolerance.  It is served there only if they agree; otherwise
+the call runs eager, counted as ``thread_mismatch`` (or ``threads_unverified`` where the
+check could not run); ``stats()["thread_checks"]`` counts the checks by outcome.
 """
 
 from __future__ import annotations
@@ -21,10 +34,14 @@ import os
 import threading
 from typing import Any, Callable
 
+import torch
+
 from aoti_farm import loadenv
+from aoti_farm import signature as S
 from aoti_farm.cache import BadEntry, Cache
-from aoti_farm.compiler import load_runner
+from aoti_farm.compiler import flat_tensors, load_runner
 from aoti_farm.counters import Counters
+from aoti_farm.tolerance import compare, length_tolerance
 
 log = logging.getLogger("aoti_farm.hook")
 
@@ -48,9 +65,14 @@ class KernelTable:
         self._load_locks: dict[str, threading.Lock] = {}
         self._loading: set[str] = set()
         self._lock = threading.Lock()
+        #: key -> (conditions tuple, verified thread counts or None (CUDA), signature to
+        #: check with, Python runner to check with or None): read from the manifest at load
+        self.meta: dict[str, tuple] = {}
+        #: (key, thread count) -> None (agrees with eager there) or the reason it is not served
+        self.thread_verdicts: dict[tuple, str | None] = {}
         self.counters = Counters("kernels_loaded", "kernels_dropped", "load_errors", "load_unsafe",
-                                 "kernel_errors", "integrity_failures", "foreign",
-                                 integrity_failures_by_kind={})
+                                 "kernel_errors", "user_errors", "integrity_failures", "foreign",
+                                 integrity_failures_by_kind={}, thread_checks={})
 
     def _serves(self, h) -> bool:
         """Whether handle ``h`` belongs to the registration serving now: a Python runner
@@ -97,6 +119,7 @@ class KernelTable:
             try:
                 runner = ((nreg, nreg.load(entry.load_path, device)) if nreg is not None
                           else load_runner(entry.load_path, device))
+                meta = self._meta(entry, call, runner, device)
             except Exception as e:  # noqa: BLE001
                 log.warning("cannot load kernel %s: %s", call.key[:12], e)
                 self.counters.inc("load_errors")
@@ -109,10 +132,88 @@ class KernelTable:
             with self._lock:
                 old = self.runners.get(call.key)
                 self.runners[call.key] = runner
+                self.meta[call.key] = meta
             self.counters.inc("kernels_loaded")
             if old is not None:
                 self.release(old)
             return runner
+
+    @staticmethod
+    def _meta(entry, call, runner, device: str) -> tuple:
+        """What :meth:`unservable` needs of an entry, read while it is open."""
+        m = entry.manifest if isinstance(entry.manifest, dict) else {}
+        conds = S.conditions.from_dict(m.get("conditions"))
+        if call.device != "cpu":
+            return conds, None, call.sig, None
+        vt = m.get("verified_threads", [1])   # absent (older compilers): verified at 1 thread
+        threads = frozenset(x for x in vt if type(x) is int and x > 0) if isinstance(vt, list) else frozenset()
+        try:
+            sig = S.parse_signature(m["signature"])   # with the recorded index ranges
+            if sig.key != call.key:
+                sig = call.sig
+        except Exception:  # noqa: BLE001
+            sig = call.sig
+        checker = runner if not isinstance(runner, tuple) else None
+        if checker is None and threads != frozenset(range(1, (os.cpu_count() or 1) + 1)):
+            try:   # the native path's kernel cannot be run from here: a Python runner to check with
+                checker = load_runner(entry.load_path, device)
+            except Exception as e:  # noqa: BLE001 -- then unchecked thread counts run eager
+                log.debug("no checking runner for %s: %s", call.key[:12], e)
+        return conds, threads, sig, checker
+
+    def unservable(self, call, bypassed) -> str | None:
+        """None if ``call``'s loaded kernel may serve now; else the counted reason it may
+        not (see the module docstring).  ``bypassed()``: a context in which this thread's
+        calls of served ops run eager."""
+        meta = self.meta.get(call.key)
+        if meta is None:
+            return None
+        conds, threads, sig, checker = meta
+        try:
+            why = S.conditions.mismatch(call.device, conds)
+        except Exception as e:  # noqa: BLE001 -- a global torch will not read: never served, never raised
+            return f"conditions: unreadable ({type(e).__name__})"
+        if why is not None:
+            return f"conditions: {why}"
+        if threads is None:
+            return None
+        n = torch.get_num_threads()
+        if n in threads:
+            return None
+        vk = (call.key, n)
+        try:
+            return self.thread_verdicts[vk]
+        except KeyError:
+            pass
+        verdict = self._check_threads(sig, checker, bypassed)
+        with self._lock:
+            self.thread_verdicts[vk] = verdict
+        return verdict
+
+    def _check_threads(self, sig, checker, bypassed) -> str | None:
+        """The kernel against eager at this thread's thread count, on ``sig``'s example inputs."""
+        verdict = self._compare_at_threads(sig, checker, bypassed)
+        self.counters.inc("thread_checks", verdict or "agree")
+        return verdict
+
+    def _compare_at_threads(self, sig, checker, bypassed) -> str | None:
+        if checker is None:
+            return "threads_unverified"
+        try:
+            args, kwargs = S.materialize(sig, seed=0)
+            op = S.resolve_op(sig.op)
+            with torch.no_grad(), bypassed():
+                expected = op(*args, **kwargs)
+                got = checker.run(flat_tensors(sig, args, kwargs))
+            bad = compare(expected, got, length_tolerance(sig, args, kwargs, expected))
+        except Exception as e:  # noqa: BLE001 -- nothing here may reach the caller
+            log.debug("thread check of %s failed: %s", sig.op, e)
+            return "threads_unverified"
+        if bad is not None:
+            log.warning("kernel for %s disagrees with eager at %d threads: %s; eager at that thread count",
+                        sig.op, torch.get_num_threads(), bad)
+            return "thread_mismatch"
+        return None
 
     def load_soon(self, call) -> None:
         """Load ``call``'s kernel in the background thread (once at a time per key); the

@@ -94,7 +94,7 @@ def _entry(ns):
 
 def cmd_key(ns) -> int:
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.signature import canonical_bytes, describe, key_fields
+    from aoti_farm.signature import canonical_bytes, conditions, describe, key_fields
 
     e = _entry(ns)
     sig = e.sig
@@ -104,7 +104,9 @@ def cmd_key(ns) -> int:
     if ns.json:
         print(json.dumps({"op": sig.op, "description": describe(sig), "key_fields": [[k, v] for k, v in fields],
                           "key": sig.key, "canonical_bytes": len(canonical_bytes(fields)),
-                          "device": sig.device, "fingerprint": fp.as_dict(), "fingerprint_id": fp.id},
+                          "device": sig.device, "fingerprint": fp.as_dict(), "fingerprint_id": fp.id,
+                          "serving_conditions": conditions.for_device(sig.device),
+                          "threads": _THREADS if sig.device == "cpu" else None},
                          indent=1, default=list))
         return 0
     print(f"signature   {describe(sig)}")
@@ -118,7 +120,17 @@ def cmd_key(ns) -> int:
     for k, v in fp.as_dict().items():
         print(f"  {k:20} {json.dumps(v, default=list)}")
     print(f"fingerprint {fp.id}")
+    print("serving conditions (not in the key: served only while these are what the kernel was verified "
+          "under, the manifest's 'conditions', absent = these defaults):")
+    for k, v in conditions.for_device(sig.device).items():
+        print(f"  {k:26} {json.dumps(v)}")
+    if sig.device == "cpu":
+        print(f"  {'threads':26} {_THREADS}")
     return 0
+
+
+_THREADS = ("the calling thread's torch.get_num_threads() in the manifest's verified_threads (absent: [1]); "
+            "at another count the kernel is checked against eager first")
 
 
 def cmd_compile_one(ns) -> int:

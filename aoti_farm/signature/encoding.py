@@ -12,7 +12,7 @@ import torch
 
 from aoti_farm.errors import Ineligible
 from aoti_farm.signature.names import (DTYPE_NAMES, INT64_MAX, INT64_MIN, LAYOUT_NAMES, MEMORY_FORMAT_NAMES,
-                                       device_str)
+                                       device_str, exact_float)
 from aoti_farm.signature.ops import NO_DEFAULT, OpInfo
 
 _WRAPPED_DTYPES = (torch.float64, torch.int64, torch.bool, torch.complex128)
@@ -56,7 +56,7 @@ def encode_value(kind: str, v: Any) -> tuple:
                 raise Ineligible("integer outside int64")
             return ("i", v)
         if isinstance(v, float):
-            return ("f", v)
+            return ("f", exact_float(v))   # -0.0 is not 0.0 (keys compare bits)
         raise Ineligible(f"scalar of type {type(v).__name__}")
     if k == "str":
         return ("s", str(v))
@@ -74,7 +74,7 @@ def encode_value(kind: str, v: Any) -> tuple:
             raise Ineligible("integer outside int64")
         return ("il", il)
     if k == "float_list":
-        return ("fl", tuple(float(x) for x in v))
+        return ("fl", tuple(exact_float(float(x)) for x in v))
     if k == "bool_list":
         return ("bl", tuple(bool(x) for x in v))
     raise Ineligible(f"argument kind {kind}")

@@ -13,7 +13,7 @@ from typing import Any
 from aoti_farm.errors import Ineligible
 from aoti_farm.signature.encoding import encode_value
 from aoti_farm.signature.names import (DTYPES, INT64_MAX, INT64_MIN, LAYOUTS, MAX_NUMEL, MEMORY_FORMATS, device_ok,
-                                       is_int64, short_repr, to_float)
+                                       is_int64, short_repr, to_float, exact_float)
 from aoti_farm.signature.ops import NO_DEFAULT, OpInfo, op_info, resolve_op
 
 
@@ -145,9 +145,9 @@ def arg_from_json(kind: str, d: Any, where: str) -> tuple:
             raise ValueError(f"{where}.value: {short_repr(v)} is not a valid {jk}"
                              + (" (integers are int64)" if tag in ("i", "il") else ""))
         if tag == "f":
-            v = to_float(v, f"{where}.value")
+            v = exact_float(to_float(v, f"{where}.value"))
         if tag in ("il", "fl", "bl"):
-            v = tuple(to_float(x, f"{where}.value") if tag == "fl" else x for x in v)
+            v = tuple(exact_float(to_float(x, f"{where}.value")) if tag == "fl" else x for x in v)
         enc = (tag, v)
     else:
         raise ValueError(f"{where}.kind: unknown kind {jk!r}")
@@ -156,7 +156,7 @@ def arg_from_json(kind: str, d: Any, where: str) -> tuple:
     if enc[0] not in accepts:
         raise ValueError(f"{where}: kind {jk!r} does not match the schema type ({kind})")
     if enc[0] == "f" and base == "float":
-        enc = ("f", float(enc[1]))
+        enc = ("f", exact_float(float(enc[1])))
     return enc
 
 

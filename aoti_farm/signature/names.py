@@ -8,6 +8,7 @@ range) is an int64, as in torch's schemas.
 from __future__ import annotations
 
 import re
+import struct
 from typing import Any
 
 import torch
@@ -42,6 +43,39 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 def is_int64(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX
+
+
+class BitsFloat(float):
+    """A float that equals another float only when their bits are equal.
+
+    Encodings are compared as tuples (the hook's memo, the recorder's table, the key's
+    cache), and Python's ``-0.0 == 0.0`` would let ``leaky_relu(x, -0.0)`` find the kernel
+    built for ``0.0``.  Only the floats whose value equality is not bit equality (signed
+    zeros, NaN) are made one (:func:`exact_float`), so every other scalar stays a plain
+    float and costs nothing more.  msgpack packs it as the float it is, so keys are
+    unchanged."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, float) and struct.pack("<d", self) == struct.pack("<d", other)
+
+    def __ne__(self, other: Any) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        # a plain float equal to it hashes alike (0.0 and -0.0 hash to 0 and merely collide)
+        return float.__hash__(self) if float.__eq__(self, self) else hash(struct.pack("<d", self))
+
+    def __reduce__(self):
+        return (BitsFloat, (float(self),))
+
+
+def exact_float(v: float) -> float:
+    """``v`` as a float whose equality is bit equality (see :class:`BitsFloat`)."""
+    if v == 0.0 or v != v:
+        return BitsFloat(v)
+    return float(v)
 
 
 def to_float(v: Any, where: str) -> float:

@@ -117,9 +117,15 @@ def test_kernel_that_raises_is_dropped_and_eager_serves(kernels, tmp_path, mode)
     wrong = kernels.cache.open_entry(kernels.fp, where.key)
     cache.publish(kernels.fp, sig_add_alpha(), {"kernel.so": wrong.kernel_path}, {"note": "wrong kernel"})
     a, b = _add_inputs()
-    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=mode) as hook:
-        got = [torch.add(a, b, alpha=2) for _ in range(3)]
-        st = hook.stats()
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)   # the verified thread count: served without the hook's own check
+    try:
+        with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                     native=mode) as hook:
+            got = [torch.add(a, b, alpha=2) for _ in range(3)]
+            st = hook.stats()
+    finally:
+        torch.set_num_threads(n)
     assert all(same(g, torch.add(a, b, alpha=2)) for g in got)
     assert st["kernel_errors"] == 1 and st["hits"] == 0, st
     assert st["native"]["active"] == (mode == "require")
