@@ -63,8 +63,26 @@ def _pattern(values: list, n: int, i: int, dtype: torch.dtype, device) -> torch.
         else torch.tensor(values, dtype=torch.int64)[idx].to(dtype).to(device)
 
 
-#: The float cases, in the order they run.
-FLOAT_CASES = ("finite special values", "infinities and NaN", "magnitudes")
+#: The float cases, in the order they run.  The last two keep the random values and put a
+#: few non-finite ones among them: a kernel that blends neighbours (``a + (b - a) * w``
+#: against eager's ``a * (1 - w) + b * w`` in bilinear upsampling) turns an infinity next to
+#: a finite value into NaN, which a tensor made only of special values never shows; and
+#: two NaNs in one window tell which of them a kernel's argmax picks.
+FLOAT_CASES = ("finite special values", "infinities and NaN", "magnitudes", "isolated infinities",
+               "isolated NaN")
+
+
+def _sprinkle(t: torch.Tensor, case: str) -> torch.Tensor:
+    """The random storage of ``t`` with a few non-finite values: +inf and -inf far apart
+    ("isolated infinities"), or NaNs in adjacent pairs ("isolated NaN")."""
+    flat = _flat(t)
+    j = torch.arange(flat.numel(), device=flat.device)
+    if case == "isolated infinities":
+        flat[j % 7 == 3] = INF
+        flat[j % 11 == 5] = -INF
+    else:
+        flat[(j % 13 == 2) | (j % 13 == 3)] = NAN
+    return flat
 
 
 def float_values(dtype: torch.dtype, case: str) -> list:
@@ -169,7 +187,10 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
     for case in FLOAT_CASES:
         repl = dict(valid)
         for i, (n, j, t) in enumerate(floats):
-            flat = _pattern(float_values(t.dtype, case), _flat(t).numel(), i, t.dtype, t.device)
+            if case.startswith("isolated"):
+                flat = _sprinkle(t, case)
+            else:
+                flat = _pattern(float_values(t.dtype, case), _flat(t).numel(), i, t.dtype, t.device)
             repl[(n, j)] = _view(t, flat)
         if case == "finite special values":
             for i, (n, j, t) in enumerate(ints):

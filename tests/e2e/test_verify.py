@@ -118,6 +118,18 @@ def test_float_floor_division_is_refused_on_adversarial_inputs(tmp_path):
     assert cache.failure(fp.id, sig.key)["reason"] == out.error
 
 
+def test_an_infinity_among_finite_values_is_checked(tmp_path):
+    """Bilinear upsampling blends neighbours; Inductor's kernel turns an infinity next to a
+    finite value into NaN where eager keeps inf.  A tensor made only of special values
+    never shows it: the "isolated infinities" case does."""
+    cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
+    x = torch.empty(2, 8, 8, 8)
+    sig = S.from_call(torch.ops.aten.upsample_bilinear2d.default, (x, [16, 16], False), {})
+    out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+    assert out.status == "failed"
+    assert out.error == "kernel disagrees with eager on adversarial inputs: isolated infinities", out.error
+
+
 def test_negative_index_where_eager_raises_is_refused(tmp_path):
     cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
     w, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)

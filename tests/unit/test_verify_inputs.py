@@ -74,7 +74,8 @@ def test_adversarial_floats_meet_in_every_pair_of_special_values():
     x, y = torch.empty(10, 10), torch.empty(10, 10).t()
     sig, a, kw, cases = _cases(torch.ops.aten.floor_divide.default, (x, y))
     before = a[0].clone()
-    assert list(cases) == ["finite special values", "infinities and NaN", "magnitudes"]
+    assert list(cases) == ["finite special values", "infinities and NaN", "magnitudes", "isolated infinities",
+                           "isolated NaN"]
 
     def pairs(case):
         ca, _ = cases[case]
@@ -94,6 +95,15 @@ def test_adversarial_floats_meet_in_every_pair_of_special_values():
     mag, _ = cases["magnitudes"]
     fi = torch.finfo(torch.float32)
     assert float(mag[0].max()) == fi.max / 4 and float(mag[0].abs().min()) == fi.tiny
+    # a few infinities among the random values, each next to finite neighbours; NaNs in pairs
+    iso, _ = cases["isolated infinities"]
+    flat = iso[0].as_strided((100,), (1,))
+    inf = torch.isinf(flat)
+    assert 0 < int(inf.sum()) < 40 and bool(torch.isfinite(flat[~inf]).all())
+    assert bool(torch.isfinite(flat[4])) and bool(torch.isinf(flat[3])) and bool(torch.isfinite(flat[2]))
+    nan, _ = cases["isolated NaN"]
+    flat = nan[0].as_strided((100,), (1,))
+    assert bool(torch.isnan(flat[2]) & torch.isnan(flat[3])) and int(torch.isnan(flat).sum()) < 40
 
 
 def test_adversarial_integers_get_extremes_without_zero_divisors():
@@ -111,7 +121,8 @@ def test_adversarial_indices_at_the_bound_negative_and_out_of_range():
     W, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
     sig, a, kw, cases = _cases(torch.ops.aten.index_select.default, (W, 0, idx),
                                hints={"index": {"range": [0, 9]}})
-    assert set(cases) == {"finite special values", "infinities and NaN", "magnitudes", "index at the bound (index=9)",
+    assert set(cases) == {"finite special values", "infinities and NaN", "magnitudes", "isolated infinities",
+                          "isolated NaN", "index at the bound (index=9)",
                           "negative index (index=-1)", "index out of range (index=10)"}
     for name, (ca, _) in cases.items():
         got = ca[2].tolist()
