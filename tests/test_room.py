@@ -1,7 +1,6 @@
-"""Making room for the compiler (runtime/room.py and the native side in fastpath.cpp):
-serving threads lower their intra-op thread count while the hook compiles and get their
-own count back afterwards, unless the program changed it meanwhile.  The end-to-end case
-(a real worker compiling while the hook serves) is in test_runtime.py's two-process test."""
+"""The hook's compiles and the program's thread count (runtime/room.py and the native side
+in fastpath.cpp): the count the program set is never changed, while a compile runs or
+after.  The end-to-end case is in test_threads_e2e.py."""
 
 from __future__ import annotations
 
@@ -36,113 +35,42 @@ def _new_thread_count() -> int:
     return out[0]
 
 
-def test_python_kernels_lower_and_restore(threads):
-    torch.set_num_threads(4)
-    room = _room(4)
-    room.follow()
-    assert torch.get_num_threads() == 4           # nothing compiles: untouched
-    room.set_compiles(1)
-    room.follow()
-    assert torch.get_num_threads() == 3 and room.stats()["threads_lowered_now"] == 1
-    assert _new_thread_count() == 4               # only this thread was lowered
-    room.set_compiles(2)                          # a second compile: one core fewer again
-    room.follow()
-    # the thread keeps its first lowering (it is restored to 4 once, not stacked)
-    assert torch.get_num_threads() == 3
-    room.set_compiles(0)
-    room.follow()
-    assert torch.get_num_threads() == 4
-    st = room.stats()
-    assert (st["lowered"], st["restored"], st["threads_lowered_now"], st["errors"]) == (1, 1, 0, 0)
-
-
-def test_a_thread_at_or_below_the_limit_is_left_alone(threads):
+def test_compiles_never_change_the_programs_thread_count(threads):
+    """The program set 2 threads; a compile of the hook runs; every serving call follows
+    the room: the count stays 2, in this thread and in threads started meanwhile."""
     torch.set_num_threads(2)
-    room = _room(4)
-    room.set_compiles(1)
-    room.follow()
-    assert torch.get_num_threads() == 2 and room.stats()["lowered"] == 0
-
-
-def test_the_programs_own_change_wins(threads):
-    torch.set_num_threads(4)
-    room = _room(4)
-    room.set_compiles(1)
-    room.follow()
-    assert torch.get_num_threads() == 3
-    torch.set_num_threads(1)                      # the program decides meanwhile
-    room.set_compiles(0)
-    room.follow()
-    assert torch.get_num_threads() == 1
-
-
-def test_each_thread_lowers_itself(threads):
-    torch.set_num_threads(4)
-    room = _room(4)
-    room.set_compiles(1)
-    seen = {}
-
-    def serve(name):
-        torch.set_num_threads(4)
-        room.follow()
-        seen[name] = torch.get_num_threads()
-
-    t = threading.Thread(target=serve, args=("other",))
-    t.start()
-    t.join()
-    assert seen["other"] == 3
-    assert torch.get_num_threads() == 4           # this thread has not called yet
-    assert room.stats()["threads_lowered_now"] == 1
-
-
-def test_disabled_by_argument_env_or_one_core(threads, monkeypatch):
-    torch.set_num_threads(4)
-    for room in (ThreadRoom(False), _room(1)):
+    for room in (ThreadRoom(True), _room(4), ThreadRoom(False)):
         room.set_compiles(1)
         room.follow()
-        assert room.limit == 0 and torch.get_num_threads() == 4
-    # the environment is read once, where settings are resolved (runtime/settings.py), and
-    # only for what the caller left unset: it never overrides an explicit value
+        assert torch.get_num_threads() == 2 and _new_thread_count() == 2
+        room.set_compiles(0)
+        room.follow()
+        room.close()
+        assert torch.get_num_threads() == 2
+        st = room.stats()
+        assert st["enabled"] is False and st["lowered"] == 0 and st["threads_lowered_now"] == 0
+        assert "never changes" in st["note"]
+    # the setting is still accepted (an explicit value is never overridden by the environment)
     from aoti_farm.runtime.settings import resolve
 
-    monkeypatch.setenv("AOTI_FARM_YIELD_CORE", "0")
-    assert resolve().yield_core is False and resolve(yield_core=True).yield_core is True
-    room = ThreadRoom(True)
-    room.cores = 4
-    room.set_compiles(1)
-    room.follow()
-    assert room.enabled and torch.get_num_threads() == 3
+    assert resolve(yield_core=True).yield_core is True
+    assert ThreadRoom(True).stats()["requested"] is True
 
 
 @pytest.mark.skipif(native.disabled(), reason="AOTI_FARM_NATIVE=0")
-def test_native_side_takes_over_lowered_threads(threads):
+def test_native_side_never_lowers(threads):
     mod = native.load()
     assert mod is not None, native.error()
-    torch.set_num_threads(4)
+    torch.set_num_threads(2)
     room = _room(4)
-    room.set_compiles(1)
-    room.follow()                                 # lowered by the Python kernels
-    assert torch.get_num_threads() == 3
     try:
         room.attach_native(mod)                   # the switch to the native path
-        assert mod.thread_limit_state()["limit"] == 3 and room.stats()["threads_lowered_now"] == 1
+        room.set_compiles(1)
         mod.follow_thread_limit()                 # what every native kernel call does first
-        assert torch.get_num_threads() == 3       # still lowered once, not twice
-        room.set_compiles(0)
-        mod.follow_thread_limit()
-        room.set_compiles(1)
-        mod.follow_thread_limit()                 # lowered by the native side itself
-        assert torch.get_num_threads() == 3 and _new_thread_count() == 4
-        room.set_compiles(0)
-        mod.follow_thread_limit()
-        assert torch.get_num_threads() == 4       # restored by the native side
-        room.set_compiles(1)
-        mod.follow_thread_limit()
-        assert torch.get_num_threads() == 3
-        room.close()                              # uninstall restores the calling thread
-        assert torch.get_num_threads() == 4
-        st = mod.thread_limit_state()
-        assert st["limit"] == 0 and not st["saved"] and st["errors"] == 0
+        assert mod.thread_limit_state()["limit"] == 0
+        assert torch.get_num_threads() == 2 and _new_thread_count() == 2
+        room.close()
+        assert torch.get_num_threads() == 2 and not mod.thread_limit_state()["saved"]
     finally:
         mod.set_thread_limit(0)
         mod.follow_thread_limit()
