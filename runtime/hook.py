@@ -68,7 +68,7 @@ from aoti_farm.runtime import settings as settings_mod
 from aoti_farm.runtime import pretrial, trial
 from aoti_farm.runtime.calls import Call, CallMemo
 from aoti_farm.runtime.hookstats import merged_stats
-from aoti_farm.runtime.index import Index, servable_ops
+from aoti_farm.runtime.index import Index, losing_ops, servable_ops
 from aoti_farm.runtime.kernels import KernelTable
 from aoti_farm.runtime.misswriter import MissWriter
 from aoti_farm.runtime.poller import Poller
@@ -172,6 +172,8 @@ class Hook:
         the ops with at least one entry this hook could serve (see the module docstring)."""
         if not self._route_by_entries:
             return None
+        if self.route == "paying":   # every requested op but those that cannot pay here
+            return sorted(self._routes.requested() - losing_ops(self._index, self._kernels.bad, self.gate))
         ops = servable_ops(self._index, self._kernels.bad, self.gate)
         return sorted(ops & self._routes.requested())
 
