@@ -351,6 +351,8 @@ class Hook:
         The compile worker keeps running until idle unless ``stop_worker``."""
         if self._poller.stopping.is_set():
             return
+        # stats() after uninstall (the stats written at exit) describe the hook as it served
+        self.served_as = {"routed_ops": len(self.ops), "native_active": self._routes.nreg is not None}
         self._routes.uninstall()
         self._poller.stop()
         self._writer.close()
