@@ -214,6 +214,11 @@ class Hook:
         exact = call
         if call.key not in keys or call.key in bad:   # exact first, then a shape class in range
             call = self._shapes.call_for(exact, keys, bad) or exact
+            if call is exact and self._shapes.declined(exact.key):
+                # a class covers it where it lost to eager: gated, not a miss (not queued)
+                self.counters.inc("calls")
+                self.counters.inc("gated")
+                return ("gated", exact, True)
         if call.key in keys and call.key not in bad:
             handle = self._kernels.current(call.key)
             if handle is None:
