@@ -291,7 +291,8 @@ class Hook:
         if self.on_miss == "compile":
             self._workers.ensure(call.device)
         if explain is not None:
-            explain(call)
+            with self._routes.bypassed():   # its own calls never enter this hook (re-entrancy guard)
+                explain(call)
 
     def _refresh(self, device: str) -> None:
         added, removed, n = self._index[device].refresh()
