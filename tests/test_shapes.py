@@ -456,3 +456,36 @@ def test_serve_drains_a_widen_request_on_its_ray_pool(warmed, tmp_path):
     assert [(r.key, r.status) for r in done] == [(sig.key, "compiled")]
     m = c2.open_entry(fp, w.key).manifest
     assert m["worker"].rsplit(":", 1)[1] != str(os.getpid())
+
+
+def test_explain_names_class_covered_signatures_and_gated_ones(warmed, tmp_path):
+    """On a --dynamic auto cache, explain says "covered by class ..." for a length the
+    class covers (not "not published; nearest entry ... differs"), and "gated" where the
+    class covers it outside the range where it beat eager."""
+    from aoti_farm.explain import Explainer
+
+    cache, fp, _ = warmed
+    c2 = Cache(tmp_path / "c")
+    shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
+    k = _class_key(c2, fp)
+    p = c2.entry_dir(fp.id, k) / "manifest.msgpack"
+    m = msgpack.unpackb(p.read_bytes(), raw=False)
+    m["speed"]["serve_range"] = {"s0": [8, 20]}
+    os.chmod(p, 0o644)
+    p.write_bytes(msgpack.packb(m, use_bin_type=True))
+
+    def sig_of(n):
+        from aoti_farm.signature import Signature, encode_call, op_info
+
+        op = torch.ops.aten.gelu.default
+        return Signature("aten::gelu", encode_call(op_info(op), (torch.randn(n, 64),), {}))
+
+    ex = Explainer(c2, {"cpu": fp}, serve="faster")
+    inside, outside, beyond = ex.explain(sig_of(17)), ex.explain(sig_of(30)), ex.explain(sig_of(41))
+    assert (inside.outcome, inside.category) == ("hit", "class"), inside
+    assert inside.reason.startswith(f"covered by class {k[:16]}") and "s0=17" in inside.reason, inside.reason
+    assert (outside.outcome, outside.category) == ("gated", "class"), outside
+    assert "did not beat eager" in outside.reason and "nothing is queued" in outside.reason
+    assert beyond.outcome == "missing" and beyond.category != "other", beyond
+    always = Explainer(c2, {"cpu": fp}, serve="always").explain(sig_of(30))
+    assert always.outcome == "hit" and always.category == "class"
