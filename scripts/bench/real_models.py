@@ -21,8 +21,9 @@ phases interleave for ``--rounds`` rounds, the order alternating: a hooked phase
 the hook with its defaults (``install(cache_dir=C)``: ``on_miss="compile"``,
 ``serve="faster"``, ``route="paying"``, the install-time trials), runs the workload
 ``--warmup`` times (the gate's background trials), times it, and uninstalls.  A phase's
-time is the median of ``--batches`` timed calls.  Per model: ``ratio`` = median over
-rounds of hooked/eager of that round (the quartiles too), whether every output equalled
+time is the median (and the min) of ``--batches`` x ``BATCHES[model]`` timed calls.  Per
+model: ``ratio`` = median over rounds of hooked/eager of that round (the quartiles too),
+``ratio_of_mins`` the same of the phases' minima (the steadier one on a shared host), whether every output equalled
 eager's (gpt2: identical tokens), the thread count after the hooked phases, and the
 hook's summary (``stats()["summary"]``).  Output: one line per round, a table, and the
 raw JSON (machine, date, every round) in ``--out``/real_models.json.
@@ -117,7 +118,13 @@ def same(a, b) -> bool:
                                                              else torch.allclose(a, b, rtol=1e-4, atol=1e-5))
 
 
-def phase(run, batches: int) -> tuple[float, object]:
+#: Timed calls per phase, by model (a phase of the MLP is ~50x shorter than one of GPT-2's).
+BATCHES = {"gpt2": 1, "bert": 10, "mlp": 50}
+
+
+def phase(run, batches: int) -> tuple[float, float, object]:
+    """(median, min, last output) of ``batches`` timed calls.  The min is the call least
+    disturbed by other work: on a shared host it is the steadier statistic."""
     times, out = [], None
     gc.disable()
     try:
@@ -127,7 +134,7 @@ def phase(run, batches: int) -> tuple[float, object]:
             times.append(time.perf_counter() - t0)
     finally:
         gc.enable()
-    return statistics.median(times), out
+    return statistics.median(times), min(times), out
 
 
 def bench_model(name: str, cache: str, args) -> dict:
@@ -140,30 +147,36 @@ def bench_model(name: str, cache: str, args) -> dict:
     rounds, all_same, threads_after, summaries = [], True, [], []
     for r in range(args.rounds):
         order = ("eager", "hooked") if r % 2 == 0 else ("hooked", "eager")
-        t = {}
+        t, tmin = {}, {}
+        n = args.batches * BATCHES[name]
         for ph in order:
             if ph == "eager":
                 for _ in range(args.warmup):
                     run()
-                t["eager"], out = phase(run, args.batches)
+                t["eager"], tmin["eager"], out = phase(run, n)
             else:
                 hook = install(cache_dir=cache)
                 try:
                     for _ in range(args.warmup):
                         run()
-                    t["hooked"], out = phase(run, args.batches)
+                    t["hooked"], tmin["hooked"], out = phase(run, n)
                     summaries.append(hook.stats()["summary"])
                 finally:
                     hook.uninstall()
                 threads_after.append(torch.get_num_threads())
             all_same = all_same and same(out, expected)
         ratio = t["hooked"] / t["eager"]
-        rounds.append({"round": r, "order": order, "eager_s": t["eager"], "hooked_s": t["hooked"], "ratio": ratio})
-        print(f"{name} round {r}: eager {t['eager'] * 1e3:.2f} ms, hooked {t['hooked'] * 1e3:.2f} ms, "
-              f"ratio {ratio:.3f}", flush=True)
+        ratio_min = tmin["hooked"] / tmin["eager"]
+        rounds.append({"round": r, "order": order, "eager_s": t["eager"], "hooked_s": t["hooked"], "ratio": ratio,
+                       "eager_min_s": tmin["eager"], "hooked_min_s": tmin["hooked"], "ratio_min": ratio_min,
+                       "calls_per_phase": n})
+        print(f"{name} round {r}: eager {t['eager'] * 1e3:.2f} ms (min {tmin['eager'] * 1e3:.2f}), hooked "
+              f"{t['hooked'] * 1e3:.2f} ms (min {tmin['hooked'] * 1e3:.2f}), ratio {ratio:.3f}, "
+              f"of mins {ratio_min:.3f}", flush=True)
     ratios = sorted(x["ratio"] for x in rounds)
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
-    return {"model": name, "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2], "rounds": rounds,
+    return {"model": name, "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2],
+            "ratio_of_mins": statistics.median(x["ratio_min"] for x in rounds), "rounds": rounds,
             "outputs_equal": all_same, "threads_set": args.threads, "threads_after": threads_after,
             "summary_last": summaries[-1] if summaries else None}
 
@@ -173,7 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="directory for real_models.json and the traces")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--batches", type=int, default=5, help="timed calls per phase (median)")
+    ap.add_argument("--batches", type=int, default=5,
+                    help="timed calls per phase, times the model's BATCHES (median and min kept)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls before each phase")
     ap.add_argument("--threads", type=int, default=2, help="the program's torch.set_num_threads")
     ap.add_argument("--cache-dir", default=None, help="the cache to warm and serve from (default: under --out)")
@@ -221,10 +235,10 @@ def main(argv=None) -> int:
         json.dump(doc, f, indent=1, default=str)
     print(f"\n{info['date']}  {info['cpu_model']}  cpus={info['cpu_count']}  torch {info['torch']}  "
           f"load at start {info['loadavg_at_start']}")
-    print(f"{'model':6} {'hooked/eager':>12} {'q1':>6} {'q3':>6}  same  threads  hit rate  top not-served")
+    print(f"{'model':6} {'hooked/eager':>12} {'q1':>6} {'q3':>6} {'of mins':>8}  same  threads  hit rate  top not-served")
     for r in results:
         s = r["summary_last"] or {}
-        print(f"{r['model']:6} {r['ratio']:12.3f} {r['q1']:6.3f} {r['q3']:6.3f}  {str(r['outputs_equal']):5} "
+        print(f"{r['model']:6} {r['ratio']:12.3f} {r['q1']:6.3f} {r['q3']:6.3f} {r['ratio_of_mins']:8.3f}  {str(r['outputs_equal']):5} "
               f"{sorted(set(r['threads_after']))}  {s.get('hit_rate', 0):8.3f}  {s.get('top_reason')}")
     print(f"raw: {path}")
     return 0
