@@ -159,10 +159,9 @@ class Hook:
         if not self._not_serving:
             self._poller.start()
             self._writer.start()
-            if on_miss == "compile" and "cpu" in self.fps:
-                # a warm worker (torch imported, idle at the lowest priority) compiles the first
-                # miss without the interpreter start-up; it exits after ``worker_idle`` seconds
-                self._writer.submit(lambda: self._workers.ensure("cpu"))
+            # the compile worker starts at the first miss, not here: its start-up (an
+            # interpreter importing torch, seconds of a core) ran beside the program's first
+            # requests in every served process, including those that never miss
         if settings.metrics is not None:
             self._metrics = metrics_mod.start_for_hook(self, settings.metrics)
 

@@ -33,3 +33,22 @@ def test_no_override_warning_from_our_registrations(tmp_path, mode):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "routed 1" in p.stdout, p.stdout
     assert "previously registered kernel" not in p.stderr and "Warning only once" not in p.stderr, p.stderr
+
+
+def test_a_served_process_that_never_misses_starts_no_compile_worker(tmp_path):
+    """on_miss="compile" (the default): the compile worker starts at the first miss, not at
+    install (its start-up, an interpreter importing torch, ran beside the program's first
+    requests in every served process)."""
+    import time
+
+    import torch
+
+    from aoti_farm.runtime import install
+
+    a = torch.ones(3)
+    with install(cache_dir=str(tmp_path), ops=["aten::mul.Tensor"], on_miss="compile", native="off") as hook:
+        torch.add(a, a)                       # not a routed op: never a miss
+        time.sleep(1.0)                       # the miss writer's thread has run
+        hook.flush()
+        st = hook.stats()
+        assert hook.worker is None and st["workers_started"] == 0, st
