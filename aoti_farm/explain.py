@@ -3,10 +3,15 @@ a trace, and why.
 
 Outcomes (one per signature):
 
-* ``hit`` -- an entry is published under this host's fingerprint; the hook serves it;
+* ``hit`` -- an entry is published under this host's fingerprint; the hook serves it
+  (an exact entry, or a shape-class entry whose range covers the signature: "covered by
+  class ...", ``category`` "class"); a hit is the compile host's speed record, and the
+  hook confirms an exact entry on this host at its first call;
 * ``gated`` -- published, but under the hook's default policy ``serve="faster"`` its
   manifest's ``speed`` record says the kernel is not faster than eager (``ratio >
-  GATE_RATIO``; both times are named) or it has no such record: the hook runs eager;
+  GATE_RATIO``; both times are named) or it has no such record, or a class covers it
+  outside the range where the class beat eager (``serve_range``): the hook runs eager and
+  queues nothing;
 * ``failed`` -- a failure record exists (its reason and evidence are named);
 * ``ineligible`` -- the hook never serves it (the op's or the argument's reason);
 * ``refused`` -- an entry is there but its manifest is unreadable or unsafe (the hook
@@ -150,6 +155,9 @@ class Explainer:
         ns = self.index.namespaces.get(fp.id)
         if ns is not None and sig.key in ns.keys:
             return self._published(ex, fp.id)
+        covered = self._class_cover(ex, sig, fp.id, ns) if ns is not None else None
+        if covered is not None:
+            return covered
         if ns is not None and sig.key in ns.failed:
             rec = self.cache.failure(fp.id, sig.key) or {"reason": "failure record vanished"}
             ex.outcome = "failed"
@@ -160,6 +168,57 @@ class Explainer:
             ex.data = {"failure": {k: rec.get(k) for k in ("reason", "evidence", "attempts", "host", "time")}}
             return ex
         return self._missing(ex, sig, fp, ns)
+
+    def _class_cover(self, ex: Explanation, sig: Signature, fp_id: str, ns: Namespace) -> Explanation | None:
+        """A shape-class entry published here whose range covers ``sig`` (the hook's
+        ``runtime/shapeserve.py`` match: hinted for the signature's group, hashing to its
+        key, every symbol in range), or None."""
+        from aoti_farm import shapes as SH
+        from aoti_farm.dyncompile import hinted_keys
+
+        try:
+            g = SH.group_of(sig.op, sig.args)
+        except Exception:  # noqa: BLE001
+            return None
+        if g is None:
+            return None
+        found = []
+        for k in hinted_keys(self.cache, fp_id, SH.group_key(g)):
+            if k not in ns.keys:
+                continue
+            try:
+                m = self.index.manifest(fp_id, k)
+                cls = SH.parse_class(m.get("shape_class"))
+            except Exception:  # noqa: BLE001 -- the hook skips it too
+                continue
+            env = cls.bind(sig.args) if cls.key == k else None
+            if env is not None:
+                found.append((sum(hi - lo for _, lo, hi in cls.ranges), k, cls, env, m))
+        if not found:
+            return None
+        found.sort(key=lambda t: (t[0], t[1]))   # the narrowest range first, as the hook
+        sp = found[0][4].get("speed")
+        serve = sp.get("serve_range") if isinstance(sp, dict) else None
+        inside = [t for t in found if _inside(t[3], (t[4].get("speed") or {}).get("serve_range")
+                                          if isinstance(t[4].get("speed"), dict) else None)]
+        pick = found[0] if self.serve == "always" or not inside else inside[0]
+        _, k, cls, env, m = pick
+        ranges = ", ".join(f"{n} in [{lo}, {hi}]" for n, lo, hi in cls.ranges)
+        at = ", ".join(f"{n}={v}" for n, v in sorted(env.items()))
+        ex.category = "class"
+        ex.data = {"class": k, "ranges": [list(r) for r in cls.ranges], "at": env,
+                   "serve_range": (m.get("speed") or {}).get("serve_range") if isinstance(m.get("speed"), dict) else None}
+        if self.serve == "always" or inside:
+            ex.outcome = "hit"
+            ex.reason = f"covered by class {k[:16]} ({ranges}) at {at}"
+            if self.serve != "always":
+                ex.details.append(f"the class beat eager on the compile host at {at} (serve_range {ex.data['serve_range']})")
+            return ex
+        ex.outcome = "gated"
+        ex.reason = (f"covered by class {k[:16]} ({ranges}) at {at}, where it did not beat eager "
+                     f"(serve_range {serve}): eager runs, nothing is queued")
+        ex.details.append("serve='always' (AOTI_FARM_SERVE=always) serves it")
+        return ex
 
     def _ineligible(self, sig: Signature) -> str | None:
         if sig.device in self.unserved:
@@ -248,6 +307,16 @@ class Explainer:
             ex.details.append(state)
         ex.data = {"nearest": best[0], "diff": [list(d) for d in diff], "same_op_entries": len(cands)}
         return ex
+
+
+def _inside(env: dict, serve) -> bool:
+    """Whether symbol values ``env`` lie in a class's ``serve_range`` (as the hook decides)."""
+    if not isinstance(serve, dict):
+        return False
+    try:
+        return all(serve[n][0] <= v <= serve[n][1] for n, v in env.items())
+    except (KeyError, TypeError, IndexError):
+        return False
 
 
 def _us(speed: dict, k: str) -> str:

@@ -99,7 +99,8 @@ def field_diff(mine: dict[str, tuple], theirs: dict[str, tuple]) -> list[tuple[s
 
 
 def category(diff: list[tuple[str, str, str]]) -> str:
-    """What kind of difference a miss is: shape, dtype, device, layout or scalar argument."""
+    """What kind of difference a miss is: shape, strides, dtype, device or (scalar)
+    argument; "none" when no key field differs."""
     kinds = set()
     for k, _, _ in diff:
         tail = k.rsplit(".", 1)[-1] if "." in k else ""
@@ -108,7 +109,7 @@ def category(diff: list[tuple[str, str, str]]) -> str:
     for c in ("shape", "strides", "dtype", "device", "argument"):
         if c in kinds:
             return c
-    return "other"
+    return "none"   # every key field equal: another key version of the same signature
 
 
 _ABSENT = ("absent", None)
@@ -129,11 +130,13 @@ class OpGroup:
     """The published entries of one op under one fingerprint, as rows aligned on the
     op's key fields.  The nearest entry to a signature has the fewest fields that differ,
     then the closest sizes (summed absolute differences of its list fields' integers),
-    then the smallest key: one vectorised pass over the group per signature."""
+    then the smallest key.
+
+    Plain Python, no torch op: a serving hook explains its misses with this index
+    (``explain_misses``), and a torch op here would enter the very hook it explains
+    (counted as a miss, queued, and explained in turn)."""
 
     def __init__(self, items: list[tuple[str, dict]]):
-        import torch
-
         fields: list[str] = []
         seen: set[str] = set()
         for _, f in items:
@@ -144,42 +147,32 @@ class OpGroup:
         self.fields = fields
         self.keys = [k for k, _ in items]          # sorted by the caller: ties -> smallest key
         self.flats = [f for _, f in items]
-        n = len(items)
         rows = [tuple([f.get(k, _ABSENT) for k in fields]) for f in self.flats]
-        # each field's distinct values numbered in order of appearance; built column by
-        # column into one flat list (a nested list costs torch.tensor twice as much)
+        # each field's distinct values numbered in order of appearance
         self.ids: list[dict] = [{} for _ in fields]
-        flat: list[int] = []
+        cols = []
         for j, k in enumerate(fields):
             d = self.ids[j]
-            flat += [d.setdefault(v, len(d)) for v in [f.get(k, _ABSENT) for f in self.flats]]
-        self._ids = torch.tensor(flat, dtype=torch.int64).reshape(len(fields), n).t()   # (entries, fields)
-        nums = [_nums(r) for r in rows]
-        width = max((len(x) for x in nums), default=0)
-        self._width = width
-        flat = []
-        for x in nums:
-            flat += x
-            flat += [0] * (width - len(x))
-        self._nums = torch.tensor(flat, dtype=torch.int64).reshape(n, width)
-        self._lens = torch.tensor([len(x) for x in nums], dtype=torch.int64)
+            cols.append([d.setdefault(v, len(d)) for v in [f.get(k, _ABSENT) for f in self.flats]])
+        self._ids = [tuple(c[i] for c in cols) for i in range(len(items))]   # (entries, fields)
+        self._nums = [_nums(r) for r in rows]
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def nearest(self, q: dict) -> tuple[str, dict]:
-        import torch
-
         qrow = [q.get(k, _ABSENT) for k in self.fields]
-        qid = torch.tensor([self.ids[j].get(v, -1) for j, v in enumerate(qrow)], dtype=torch.int64)
-        differ = (self._ids != qid).sum(1)
-        qn = list(_nums(tuple(qrow)))
-        qlen = len(qn)
-        qn = (qn + [0] * self._width)[:self._width]
-        far = (self._nums - torch.tensor(qn, dtype=torch.int64)).abs().sum(1) + 1000 * (self._lens - qlen).abs()
-        score = differ * (1 << 40) + far.clamp(max=(1 << 40) - 1)
-        i = int(torch.argmin(score))    # the first minimum: the smallest key among equals
-        return self.keys[i], self.flats[i]
+        qid = [self.ids[j].get(v, -1) for j, v in enumerate(qrow)]
+        qn = _nums(tuple(qrow))
+        best, best_i = None, 0
+        for i, (ids, nums) in enumerate(zip(self._ids, self._nums)):
+            differ = sum(1 for a, b in zip(ids, qid) if a != b)
+            w = max(len(nums), len(qn))
+            far = sum(abs(a - b) for a, b in zip(nums + (0,) * (w - len(nums)), qn + (0,) * (w - len(qn))))
+            score = (differ, min(far + 1000 * abs(len(nums) - len(qn)), (1 << 40) - 1))
+            if best is None or score < best:   # the first minimum: the smallest key among equals
+                best, best_i = score, i
+        return self.keys[best_i], self.flats[best_i]
 
 
 # --- the index ----------------------------------------------------------------------------------

@@ -36,6 +36,13 @@ POLICIES = ("faster", "always")
 COMPILE_BUDGET_S = 0.3
 #: Seconds the serving host's confirmation may take per signature (once per process).
 TRIAL_BUDGET_S = 0.1
+#: Seconds one serving process may spend on on-host trials in the gate's background thread
+#: (after ``install()``'s own, ``runtime/pretrial.py``).  The trials run beside the
+#: program's own threads: a model of many small signatures (a decode loop) would otherwise
+#: spend seconds of a core on them while it serves.  A signature not decided when the
+#: budget is spent is declined (served eager, counted ``gated``, remembered natively), so
+#: its calls stop asking.
+PROCESS_TRIAL_BUDGET_S = 2.0
 #: Rounds of the measurement (fewer, down to one, for a call so slow that they do not fit).
 ROUNDS = 7
 MIN_ROUNDS = 3

@@ -16,7 +16,11 @@ So each kernel is timed against eager twice:
    differ (core count, clocks, load).  The kernel is timed the same way, in the gate's own
    background thread on fresh inputs of the signature (never on the caller's request
    path), within :data:`TRIAL_BUDGET_S` seconds; calls meanwhile run eager.  Then the
-   decision is settled for the life of the process (never re-measured).
+   decision is settled for the life of the process (never re-measured).  The background
+   trials of one process share :data:`PROCESS_TRIAL_BUDGET_S` seconds; once spent, a
+   signature still undecided is declined without a trial (reason "trial budget spent"),
+   so a model of many small signatures neither spends a core on trials while it serves
+   nor keeps asking the hook about calls that run eager.
 
 Under the policy ``serve="faster"`` (the default) a kernel is served only when the
 compile-time ratio is at most :data:`GATE_RATIO` (faster by a 5% margin) *and* the on-host
@@ -44,7 +48,7 @@ import torch
 from aoti_farm.counters import Counters
 
 from aoti_farm.speed import (  # noqa: F401 -- the gate's constants and statistic live in the core
-    COMPILE_BUDGET_S, GATE_RATIO, MAX_BATCH, MIN_ROUNDS, MIN_SAVING_US, POLICIES, ROUNDS, TRIAL_BUDGET_S, _sync, compile_ratio,
+    COMPILE_BUDGET_S, GATE_RATIO, MAX_BATCH, MIN_ROUNDS, MIN_SAVING_US, POLICIES, PROCESS_TRIAL_BUDGET_S, ROUNDS, TRIAL_BUDGET_S, _sync, compile_ratio,
     speed_summary, speedup_text, time_against_eager)
 
 
@@ -52,12 +56,15 @@ class Gate:
     """One hook's decisions: ``decision(key)`` on every call (a dict lookup), ``confirm``
     once per signature.  Thread-safe; never raises from ``confirm``."""
 
-    def __init__(self, policy: str = "faster", ratio: float = GATE_RATIO, budget_s: float = TRIAL_BUDGET_S):
+    def __init__(self, policy: str = "faster", ratio: float = GATE_RATIO, budget_s: float = TRIAL_BUDGET_S,
+                 process_budget_s: float = PROCESS_TRIAL_BUDGET_S):
         if policy not in POLICIES:
             raise ValueError(f"serve: {policy!r} is not one of {', '.join(POLICIES)}")
         self.policy = policy
         self.ratio = ratio
         self.budget_s = budget_s
+        self.process_budget_s = process_budget_s   # the background trials' seconds in this process
+        self.spent_s = 0.0
         self.min_saving_us = MIN_SAVING_US   # the least win a call that pays the routing must have
         self.measure = time_against_eager   # (run_kernel, run_eager, device, budget_s=) -> speed dict
         self._lock = threading.Lock()
@@ -84,7 +91,7 @@ class Gate:
             return True
         return self._decided.get(key)
 
-    def confirm(self, key: str, speed, trial: Callable[[], tuple]) -> bool | None:
+    def confirm(self, key: str, speed, trial: Callable[[], tuple], background: bool = False) -> bool | None:
         """Decide ``key`` in this thread: declined at once when the manifest's ratio is
         missing or above :data:`GATE_RATIO`; otherwise ``trial()`` returns ``(run_kernel,
         run_eager, device[, context])`` and the two are timed here (within ``context``, if
@@ -104,6 +111,9 @@ class Gate:
                 why = {"reason": "no compile-time speed in the manifest"}
             elif cr > self.ratio:
                 why = {"reason": "slower on the compile host", "compile_ratio": cr}
+            elif background and self.spent_s >= self.process_budget_s:
+                why = {"reason": "trial budget spent", "compile_ratio": cr,
+                       "process_budget_s": self.process_budget_s}
             else:
                 t = trial()
                 run_kernel, run_eager, device = t[:3]
@@ -148,11 +158,13 @@ class Gate:
             key, speed, trial = job
             try:
                 if not self._closed:
+                    t0 = time.monotonic()
                     try:
                         sp = speed()
                     except Exception:  # noqa: BLE001 -- an unreadable entry has no speed: declined
                         sp = None
-                    self.confirm(key, sp, trial)
+                    self.confirm(key, sp, trial, background=True)
+                    self.spent_s += time.monotonic() - t0
             finally:
                 with self._lock:
                     self._queued.discard(key)
@@ -180,4 +192,5 @@ class Gate:
     def stats(self) -> dict:
         with self._lock:
             deciding = len(self._pending) + len(self._queued)
-        return {"policy": self.policy, "ratio": self.ratio, **self.counters.snapshot(), "deciding": deciding}
+        return {"policy": self.policy, "ratio": self.ratio, **self.counters.snapshot(), "deciding": deciding,
+                "trial_seconds": round(self.spent_s, 3), "trial_budget_s": self.process_budget_s}

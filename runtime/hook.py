@@ -68,7 +68,7 @@ from aoti_farm.runtime import settings as settings_mod
 from aoti_farm.runtime import pretrial, trial
 from aoti_farm.runtime.calls import Call, CallMemo
 from aoti_farm.runtime.hookstats import merged_stats
-from aoti_farm.runtime.index import Index, servable_ops
+from aoti_farm.runtime.index import Index, losing_ops, servable_ops
 from aoti_farm.runtime.kernels import KernelTable
 from aoti_farm.runtime.misswriter import MissWriter
 from aoti_farm.runtime.poller import Poller
@@ -160,10 +160,9 @@ class Hook:
         if not self._not_serving:
             self._poller.start()
             self._writer.start()
-            if on_miss == "compile" and "cpu" in self.fps:
-                # a warm worker (torch imported, idle at the lowest priority) compiles the first
-                # miss without the interpreter start-up; it exits after ``worker_idle`` seconds
-                self._writer.submit(lambda: self._workers.ensure("cpu"))
+            # the compile worker starts at the first miss, not here: its start-up (an
+            # interpreter importing torch, seconds of a core) ran beside the program's first
+            # requests in every served process, including those that never miss
         if settings.metrics is not None:
             self._metrics = metrics_mod.start_for_hook(self, settings.metrics)
 
@@ -173,6 +172,8 @@ class Hook:
         the ops with at least one entry this hook could serve (see the module docstring)."""
         if not self._route_by_entries:
             return None
+        if self.route == "paying":   # every requested op but those that cannot pay here
+            return sorted(self._routes.requested() - losing_ops(self._index, self._kernels.bad, self.gate))
         ops = servable_ops(self._index, self._kernels.bad, self.gate)
         return sorted(ops & self._routes.requested())
 
@@ -213,6 +214,11 @@ class Hook:
         exact = call
         if call.key not in keys or call.key in bad:   # exact first, then a shape class in range
             call = self._shapes.call_for(exact, keys, bad) or exact
+            if call is exact and self._shapes.declined(exact.key):
+                # a class covers it where it lost to eager: gated, not a miss (not queued)
+                self.counters.inc("calls")
+                self.counters.inc("gated")
+                return ("gated", exact, True)
         if call.key in keys and call.key not in bad:
             handle = self._kernels.current(call.key)
             if handle is None:
@@ -300,7 +306,8 @@ class Hook:
         if self.on_miss == "compile":
             self._workers.ensure(call.device)
         if explain is not None:
-            explain(call)
+            with self._routes.bypassed():   # its own calls never enter this hook (re-entrancy guard)
+                explain(call)
 
     def _refresh(self, device: str) -> None:
         added, removed, n = self._index[device].refresh()
@@ -365,6 +372,8 @@ class Hook:
         The compile worker keeps running until idle unless ``stop_worker``."""
         if self._poller.stopping.is_set():
             return
+        # stats() after uninstall (the stats written at exit) describe the hook as it served
+        self.served_as = {"routed_ops": len(self.ops), "native_active": self._routes.nreg is not None}
         self._routes.uninstall()
         self._poller.stop()
         self._writer.close()

@@ -15,7 +15,13 @@ in C++ (``fastpath.cpp``), summed over every native registration of the hook
   ``miss_to_hit_seconds``, ``eager_while_pending_seconds``;
 * ``workers_started``, ``worker_errors``, ``rescans``, ``poll_errors``;
 * ``serve``, ``gate_trials``, ``gated_signatures``, ``gate_errors``; ``yield_core``;
-  ``serving``; ``routed_ops``; ``route``; ``install_trial`` (``runtime/pretrial.py``); ``shape_classes``; ``native``; ``miss_reasons``; ``metrics``.
+  ``serving``; ``routed_ops``; ``route``; ``install_trial`` (``runtime/pretrial.py``); ``shape_classes``; ``native``; ``miss_reasons``; ``metrics``;
+* ``summary``: what a user asks first (:func:`summary`): calls, served, the hit rate, gated,
+  and why the other calls were not served, by outcome.
+
+After ``uninstall()`` (the stats ``aoti-farm run`` writes at exit) ``routed_ops`` and
+``native["active"]`` describe the hook as it served, not the empty registration left
+behind (``uninstalled`` is then true).
 """
 
 from __future__ import annotations
@@ -27,7 +33,42 @@ _NATIVE_FALLBACKS = (("wrapped Python number", "wrapped_numbers"), ("requires_gr
                      ("conjugate or negative view", "conj_neg_views"))
 
 
+def summary(s: dict) -> dict:
+    """``calls``, ``served`` (hits), ``hit_rate`` (served / calls), and ``not_served``: the
+    other calls by why (``gated``: a kernel exists but loses to eager here; ``gate_pending``:
+    its on-host trial was not done yet; ``missed``: no kernel, queued; ``failed``: its compile
+    failed; ``ineligible``: the call cannot be served, by reason), plus ``top_reason``."""
+    calls = s.get("calls", 0)
+    served = s.get("hits", 0)
+    fb = dict(s.get("fallbacks", {}))
+    not_served = {"gated": s.get("gated", 0), "gate_pending": s.get("gate_pending", 0),
+                  "missed": s.get("misses", 0), "failed": s.get("failed_signatures", 0),
+                  "ineligible": sum(fb.values())}
+    top = max(not_served, key=not_served.get) if any(not_served.values()) else None
+    return {"calls": calls, "served": served, "hit_rate": round(served / calls, 4) if calls else 0.0,
+            "not_served": not_served, "ineligible_by_reason": fb, "top_reason": top}
+
+
+def _as_served(hook, s: dict) -> None:
+    """After uninstall: what the hook routed and whether it served natively."""
+    served_as = getattr(hook, "served_as", None)
+    if served_as is None:
+        return
+    s["uninstalled"] = True
+    s["routed_ops"] = served_as["routed_ops"]
+    s["native"]["active"] = served_as["native_active"]
+    if served_as["native_active"]:
+        s["native"].pop("reason", None)
+
+
 def merged_stats(hook) -> dict:
+    s = _merged(hook)
+    _as_served(hook, s)
+    s["summary"] = summary(s)
+    return s
+
+
+def _merged(hook) -> dict:
     s = hook.counters.snapshot()
     for part in (hook._kernels.counters.snapshot(), hook._writer.stats(), hook._workers.counters.snapshot()):
         s.update(part)

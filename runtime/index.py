@@ -132,3 +132,21 @@ def servable_ops(indexes: dict, bad, gate) -> set[str]:
             if m.may_serve(ratio):
                 ops.add(m.op)
     return ops
+
+
+def losing_ops(indexes: dict, bad, gate) -> set[str]:
+    """The ops this host knows cannot pay (``route="paying"``): every published entry of
+    the op is refused here, or barred by the speed ``gate`` (slower on the compile host,
+    or declined by this host's trial).  Routing such an op would only add the hook's
+    cost to each of its calls (a gated call runs eager after the hook's own lookup), so
+    it is left unrouted and costs exactly eager; an op with no entry at all stays routed
+    (its misses must be seen to be queued), and so does one with an entry undecided here."""
+    if not gate.active:
+        return set()
+    known: set[str] = set()
+    for idx in indexes.values():
+        for k in list(idx.keys):
+            m = idx.meta.get(k)
+            if m is not None and m.op is not None:
+                known.add(m.op)
+    return known - servable_ops(indexes, bad, gate)

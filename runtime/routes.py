@@ -66,6 +66,50 @@ def add_native_stats(a: dict | None, b: dict) -> dict:
     return out
 
 
+_QUIET = []   # set once the one-time override warning is consumed
+
+
+def quiet_override_warning() -> None:
+    """Consume torch's one-time "Overriding a previously registered kernel for the same
+    operator and the same dispatch key" warning on an op of our own, so that registering
+    the hook's kernels on aten ops does not print it in the user's process.
+
+    torch prints it once per process, for the first kernel registered over another
+    (``OperatorEntry::registerKernel``); from the native path (a pybind call) it goes to
+    stderr, where no Python filter reaches.  Registered through ``torch.library`` it is a
+    Python warning, which is filtered here: a private namespace's op gets a CPU kernel
+    twice, and both registrations go again at once.  Overriding aten's kernels is this
+    hook's purpose, not something the user can act on.  Any failure leaves the warning as
+    it was."""
+    if _QUIET:
+        return
+    _QUIET.append(True)
+    import warnings
+
+    import torch
+
+    libs = []
+    try:
+        d = torch.library.Library("aoti_farm_quiet", "DEF")
+        libs.append(d)
+        d.define("noop(Tensor x) -> Tensor")
+        for _ in range(2):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*previously registered kernel")
+                warnings.filterwarnings("ignore", message=".*Warning only once for all operators")
+                lib = torch.library.Library("aoti_farm_quiet", "IMPL")
+                libs.append(lib)
+                lib.impl("noop", lambda x: x, "CPU")
+    except Exception as e:  # noqa: BLE001 -- the warning then prints, nothing else changes
+        log.debug("override warning not consumed: %s", e)
+    finally:
+        for lib in reversed(libs):
+            try:
+                lib._destroy()
+            except Exception:  # noqa: BLE001
+                pass
+
+
 def cannot_load_reason() -> str | None:
     """Why no AOTI kernel can be loaded into this process, or None when it can."""
     from aoti_farm import loadenv
@@ -101,6 +145,7 @@ class Routes:
                  mode: str, room: ThreadRoom, attached: Callable, build_log: str | None = None):
         if native_mod.disabled():
             mode = "off"
+        quiet_override_warning()
         self.ops_arg, self.devices = ops_arg, devices
         self._handler, self._decide, self._on_error = handler, decide, on_error
         self._room, self._attached, self._build_log = room, attached, build_log

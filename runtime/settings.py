@@ -72,15 +72,18 @@ def resolve(*, metrics_port=None, signing_key: bytes | str | None = None, config
 
 
 #: The hook's routing policies (see check_arguments).
-ROUTES = ("all", "servable-at-install", "servable")
+ROUTES = ("all", "paying", "servable-at-install", "servable")
 
 
 def check_arguments(on_miss: str, poll_interval, devices, native: str, route: str | None) -> str:
     """``install()``'s other arguments, checked (UserError naming the argument); returns
     the routing policy (``route``: None is the default: "servable-at-install" with
-    ``on_miss="ignore"``, else "all").
+    ``on_miss="ignore"``, else "paying").
 
     * "all": every requested op (a miss must be seen to be queued);
+    * "paying": every requested op except those whose entries here all lose to eager on
+      this host (decided at ``install()``, ``runtime/pretrial.py``): such an op costs
+      exactly eager, and its new signatures are not queued (they would lose the same way);
     * "servable-at-install" (only with ``on_miss="ignore"``): the ops with a servable entry
       when ``install()`` runs; the registration never changes afterwards;
     * "servable" (only with ``on_miss="ignore"``; opt-in): the same set, re-registered
@@ -88,9 +91,9 @@ def check_arguments(on_miss: str, poll_interval, devices, native: str, route: st
       another thread is inside it, so only this opt-in re-registers after the start."""
     check_on_miss(on_miss)   # the one check, shared with config.resolve
     if route is None:
-        route = "servable-at-install" if on_miss == "ignore" else "all"
-    if route not in ROUTES or (route != "all" and on_miss != "ignore"):
-        raise UserError(f"route: {route!r} is not 'all', or 'servable-at-install' / 'servable' with "
+        route = "servable-at-install" if on_miss == "ignore" else "paying"
+    if route not in ROUTES or (route not in ("all", "paying") and on_miss != "ignore"):
+        raise UserError(f"route: {route!r} is not 'all', 'paying', or 'servable-at-install' / 'servable' with "
                         "on_miss='ignore' (a miss must be seen to be queued)")
     if native not in ("auto", "off", "require"):
         raise UserError(f"native: {native!r} is not one of auto, off, require")

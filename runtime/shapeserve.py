@@ -8,8 +8,11 @@ for that group (``<root>/<fp>/classes/<group key>/<class key>``, see
 range check (:meth:`aoti_farm.shapes.ShapeClass.bind`: fixed dims equal, tied dims
 agree, every symbol in its range).  Under the speed gate (``serve="faster"``) a class
 serves only inside its ``speed["serve_range"]`` (where it beat eager at every sampled
-shape, :meth:`aoti_farm.dyncompile.ClassCompiler.gate`).  A call outside every range is a
-miss, as before; what it queues is the ``widen`` policy (:mod:`aoti_farm.widen`): its exact
+shape, :meth:`aoti_farm.dyncompile.ClassCompiler.gate`).  A call that a class covers
+outside that range is a hit the gate declines: :meth:`declined` names the class, the hook
+counts the call ``gated`` (eager, remembered natively) and queues nothing (an exact kernel
+of the same op at a shape where the class lost would lose the same way).  A call outside
+every class's range is a miss, as before; what it queues is the ``widen`` policy (:mod:`aoti_farm.widen`): its exact
 signature, or (``auto``, the default, when the call is near a range) a class kernel with
 the range widened to cover it (:meth:`widen_request`, read by the miss writer).
 
@@ -45,19 +48,22 @@ class ShapeIndex:
         self._lock = threading.Lock()
         self._gen = 0
         self._memo: dict[str, tuple] = {}            # exact key -> (generation, class call or None)
+        self._declined: dict[str, tuple] = {}        # exact key -> (generation, class key): covered, gated
         self._groups: dict[tuple, list] = {}         # (fp id, group key) -> [ShapeClass]
         self._parsed: dict[str, object] = {}         # class key -> ShapeClass | None (unreadable)
         self._serve: dict[str, object] = {}          # class key -> serve_range ({symbol: [lo, hi]}) or None
         # matched: exact signatures served by a class entry; outside: signatures of a group
         # with class entries, outside every range; widen_requests: of those, the ones whose
         # miss asks for a widened class; errors: unreadable hints or manifests (skipped)
-        self.counters = Counters("matched", "outside", "widen_requests", "errors")
+        # gated: exact signatures a class covers outside its serve_range (served eager)
+        self.counters = Counters("matched", "outside", "widen_requests", "errors", "gated")
 
     def changed(self) -> None:
         """The index changed: every answer is decided again."""
         with self._lock:
             self._gen += 1
             self._groups.clear()
+            self._declined.clear()
 
     def call_for(self, call, keys: set, bad) -> object | None:
         """A call object keyed by the class entry covering ``call`` (published in ``keys``,
@@ -101,10 +107,18 @@ class ShapeIndex:
             # the narrowest range first: a sub-range kernel wins over a wider one
             cands.sort(key=lambda c: sum(hi - lo for _, lo, hi in c.ranges))
             self._groups[(fp.id, gk)] = cands
+        covering = None
         for cls in cands:
             env = cls.bind(sig.args) if cls.key not in bad else None
             if env is not None and (not self.gated or _inside(env, self._serve.get(cls.key))):
                 return cls
+            if env is not None and covering is None:
+                covering = cls
+        if covering is not None:   # covered, where the class did not beat eager: gated
+            if len(self._declined) < MEMO_LIMIT:
+                self._declined[call.key] = (self._gen, covering.key)
+            self.counters.inc("gated")
+            return None
         if cands:
             self.counters.inc("outside")
             w = W.request(self.widen, cands, sig)
@@ -112,6 +126,12 @@ class ShapeIndex:
                 self._widen[call.key] = w.to_obj()
                 self.counters.inc("widen_requests")
         return None
+
+    def declined(self, key: str) -> str | None:
+        """The class key covering exact signature ``key`` where the speed gate declines it
+        (outside its ``serve_range``), or None; valid after :meth:`call_for` returned None."""
+        d = self._declined.get(key)
+        return d[1] if d is not None and d[0] == self._gen else None
 
     def widen_request(self, call) -> dict | None:
         """The widened class a miss of ``call`` queues (``ShapeClass.to_obj()``), or None

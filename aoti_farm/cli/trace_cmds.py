@@ -42,21 +42,51 @@ def cmd_trace_validate(ns) -> int:
     return 0
 
 
-def cmd_trace_show(ns) -> int:
+def _with_strides(sig) -> str:
+    """``describe(sig)`` with every tensor's strides: ``f32[2,8]/[16,1]``."""
+    def one(t) -> str:
+        if t[0] != "T":
+            return "None"
+        return f"{t[1]}{list(t[2])}/{list(t[3])}" + ("" if t[4] == "cpu" else f"@{t[4]}")
+
+    parts = []
+    for name, a in zip(sig.info().arg_names, sig.args):
+        if a[0] == "T":
+            parts.append(one(a))
+        elif a[0] == "TL":
+            parts.append("[" + ", ".join(one(t) for t in a[1]) + "]")
+        elif a[0] != "N":
+            parts.append(f"{name}={a[1]!r}")
+    return f"{sig.op}({', '.join(parts)})"
+
+
+def _descriptions(t) -> list[str]:
+    """Each entry's short form; where two different signatures would read the same (they
+    differ by strides), both are shown with their tensors' strides (``sizes/strides``)."""
     from aoti_farm.signature import describe
+
+    short = [describe(e.sig) for e in t]
+    seen: dict[str, set] = {}
+    for d, e in zip(short, t):
+        seen.setdefault(d, set()).add(e.key)
+    return [_with_strides(e.sig) if len(seen[d]) > 1 else d for d, e in zip(short, t)]
+
+
+def cmd_trace_show(ns) -> int:
     from aoti_farm.trace import load_trace
 
     t = load_trace(ns.file)
     if getattr(ns, "classes", False):
         return _show_classes(t, ns.json)
+    desc = _descriptions(t)
     if ns.json:
         rows = [{"index": i, "order": e.order, "count": e.count, "key": e.key, "op": e.sig.op,
-                 "device": e.sig.device, "description": describe(e.sig)} for i, e in enumerate(t)]
+                 "device": e.sig.device, "description": desc[i]} for i, e in enumerate(t)]
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'idx':>4} {'count':>6}  {'key':16}  signature")
+    print(f"{'idx':>4} {'count':>6}  {'key':16}  signature (sizes/strides where signatures differ by strides)")
     for i, e in enumerate(t):
-        print(f"{i:>4} {e.count:>6}  {e.key[:16]}  {describe(e.sig)}")
+        print(f"{i:>4} {e.count:>6}  {e.key[:16]}  {desc[i]}")
     print(f"{len(t)} unique signatures, {sum(e.count for e in t)} calls")
     return 0
 

@@ -171,8 +171,10 @@ def test_hook_counts_miss_reasons_and_explains_first_miss(cache, tmp_path, caplo
     a, b = torch.randn(4, 16), torch.randn(16)
     x = torch.randn(8, 16, dtype=torch.float64)[0, 0]   # 0-dim double: ineligible
     caplog.set_level(logging.WARNING, logger="aoti_farm.explain")
+    # route="all": add's only entry may lose here, and the default route would then leave add
+    # unrouted (its new signatures are not queued)
     hook = install(cache_dir=str(c2.root), ops=["aten::add.Tensor"], on_miss="queue", poll_interval=0.2,
-                   explain_misses=True)
+                   explain_misses=True, route="all")
     try:
         for _ in range(3):
             torch.add(a, b, alpha=2)        # SHAPE: missing, nearest ADD
@@ -198,7 +200,7 @@ def test_hook_explains_nothing_by_default(cache, tmp_path, monkeypatch):
 
     c3 = tmp_path / "c3"
     shutil.copytree(cache.root, c3, symlinks=True)
-    hook = install(cache_dir=str(c3), ops=["aten::add.Tensor"], on_miss="queue", poll_interval=0.2)
+    hook = install(cache_dir=str(c3), ops=["aten::add.Tensor"], on_miss="queue", poll_interval=0.2, route="all")
     try:
         torch.add(torch.randn(4, 16), torch.randn(16), alpha=2)
         hook.flush()

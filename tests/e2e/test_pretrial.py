@@ -43,6 +43,29 @@ def test_an_op_whose_kernels_lose_here_is_unrouted_at_install(kernels, tmp_path,
     assert torch.equal(got, torch.add(a, b, alpha=2))
 
 
+@pytest.mark.parametrize("on_miss", ["queue", "compile"])
+def test_by_default_a_compiling_hook_unroutes_ops_that_lose_here(kernels, tmp_path, monkeypatch, on_miss):
+    """The defaults (``on_miss`` "compile" or "queue": ``route="paying"``) decide each op's
+    route from this host's trials: add, whose only kernel loses here, is not routed (its
+    calls cost exactly eager, and its new signatures are not queued: they would lose the
+    same way); mul, with no entry, stays routed so its misses are seen and queued."""
+    cache = _gate_cache(kernels, tmp_path, ratio=0.5)   # faster on the compile host
+    monkeypatch.setattr(gate_mod, "time_against_eager", _penalised("kernel"))
+    a, b = _add_call()
+    table = torch._C._dispatch_dump(ADD)
+    with install(cache_dir=str(cache.root), ops=OPS, on_miss=on_miss, serve="faster", worker_idle=1) as hook:
+        st = hook.stats()
+        assert st["route"] == "paying" and hook.ops == ["aten::mul.Tensor"], hook.ops
+        assert st["install_trial"]["unrouted"] == [ADD], st["install_trial"]
+        assert torch._C._dispatch_dump(ADD) == table     # eager's own kernel, untouched
+        before = hook.stats()
+        got = [torch.add(a, b, alpha=2), torch.add(a[:3], a[:3])]   # a new signature of add: not queued
+        assert_delta(before, hook.stats(), {}, ignore=("rescans",))
+        torch.mul(a, a)
+        assert hook.stats()["misses"] == before["misses"] + 1
+    assert torch.equal(got[0], torch.add(a, b, alpha=2))
+
+
 def test_an_op_whose_kernel_wins_here_stays_routed_and_hits_at_once(kernels, tmp_path, monkeypatch):
     cache = _gate_cache(kernels, tmp_path, ratio=0.5)
     monkeypatch.setattr(gate_mod, "time_against_eager", _penalised("eager"))

@@ -64,6 +64,8 @@ def test_an_op_is_routed_once_its_first_servable_entry_is_published(kernels, tmp
 
 def test_the_default_routes_every_op_only_where_a_miss_must_be_seen(tmp_path):
     with install(cache_dir=str(tmp_path), ops=OPS, on_miss="queue") as hook:
+        assert sorted(hook.ops) == sorted(OPS) and hook.stats()["route"] == "paying"
+    with install(cache_dir=str(tmp_path), ops=OPS, on_miss="queue", route="all") as hook:
         assert sorted(hook.ops) == sorted(OPS) and hook.stats()["route"] == "all"
     with install(cache_dir=str(tmp_path), ops=OPS, on_miss="ignore", route="all") as hook:
         assert sorted(hook.ops) == sorted(OPS)

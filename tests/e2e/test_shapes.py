@@ -239,12 +239,17 @@ def test_under_the_speed_gate_a_class_serves_only_inside_its_serve_range(warmed,
     m["speed"]["serve_range"] = {"s0": [8, 20]}        # as if it lost to eager above 20
     os.chmod(p, 0o644)
     p.write_bytes(msgpack.packb(m, use_bin_type=True))
-    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="faster") as h:
-        torch.ops.aten.gelu.default(torch.randn(30, 64))   # verified range, outside serve_range: a miss
+    with install(c2.root, ops=["aten::gelu"], on_miss="queue", route="all", serve="faster") as h:
+        # covered by the class outside its serve_range: a hit the gate declines (gated), not
+        # a miss, and not queued (an exact kernel there would lose the same way)
+        torch.ops.aten.gelu.default(torch.randn(30, 64))
         torch.ops.aten.gelu.default(torch.randn(17, 64))   # inside: the class (hit, gated or pending the gate)
+        h.flush()
         st = h.stats()
-    assert st["misses"] == 1 and st["shape_classes"]["matched"] == 1
-    assert st["hits"] + st["gated"] + st.get("gate_pending", 0) == 1, json.dumps(st, default=str)
+    assert st["misses"] == 0 and st["queued"] == 0, json.dumps(st, default=str)
+    assert st["shape_classes"]["matched"] == 1 and st["shape_classes"]["gated"] == 1
+    assert st["hits"] + st["gated"] + st.get("gate_pending", 0) == 2, json.dumps(st, default=str)
+    assert st["summary"]["not_served"]["missed"] == 0
     with install(c2.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="always") as h:
         torch.ops.aten.gelu.default(torch.randn(30, 64))   # serve="always": the whole verified range
         assert h.stats()["hits"] == 1
@@ -363,3 +368,36 @@ def test_serve_drains_a_widen_request_on_its_ray_pool(warmed, tmp_path):
     assert [(r.key, r.status) for r in done] == [(sig.key, "compiled")]
     m = c2.open_entry(fp, w.key).manifest
     assert m["worker"].rsplit(":", 1)[1] != str(os.getpid())
+
+
+def test_explain_names_class_covered_signatures_and_gated_ones(warmed, tmp_path):
+    """On a --dynamic auto cache, explain says "covered by class ..." for a length the
+    class covers (not "not published; nearest entry ... differs"), and "gated" where the
+    class covers it outside the range where it beat eager."""
+    from aoti_farm.explain import Explainer
+
+    cache, fp, _ = warmed
+    c2 = Cache(tmp_path / "c")
+    shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
+    k = _class_key(c2, fp)
+    p = c2.entry_dir(fp.id, k) / "manifest.msgpack"
+    m = msgpack.unpackb(p.read_bytes(), raw=False)
+    m["speed"]["serve_range"] = {"s0": [8, 20]}
+    os.chmod(p, 0o644)
+    p.write_bytes(msgpack.packb(m, use_bin_type=True))
+
+    def sig_of(n):
+        from aoti_farm.signature import Signature, encode_call, op_info
+
+        op = torch.ops.aten.gelu.default
+        return Signature("aten::gelu", encode_call(op_info(op), (torch.randn(n, 64),), {}))
+
+    ex = Explainer(c2, {"cpu": fp}, serve="faster")
+    inside, outside, beyond = ex.explain(sig_of(17)), ex.explain(sig_of(30)), ex.explain(sig_of(41))
+    assert (inside.outcome, inside.category) == ("hit", "class"), inside
+    assert inside.reason.startswith(f"covered by class {k[:16]}") and "s0=17" in inside.reason, inside.reason
+    assert (outside.outcome, outside.category) == ("gated", "class"), outside
+    assert "did not beat eager" in outside.reason and "nothing is queued" in outside.reason
+    assert beyond.outcome == "missing" and beyond.category != "other", beyond
+    always = Explainer(c2, {"cpu": fp}, serve="always").explain(sig_of(30))
+    assert always.outcome == "hit" and always.category == "class"
