@@ -156,7 +156,12 @@ class Progress:
         out.append(f"wall {wall:.1f}s, compile time {self.compile_seconds:.1f}s, retries {t.retried}")
         speed = _speed_lines(results)
         out += speed
-        failed = [r for r in results if r["status"] == "failed"]
+        refused = [r for r in results if r["status"] == "failed" and r.get("refused")]
+        failed = [r for r in results if r["status"] == "failed" and not r.get("refused")]
+        if refused:
+            out.append(f"refused by verification ({len(refused)}; recorded, eager serves them; "
+                       f"`aoti-farm cache ls --failed` lists them):")
+            out += [f"  {r['key'][:16]} {r.get('description') or r['op']}: {r.get('error')}" for r in refused]
         if failed:
             out.append("failed signatures:")
             out += [f"  {r['key'][:16]} {r.get('description') or r['op']}: {r.get('error')}" for r in failed]

@@ -492,6 +492,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     from aoti_farm.progress import attach_speed
 
     attach_speed(rows, cache, cfg.inductor_options)   # each kernel's measured speed-up
+    mark_refusals(rows, cache)
     progress.finish(rows)
     from aoti_farm.progress import startup_line
 
@@ -506,4 +507,19 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         timeline["end"] = time.time()
         write_report(report, rows, {"cache_dir": str(cache.root), "models": list(models),
                                     "pool": counters, "timeline": timeline})
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
+    return 1 if any(r["status"] == "failed" and not r.get("refused") for r in rows) else 0
+
+
+def mark_refusals(rows: list[dict], cache) -> None:
+    """Set ``refused`` on each failed row whose failure is recorded in the cache and is not
+    a bug of ours: verification refused the kernel (it disagrees with eager, or the op
+    cannot run alone), a final and deterministic outcome after which eager serves the
+    signature.  Such a row does not fail ``warm``; an unrecorded failure (timeouts, lost
+    workers, the memory budget) or a bug of aoti-farm does."""
+    for r in rows:
+        if r.get("status") != "failed" or (r.get("evidence") or {}).get("bug") or not r.get("fp_id"):
+            continue
+        try:
+            r["refused"] = cache.failure(r["fp_id"], r["key"]) is not None
+        except Exception:   # an unreadable record: not known to be a refusal
+            r["refused"] = False

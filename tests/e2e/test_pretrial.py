@@ -9,6 +9,7 @@ The unit tests of this module (no compile, no Ray, no subprocess) are in tests/u
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from aoti_farm.runtime import gate as gate_mod
