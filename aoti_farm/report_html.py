@@ -242,8 +242,8 @@ def _summary(doc: dict, sigs: list, marks: dict, workers: list) -> list[tuple[st
     for s in sigs:
         counts[str(s.get("status"))] = counts.get(str(s.get("status")), 0) + 1
     rows = [("signatures", f"{len(sigs)} (" + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")")]
-    if marks.get("end") is not None:
-        start = marks.get("process_start") or marks.get("warm_start")
+    start = next((marks[k] for k in ("process_start", "warm_start") if marks.get(k) is not None), None)
+    if marks.get("end") is not None and start is not None:
         rows.append(("wall", f"{marks['end'] - start:.1f} s from process start"))
     if marks.get("ray_started") is not None and marks.get("warm_start") is not None:
         rows.append(("Ray start-up", f"{marks['ray_started'] - marks['warm_start']:.1f} s"))
