@@ -49,6 +49,9 @@ MODULE = "_aoti_farm_native"
 #: Seconds a build may take before it is abandoned.
 BUILD_TIMEOUT = 900
 
+#: The launcher's variables (``runtime/launch.py``): set, a Python child installs the hook.
+_LAUNCHER_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD", "AOTI_FARM_RECORD_DIR")
+
 _lock = threading.Lock()
 _loaded = None
 _load_error: str | None = None
@@ -188,8 +191,11 @@ def build_in_background(log_path: str | None = None) -> subprocess.Popen | None:
     log = (os.fdopen(private.open_append(log_path), "ab") if log_path and log_path != os.devnull
            else open(os.devnull, "ab"))
     try:
+        # not a hooked program: without the launcher's variables, the build (and the
+        # Python children it starts) installs no hook and starts no compile worker of its own
+        env = {k: v for k, v in loadenv.child_env().items() if k not in _LAUNCHER_VARS}
         return subprocess.Popen([sys.executable, "-m", "aoti_farm.runtime.native", "build"],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=loadenv.child_env(),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                 preexec_fn=lowest_priority, start_new_session=True)
     finally:
         log.close()

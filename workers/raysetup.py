@@ -68,6 +68,7 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
         kw["include_dashboard"] = False
     global _EMBEDDED_ENV, _RAY_TMP
     if address is None:
+        _loopback_node(ray)
         kw["_node_ip_address"] = LOOPBACK
         kw["dashboard_host"] = LOOPBACK
         _RAY_TMP = _RAY_TMP or private_ray_tmp()
@@ -127,6 +128,29 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
 LOOPBACK = "127.0.0.1"
 #: The embedded Ray's private temp directory (None: none started).
 _RAY_TMP: str | None = None
+
+
+#: Ray's switch (read when ``ray._private.ray_constants`` is imported, in every Ray Python
+#: process) that makes a node's address the loopback one, as Ray does on macOS/Windows.
+RAY_LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _loopback_node(ray) -> None:
+    """Make the embedded Ray's node address 127.0.0.1.
+
+    Ray internal (checked against Ray 2.60.0): ``ray.init(_node_ip_address="127.0.0.1")``
+    is turned into the host's routable address by ``services.resolve_ip_for_localhost``
+    unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false (its macOS/Windows default, Ray
+    issue 18730).  So: the variable for Ray's processes started from here, the constant for
+    this one (read at import).  Ray's C++ gRPC servers (GCS, raylet, core workers) still
+    listen on every interface in this Ray (no setting binds them to one address); its
+    token authentication guards them.  It can go when Ray offers a loopback-only local
+    cluster.  ``tests/test_drills_env_e2e.py`` checks the node's address."""
+    os.environ[RAY_LOOPBACK_VAR] = "0"
+    try:
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    except AttributeError:  # another Ray: its routable address stays
+        pass
 
 
 def private_ray_tmp() -> str:
