@@ -33,6 +33,7 @@ create first.  Every farm process that compiles sets ``TORCHINDUCTOR_CACHE_DIR``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -260,6 +261,24 @@ def use_inductor_cache() -> str:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
     _patch_default_cache_dir(d)
     return d
+
+
+@contextlib.contextmanager
+def inductor_cache_scope():
+    """For the length of the block, Inductor builds in this user's private cache, in a
+    process that is not the farm's own (a serving process probing its CPU's ISA at
+    install): ``TORCHINDUCTOR_CACHE_DIR`` is set, then restored exactly, so the program's
+    own setting is left as it was.  Yields the directory."""
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    d = inductor_cache_dir()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
+    try:
+        yield d
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
 def _patch_default_cache_dir(d: str) -> None:

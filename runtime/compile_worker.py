@@ -189,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"compile_worker: --memory-budget: {e}", file=sys.stderr)
         return 2
+    from aoti_farm import private
+
+    try:
+        private.use_inductor_cache()   # before anything builds (the ISA probe of fingerprint())
+    except OSError as e:
+        print(f"compile_worker: {e}", file=sys.stderr)
+        return 2
     fp = fingerprint(ns.device, opts)
     if fp.id != ns.fp_id:
         print(f"compile_worker: --fp-id {ns.fp_id} is not this host's fingerprint {fp.id}; "
@@ -201,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:   # an empty or unreadable signing key: never "no signing"
         print(f"compile_worker: {e}", file=sys.stderr)
         return 2
-    from aoti_farm import private
     try:
-        private.use_inductor_cache()
         lock = _hold_lock(worker_lock_path(ns.device, str(cache.root), fp.id))
     except OSError as e:
         print(f"compile_worker: {e}", file=sys.stderr)

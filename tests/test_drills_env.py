@@ -106,7 +106,7 @@ def test_drill_1_squatted_default_inductor_cache_is_never_used(attacker, shared,
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     from torch._inductor.runtime import cache_dir_utils
 
-    assert cache_dir_utils.default_cache_dir().startswith(str(shared))   # torch's own default is the squat
+    assert os.path.join(tempfile.gettempdir(), f"torchinductor_{_user_name()}") == str(squat)   # torch's default
 
     from aoti_farm import splitbuild
     from aoti_farm.compiler import AOTICompiler
@@ -414,3 +414,18 @@ def test_the_rule_open_new_never_follows_a_link(tmp_path):
     with pytest.raises(OSError):
         private.open_append(tmp_path / "link")
     assert (tmp_path / "victim").read_text() == "x"
+
+
+def test_inductor_cache_scope_leaves_the_programs_setting_as_it_was(monkeypatch, tmp_path):
+    """A serving process probes its ISA in the private Inductor cache, then gets its own
+    setting back exactly (unset stays unset)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with private.inductor_cache_scope() as d:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == d and d.startswith(private.root())
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    mine = tmp_path / "mine"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(mine))
+    with private.inductor_cache_scope() as d:
+        assert d == str(mine) and stat.S_IMODE(os.stat(mine).st_mode) == 0o700
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(mine)

@@ -49,6 +49,7 @@ ALLOWED = {
     ("aoti_farm/pyprecompile.py", "record"): CHILD + " (the list's recording warm, a developer's tool)",
     ("aoti_farm/private.py", "root"): "switch XDG_CACHE_HOME",
     ("aoti_farm/private.py", "inductor_cache_dir"): "switch TORCHINDUCTOR_CACHE_DIR",
+    ("aoti_farm/private.py", "inductor_cache_scope"): "switch TORCHINDUCTOR_CACHE_DIR",
     ("aoti_farm/private.py", "default_cache_dir"): "switch TORCHINDUCTOR_CACHE_DIR",
     ("runtime/native.py", "disabled"): "switch AOTI_FARM_NATIVE",
     ("runtime/native.py", "compiler"): "switch CXX",
