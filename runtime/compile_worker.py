@@ -10,7 +10,7 @@ and is looked at again.  It exits after ``--idle`` seconds with nothing to do.
 Every event is printed as one JSON line on stdout with the worker's pid (the hook sends it
 to its worker log and follows it with :func:`read_events`): ``start``, ``ready`` (warm-up
 done), ``compile`` (a compile begins), ``outcome`` / ``error`` (it ended), ``bad-item``,
-``idle-exit``.  A bad queue item (unsafe, oversized, garbage, wrong schema; see
+``idle-exit``, ``terminated`` (SIGTERM: its parent ended), ``already-running``.  A bad queue item (unsafe, oversized, garbage, wrong schema; see
 :mod:`aoti_farm.missq`) is one ``bad-item`` event, skipped, never fatal.  Exit status: 0
 when idle, 2 on bad arguments (an empty signing key too) or a fingerprint that is not
 this host's.  Exit status 0 also when another worker already holds this host's lock for
@@ -94,6 +94,10 @@ def _end_with_group(signum, frame) -> None:  # noqa: ARG001
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        _out({"event": "terminated"})   # its parent ended (or stopped it): the queue stays
+    except Exception:  # noqa: BLE001 -- a closed log: it ends all the same
+        pass
     try:
         if os.getpgrp() == os.getpid():   # started in its own group (the supervisor does)
             os.killpg(os.getpid(), signal.SIGTERM)

@@ -50,7 +50,7 @@ log = logging.getLogger("aoti_farm.hook")
 #: Seconds before a worker that could not be started is tried again.
 RETRY_SECONDS = 10.0
 #: Events after which a compile (or the worker) ended: the index may have changed.
-ENDED_EVENTS = frozenset({"outcome", "error", "bad-item", "idle-exit"})
+ENDED_EVENTS = frozenset({"outcome", "error", "bad-item", "idle-exit", "terminated"})
 #: The launcher's variables (``runtime/launch.py``): a worker is not a hooked program.
 _LAUNCHER_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD", "AOTI_FARM_RECORD_DIR")
 
