@@ -167,6 +167,9 @@ class AOTICompiler:
 
     def __init__(self, inductor_options: dict | None = None, verify_trials: int = VERIFY_TRIALS,
                  measure_speed: bool = True):
+        from aoti_farm import private
+
+        private.use_inductor_cache()   # never $TMPDIR/torchinductor_<user>: see aoti_farm/private.py
         self._options = effective_options(inductor_options)
         self.verify_trials = verify_trials
         self.measure_speed = measure_speed

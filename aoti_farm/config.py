@@ -38,7 +38,8 @@ SWITCHES = {
     "AOTI_FARM_NATIVE": "runtime.native.disabled: 0 never uses the native hit path",
     "AOTI_FARM_NATIVE_DIR": "runtime.native.native_dir: where the native hit path is built",
     "CXX": "runtime.native.compiler: the C++ compiler of the native hit path",
-    "XDG_CACHE_HOME": "fsutil.memo_dir and the runtime's memos: where host-local memos live",
+    "XDG_CACHE_HOME": "private.root: this user's private directory (memos, native build, Inductor cache) lives under it",
+    "TORCHINDUCTOR_CACHE_DIR": "private.inductor_cache_dir: Inductor's cache for the farm's compiles (checked; default private)",
     "LD_PRELOAD": "loadenv.preloaded: whether this process has the libstdc++ preload",
 }
 
@@ -295,12 +296,13 @@ def policy_from_env(default: str = "faster", env: Mapping[str, str] | None = Non
     return v if v in ("faster", "always") else default
 
 
-def metrics_endpoint(port=None, env: Mapping[str, str] | None = None):
+def metrics_endpoint(port=None, env: Mapping[str, str] | None = None, addr: str | None = None):
     """Where a process serves its metrics: ``port`` (``--metrics-port``), else
-    ``AOTI_FARM_METRICS_PORT``; with ``AOTI_FARM_METRICS_ADDR``, ``AOTI_FARM_METRICS_PORTS``
+    ``AOTI_FARM_METRICS_PORT``; with ``addr`` (``--metrics-addr``) else ``AOTI_FARM_METRICS_ADDR``
+    (default 127.0.0.1: loopback only), ``AOTI_FARM_METRICS_PORTS``
     (ports to try, default 64) and ``AOTI_FARM_METRICS_SD_DIR``.  None: no endpoint.  A bad
     port is a UserError naming the flag or the variable."""
-    from aoti_farm.exposition import DEFAULT_PORT_RANGE, Endpoint, parse_port
+    from aoti_farm.exposition import DEFAULT_PORT_RANGE, LOOPBACK, Endpoint, parse_port
 
     env = os.environ if env is None else env
     raw = port if port is not None else env.get("AOTI_FARM_METRICS_PORT")
@@ -308,7 +310,7 @@ def metrics_endpoint(port=None, env: Mapping[str, str] | None = None):
         return None
     p = parse_port(raw, "metrics_port" if port is not None else "AOTI_FARM_METRICS_PORT")
     span = _coerce_span(env.get("AOTI_FARM_METRICS_PORTS"))
-    return Endpoint(p, env.get("AOTI_FARM_METRICS_ADDR") or "0.0.0.0", span or DEFAULT_PORT_RANGE,
+    return Endpoint(p, addr or env.get("AOTI_FARM_METRICS_ADDR") or LOOPBACK, span or DEFAULT_PORT_RANGE,
                     env.get("AOTI_FARM_METRICS_SD_DIR") or None)
 
 

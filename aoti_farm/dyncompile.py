@@ -99,8 +99,10 @@ class ClassCompiler:
 
     def __init__(self, inductor_options: dict | None = None, measure_speed: bool = True, n_random: int = 3,
                  gate_ratio: float | None = None):
+        from aoti_farm import private
         from aoti_farm.speed import GATE_RATIO
 
+        private.use_inductor_cache()   # see aoti_farm/private.py
         self._options = effective_options(inductor_options)
         self.measure_speed = measure_speed
         self.n_random = n_random

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import socket
-import threading
 from dataclasses import dataclass
 
 from aoti_farm.errors import UserError
@@ -61,18 +60,24 @@ def parse_port(value, where: str) -> int:
     return p
 
 
+#: Where an endpoint listens unless told otherwise: op names and integrity counters are for
+#: this host's scraper, not the network (``--metrics-addr`` / ``AOTI_FARM_METRICS_ADDR``
+#: opens it wider, e.g. ``0.0.0.0``).
+LOOPBACK = "127.0.0.1"
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where to serve a registry (resolved by the command layer, ``config.metrics_endpoint``,
     from ``--metrics-port`` / ``AOTI_FARM_METRICS_PORT``, ``_ADDR``, ``_PORTS``, ``_SD_DIR``)."""
 
     port: int
-    addr: str = "0.0.0.0"
+    addr: str = LOOPBACK
     span: int = DEFAULT_PORT_RANGE
     sd_dir: str | None = None
 
 
-def serve_http(registry, port: int, *, addr: str = "0.0.0.0", span: int = DEFAULT_PORT_RANGE,
+def serve_http(registry, port: int, *, addr: str = LOOPBACK, span: int = DEFAULT_PORT_RANGE,
                sd_dir: str | None = None, labels: dict | None = None) -> Exporter:
     """Serve ``registry`` on the first free port of ``port .. port+span-1`` (``port`` 0:
     any free port).  ``sd_dir``: also write a Prometheus file_sd target file there.
@@ -99,12 +104,11 @@ def _write_sd(sd_dir: str, port: int, labels: dict) -> str | None:
     try:
         os.makedirs(sd_dir, exist_ok=True)
         path = os.path.join(sd_dir, f"aoti-farm-{os.getpid()}.json")
-        tmp = f"{path}.{threading.get_ident()}.tmp"
         doc = [{"targets": [f"{socket.gethostname()}:{port}"],
                 "labels": {"job": "aoti-farm", "pid": str(os.getpid()), **{k: str(v) for k, v in labels.items()}}}]
-        with open(tmp, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, path)
+        from aoti_farm import private
+
+        private.atomic_write(path, json.dumps(doc).encode())   # O_EXCL temp: the directory may be shared
         return path
     except OSError as e:
         log.warning("metrics service-discovery file in %s: %s", sd_dir, e)

@@ -232,10 +232,13 @@ def host_isa_memo(need_checks: bool = False) -> dict:
                                "it cannot probe the host's ISA")
         _step("isa_probe")
         record: dict = {}
-        with _checks(cpu_vec_isa, record=record):
-            _prefetch_checks(cpu_vec_isa)
-        with _checks(cpu_vec_isa, record=record, replay=dict(record)):
-            isa = str(cpu_vec_isa.pick_vec_isa())
+        from aoti_farm import private
+
+        with private.inductor_cache_scope():   # its test programs never build in a shared directory
+            with _checks(cpu_vec_isa, record=record):
+                _prefetch_checks(cpu_vec_isa)
+            with _checks(cpu_vec_isa, record=record, replay=dict(record)):
+                isa = str(cpu_vec_isa.pick_vec_isa())
         memo = {"isa": isa, "compiler": _compiler_id(), "checks": record}
         try:
             tmp = f"{path}.{os.getpid()}.tmp"

@@ -4,20 +4,23 @@ its files on a host.
 * :func:`atomic_write`: a temporary file in the target's directory, fsync'ed, renamed into
   place: a reader sees the old file or the whole new one.
 * :func:`memo_dir`: host-local memos (the CPU's ISA, the libstdc++ loader probe, the op
-  list, the native hit path): ``$XDG_CACHE_HOME/aoti-farm``, else ``~/.cache/aoti-farm``.
+  list, the native hit path): this user's private directory (:func:`aoti_farm.private.root`,
+  ``$XDG_CACHE_HOME/aoti-farm-private``, else ``~/.cache/aoti-farm-private``; 0700 and
+  checked), apart from the shared cache: a process trusts its memos, so no other user may
+  write them.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
-from pathlib import Path
 
 
 def memo_dir() -> str:
-    """The directory of this host's memos (created by whoever writes one)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "aoti-farm")
+    """The directory of this host's memos: private, created 0700 or checked (an unsafe one
+    raises :class:`aoti_farm.safeio.UnsafeFile`; see :mod:`aoti_farm.private`)."""
+    from aoti_farm import private
+
+    return private.root()
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -34,17 +37,8 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def atomic_write(path: str | os.PathLike, data: bytes, *, tmp_dir: str | os.PathLike | None = None) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory + rename."""
-    path = Path(path)
-    tmp = Path(tmp_dir or path.parent) / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
+    """Write ``data`` to ``path`` via a ``mkstemp`` file in the same directory + rename
+    (:func:`aoti_farm.private.atomic_write`: ``O_EXCL | O_NOFOLLOW``, never a link)."""
+    from aoti_farm import private
+
+    private.atomic_write(path, data, tmp_dir=tmp_dir)

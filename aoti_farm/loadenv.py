@@ -71,13 +71,10 @@ def remembered() -> dict | None:
 
 
 def remember(result: dict) -> None:
-    p = _memo_path()
     try:
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        tmp = f"{p}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f)
-        os.replace(tmp, p)
+        from aoti_farm.fsutil import atomic_write
+
+        atomic_write(_memo_path(), json.dumps(result).encode())   # in the private memo directory
     except OSError:
         pass
 

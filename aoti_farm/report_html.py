@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 from typing import Any
 
@@ -27,6 +28,14 @@ WIDTH = 1100          # px of the time axis
 LANE_H = 24
 LABEL_W = 170
 MAX_BYTES = 256 << 20
+#: Bounds on a report's numbers: a wall-clock time (seconds since the epoch, before the
+#: year 5138), one signature's seconds, and the whole timeline's span (30 days).  A number
+#: outside them (or not finite, or not a number where one is due) is a one-line error: the
+#: page's size and its axis ticks grow with the span, so a hostile ``"end": 1e300`` would
+#: otherwise draw until memory runs out.
+MAX_TIME = 1e11
+MAX_SECONDS = 30 * 86400.0
+MAX_TICKS = 13
 
 
 def load_report(path: str) -> dict:
@@ -34,7 +43,7 @@ def load_report(path: str) -> dict:
         if os.path.getsize(path) > MAX_BYTES:
             raise UserError(f"report {path}: larger than {MAX_BYTES >> 20} MiB; pass a warm report")
         with open(path, "rb") as f:
-            doc = json.loads(f.read())
+            doc = json.loads(f.read(), parse_constant=_no_constant)
     except FileNotFoundError:
         raise UserError(f"report {path}: no such file; pass the file `aoti-farm warm --report` wrote") from None
     except IsADirectoryError:
@@ -47,11 +56,74 @@ def load_report(path: str) -> dict:
         raise UserError(f"report {path}: field 'format' is not 'aoti-farm-warm-report'; pass a warm report")
     if not isinstance(doc.get("signatures"), list):
         raise UserError(f"report {path}: field 'signatures' is missing or not a list; pass a warm report")
+    bad = check_numbers(doc)
+    if bad:
+        raise UserError(f"report {path}: {bad}; pass a report `aoti-farm warm --report` wrote")
     return doc
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a report may hold")
+
+
+def _bad_num(x: Any, where: str, hi: float, *, required: bool = False) -> str | None:
+    if x is None and not required:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return f"field {where} is not a number"
+    if not math.isfinite(x) or x < 0 or x > hi:
+        return f"field {where} is {x!r:.40}, outside 0..{hi:g}"
+    return None
+
+
+def check_numbers(doc: dict) -> str | None:
+    """The first number of the report that is not one this page can draw (see
+    :data:`MAX_TIME`), as the error's text; None when all are."""
+    tl = doc.get("timeline") if isinstance(doc.get("timeline"), dict) else {}
+    times: list[float] = []
+    for k, v in tl.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            bad = _bad_num(v, f"timeline.{str(k)[:40]}", MAX_TIME)
+            if bad:
+                return bad
+            times.append(float(v))
+    for i, w in enumerate(tl.get("workers") or []):
+        if not isinstance(w, dict):
+            continue
+        for f in ("created_at", "ready_seen"):
+            bad = _bad_num(w.get(f), f"timeline.workers[{i}].{f}", MAX_TIME)
+            if bad:
+                return bad
+            if w.get(f) is not None:
+                times.append(float(w[f]))
+        sp = w.get("warmup_span")
+        if isinstance(sp, (list, tuple)):
+            for j, t in enumerate(sp[:2]):
+                bad = _bad_num(t, f"timeline.workers[{i}].warmup_span[{j}]", MAX_TIME, required=True)
+                if bad:
+                    return bad
+                times.append(float(t))
+    for i, sig in enumerate(doc["signatures"]):
+        if not isinstance(sig, dict):
+            continue
+        bad = _bad_num(sig.get("seconds"), f"signatures[{i}].seconds", MAX_SECONDS)
+        if bad:
+            return bad
+        sp = sig.get("span")
+        if isinstance(sp, (list, tuple)):
+            for j, t in enumerate(sp[:2]):
+                bad = _bad_num(t, f"signatures[{i}].span[{j}]", MAX_TIME, required=True)
+                if bad:
+                    return bad
+                times.append(float(t))
+    if times and max(times) - min(times) > MAX_SECONDS:
+        return f"its times span {max(times) - min(times):.3g} s, more than {MAX_SECONDS:g}"
+    return None
+
+
 def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return float(x) if ok else None
 
 
 def _span(x: Any) -> tuple[float, float] | None:
@@ -116,8 +188,9 @@ def render(doc: dict, source: str = "") -> str:
     # axis
     total = t1 - t0
     step = next((s for s in (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600) if total / s <= 12), 7200)
+    step = max(step, total / (MAX_TICKS - 1))   # never more than MAX_TICKS ticks, whatever the span
     k = 0
-    while k * step <= total + 1e-9:
+    while k * step <= total + 1e-9 and k < MAX_TICKS:
         x = lay.x(t0 + k * step)
         svg.append(f'<line x1="{x:.1f}" y1="30" x2="{x:.1f}" y2="{height - 20}" class="grid"/>'
                    f'<text x="{x:.1f}" y="22" class="tick">{k * step:g}s</text>')
@@ -169,8 +242,8 @@ def _summary(doc: dict, sigs: list, marks: dict, workers: list) -> list[tuple[st
     for s in sigs:
         counts[str(s.get("status"))] = counts.get(str(s.get("status")), 0) + 1
     rows = [("signatures", f"{len(sigs)} (" + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")")]
-    if marks.get("end") is not None:
-        start = marks.get("process_start") or marks.get("warm_start")
+    start = next((marks[k] for k in ("process_start", "warm_start") if marks.get(k) is not None), None)
+    if marks.get("end") is not None and start is not None:
         rows.append(("wall", f"{marks['end'] - start:.1f} s from process start"))
     if marks.get("ray_started") is not None and marks.get("warm_start") is not None:
         rows.append(("Ray start-up", f"{marks['ray_started'] - marks['warm_start']:.1f} s"))
@@ -178,7 +251,7 @@ def _summary(doc: dict, sigs: list, marks: dict, workers: list) -> list[tuple[st
     if warm:
         rows.append(("actor warm-up", f"{len(warm)} actor{'s' if len(warm) != 1 else ''}, "
                                       f"{min(warm):.1f}-{max(warm):.1f} s each"))
-    comp = [float(s.get("seconds") or 0) for s in sigs if s.get("status") == "compiled"]
+    comp = [(_num(s.get("seconds")) or 0.0) for s in sigs if s.get("status") == "compiled"]
     if comp:
         rows.append(("compile time", f"{sum(comp):.1f} s in all, {sum(comp) / len(comp):.1f} s per compiled signature"))
     pool = doc.get("pool") if isinstance(doc.get("pool"), dict) else None
@@ -198,7 +271,7 @@ def _page(doc: dict, sigs: list, marks: dict, workers: list, svg: str, source: s
         st = str(s.get("status"))
         rows.append(f'<tr class="{e(st)}"><td><code>{e(str(s.get("key"))[:16])}</code></td>'
                     f'<td><b style="color:{COLOURS.get(st, "#777")}">{e(st)}</b></td>'
-                    f'<td>{float(s.get("seconds") or 0):.2f}</td><td>{e(str(s.get("worker") or "-"))}</td>'
+                    f'<td>{(_num(s.get("seconds")) or 0.0):.2f}</td><td>{e(str(s.get("worker") or "-"))}</td>'
                     f'<td>{e(str(s.get("description") or s.get("op")))}</td><td>{e(str(s.get("error") or ""))}</td></tr>')
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -19,7 +19,10 @@ So the wrapper is compiled as two translation units:
 
 * the **common** one, ``<device include> + interface + template class
   AOTInductorModelBase<AOTInductorModel>;`` (an explicit instantiation), compiled once per
-  host and toolchain into ``<inductor cache>/aoti_farm_common/<key>.o``.  The key hashes
+  host and toolchain into ``<inductor cache>/aoti_farm_common/<key>.o``, in this user's
+  private Inductor cache (:func:`aoti_farm.private.use_inductor_cache`: 0700, owner
+  checked; a digest beside an object proves nothing where another user could rewrite
+  both, so neither is trusted unless both are this user's files in that directory).  The key hashes
   that text, the exact compile command (whose precompiled-header path already hashes the
   preprocessed AOTI headers and the compiler version), the compiler's version, torch's
   version and the AOTI runtime headers.  It is published atomically with its sha256 beside
@@ -71,7 +74,7 @@ _patched = 0
 _orig_build = None
 _counters = Counters("split", "whole", "common_built", "common_reused", "common_waited", "common_busy",
                      "fallback_no_interface", "fallback_common_failed", "fallback_model_failed",
-                     "fallback_join_failed", "fallback_unsupported", "common_damaged")
+                     "fallback_join_failed", "fallback_unsupported", "common_damaged", "common_unsafe")
 _failed_keys: set[str] = set()
 #: How long a compile waits for another process's build of the common object (its own
 #: model half compiles meanwhile) before it builds its wrapper whole.
@@ -165,9 +168,11 @@ def _compiler_version(compiler: str) -> str:
 
 
 def common_dir() -> str:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    """``<private Inductor cache>/aoti_farm_common``, created 0700 or checked (raises
+    :class:`aoti_farm.safeio.UnsafeFile` for an unsafe one)."""
+    from aoti_farm import private
 
-    return os.path.join(cache_dir(), "aoti_farm_common")
+    return private.ensure_dir(os.path.join(private.use_inductor_cache(), "aoti_farm_common"))
 
 
 def _start(argv: list[str], cwd: str) -> subprocess.Popen | None:
@@ -193,8 +198,13 @@ def _run(argv: list[str], cwd: str) -> bool:
 
 
 def _intact(obj: str) -> bool:
-    """The object is the one that was published: its bytes match its ``.sha256``."""
+    """The object is the one that was published: its bytes match its ``.sha256``, and
+    both are this user's files, writable by no one else, in a private directory."""
+    from aoti_farm import private
+
     try:
+        private.check_file(obj)
+        private.check_file(obj + ".sha256")
         want = Path(obj + ".sha256").read_text().strip()
         return hashlib.sha256(Path(obj).read_bytes()).hexdigest() == want
     except OSError:
@@ -223,7 +233,11 @@ def _common_object(common: str, argv: list[str], src_i: int, out_i: int, cwd: st
                                     _toolchain_digest()]).encode()).hexdigest()[:40]
     if key in _failed_keys:
         return None, "common_failed"
-    d = common_dir()
+    try:
+        d = common_dir()
+    except OSError:   # an unsafe directory: nothing in it is linked
+        _count("common_unsafe")
+        return None, "common_unsafe"
     obj = os.path.join(d, f"{key}.o")
     if _intact(obj):
         _count("common_reused")

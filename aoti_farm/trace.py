@@ -139,7 +139,7 @@ def parse_trace(doc, path: str = "<trace>", check: Callable[[Signature], str | N
             raise UserError(f"trace {path}: {where}.order: {short_repr(order)} is not a non-negative int64; {_fix(path)}")
         unknown = set(e) - {"order", "count", "op", "args", "hints"}
         if unknown:
-            raise UserError(f"trace {path}: {where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; {_fix(path)}")
+            raise UserError(f"trace {path}: {where}: unknown field(s) {', '.join(short_repr(k) for k in sorted(map(str, unknown))[:5])}; {_fix(path)}")
         try:
             sig = parse_signature({k: e[k] for k in ("op", "args", "hints") if k in e}, where)
         except ValueError as err:

@@ -60,11 +60,15 @@ def _current_fps(cache: Cache, fp: Fingerprint | None) -> list[Fingerprint]:
 
 
 def _copy_checked(src: str, dst: Path, digest: str) -> None:
-    """Copy ``src`` to ``dst`` atomically and check the copy's sha256 against ``digest``."""
+    """Copy ``src`` to ``dst`` atomically and check the copy's sha256 against ``digest``.
+    The temporary file is ``mkstemp``'s (``O_EXCL | O_NOFOLLOW``, an unpredictable name):
+    the export directory may be shared, and a link planted there is never written through."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f".{dst.name}.{os.getpid()}.tmp"
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=str(dst.parent))
+    tmp = Path(tmp_name)
     try:
-        shutil.copyfile(src, tmp)
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+            shutil.copyfileobj(inp, out)
         if sha256_file(tmp) != digest:
             raise BadEntry("corrupt", f"{src}: changed while being exported (sha256 mismatch)")
         os.chmod(tmp, 0o755)

@@ -10,10 +10,17 @@ and is looked at again.  It exits after ``--idle`` seconds with nothing to do.
 Every event is printed as one JSON line on stdout with the worker's pid (the hook sends it
 to its worker log and follows it with :func:`read_events`): ``start``, ``ready`` (warm-up
 done), ``compile`` (a compile begins), ``outcome`` / ``error`` (it ended), ``bad-item``,
-``idle-exit``.  A bad queue item (unsafe, oversized, garbage, wrong schema; see
+``idle-exit``, ``terminated`` (SIGTERM: its parent ended), ``already-running``.  A bad queue item (unsafe, oversized, garbage, wrong schema; see
 :mod:`aoti_farm.missq`) is one ``bad-item`` event, skipped, never fatal.  Exit status: 0
 when idle, 2 on bad arguments (an empty signing key too) or a fingerprint that is not
-this host's.  Its settings are its arguments (``--memory-budget``: the hook's resolved
+this host's.  Exit status 0 also when another worker already holds this host's lock for
+the same device and namespace (``already-running``: one worker per host, shared;
+``runtime/supervisor.py``).  It ends with the process that started it (``--parent-pid``):
+``PR_SET_PDEATHSIG`` (SIGTERM) and, where that is missing or was set too late, a thread
+that watches the parent's pid; on SIGTERM it takes its process group (its compiler
+children) along.  It compiles in this user's private Inductor cache
+(:func:`aoti_farm.private.use_inductor_cache`); an unsafe one is a one-line error, exit 2.
+Its settings are its arguments (``--memory-budget``: the hook's resolved
 budget; ``--signing-key-file``: the file it reads the signing key from, checked as every
 key file is, so the key itself is never on a command line or in an environment).
 """
@@ -72,6 +79,85 @@ def read_events(path: str, pos: int, partial: bytes = b"") -> tuple[list[dict], 
     return events, size, lines[-1][-65536:]
 
 
+def worker_lock_path(device: str, cache_root: str, fp_id: str) -> str:
+    """The lock a compile worker holds for its life (one per host, device and namespace)."""
+    import hashlib
+
+    from aoti_farm import private
+
+    ns = hashlib.sha256(f"{os.path.abspath(str(cache_root))}\0{fp_id}".encode()).hexdigest()[:16]
+    return os.path.join(private.subdir("workers"), f"{device}-{ns}.lock")
+
+
+def _end_with_group(signum, frame) -> None:  # noqa: ARG001
+    """SIGTERM (the parent's death, or ``stop()``): end the compiler children too."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        _out({"event": "terminated"})   # its parent ended (or stopped it): the queue stays
+    except Exception:  # noqa: BLE001 -- a closed log: it ends all the same
+        pass
+    try:
+        if os.getpgrp() == os.getpid():   # started in its own group (the supervisor does)
+            os.killpg(os.getpid(), signal.SIGTERM)
+    except OSError:
+        pass
+    os._exit(143)
+
+
+def _set_parent_death(parent: int | None) -> None:
+    """Exit when ``parent`` does: ``prctl(PR_SET_PDEATHSIG, SIGTERM)`` (Linux), then a
+    daemon thread that watches the parent's pid (``pidfd_open`` where there is one, else
+    ``getppid`` every second) for hosts without it and for a parent that died before the
+    prctl."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGTERM, _end_with_group)
+    if not parent:
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)   # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 -- the watch below still ends it
+        pass
+    if os.getppid() != parent:   # it died before the prctl took effect
+        _end_with_group(signal.SIGTERM, None)
+
+    def watch() -> None:
+        pidfd = -1
+        try:
+            pidfd = os.pidfd_open(parent)
+        except (AttributeError, OSError):
+            pass
+        if pidfd >= 0:
+            import select
+
+            select.select([pidfd], [], [])   # readable when the parent exits
+        else:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="aoti-farm-parent-watch", daemon=True).start()
+
+
+def _hold_lock(path: str):
+    """The host's worker lock for this device and namespace (None: another worker has it)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd   # held until the process exits
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="aoti_farm.runtime.compile_worker")
     p.add_argument("--cache-dir", required=True)
@@ -83,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-budget", default=None,
                    help="bytes per compile (6G, 512M); unset: a quarter of the host's memory")
     p.add_argument("--signing-key-file", default=None, help="the signing key's file (unset: no signing)")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process exits")
     ns = p.parse_args(argv)
+    _set_parent_death(ns.parent_pid)
 
     import warnings
 
@@ -106,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"compile_worker: --memory-budget: {e}", file=sys.stderr)
         return 2
+    from aoti_farm import private
+
+    try:
+        private.use_inductor_cache()   # before anything builds (the ISA probe of fingerprint())
+    except OSError as e:
+        print(f"compile_worker: {e}", file=sys.stderr)
+        return 2
     fp = fingerprint(ns.device, opts)
     if fp.id != ns.fp_id:
         print(f"compile_worker: --fp-id {ns.fp_id} is not this host's fingerprint {fp.id}; "
@@ -118,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:   # an empty or unreadable signing key: never "no signing"
         print(f"compile_worker: {e}", file=sys.stderr)
         return 2
+    try:
+        lock = _hold_lock(worker_lock_path(ns.device, str(cache.root), fp.id))
+    except OSError as e:
+        print(f"compile_worker: {e}", file=sys.stderr)
+        return 2
+    if lock is None:
+        _out({"event": "already-running"})
+        return 0
     compiler = AOTICompiler(opts)
     owner = leases.new_owner("hook-worker")
     idle_since = time.monotonic()
@@ -182,9 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                 retry_at[key] = time.monotonic() + 30
                 continue
             _out({"event": "outcome", **out.to_dict()})
-            if out.status == job.BUSY:
+            if out.status == job.BUSY:   # leased elsewhere: not work done here (idle time runs on)
                 retry_at[key] = time.monotonic() + 1.0
-                idle_since = time.monotonic()
                 continue
             try:
                 missq.done(cache, fp.id, key)

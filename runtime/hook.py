@@ -50,12 +50,12 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from typing import Iterable
 
 import torch
 
+from aoti_farm import private
 from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.counters import Counters
@@ -97,7 +97,7 @@ class Hook:
         self.inductor_options = dict(inductor_options or {})
         self.cache = Cache(cache_dir or settings.cache_dir, signing_key=settings.signing_key,
                            allow_insecure=allow_insecure)
-        self.worker_log = worker_log or os.path.join(tempfile.gettempdir(), f"aoti-farm-worker-{os.getpid()}.log")
+        self.worker_log = worker_log or private.new_log_or_devnull("aoti-farm-worker")   # mkstemp in a 0700 dir
         try:   # serve a kernel only where it is faster than eager (runtime/gate.py)
             self.gate = gate_mod.Gate(settings.serve)
         except ValueError as e:

@@ -9,6 +9,13 @@ recorded as failing (:meth:`prune`), and hands it to ``on_queued`` (the hook sta
 compile worker there).  The same thread runs other background jobs in order
 (:meth:`submit`: kernel loads, a worker start), so a flush sees everything before it.
 
+The shared queue is bounded per serving process: at most :data:`QUEUE_CAP` signatures
+written by one process, and :data:`QUEUE_CAP_PER_OP` per op; a miss beyond either is not
+written and is counted (``queue_overflow``), so a caller choosing shapes cannot flood the
+queue that ``serve`` and the workers compile.  A miss that a shape class covers is queued
+as a request to widen that class (:mod:`aoti_farm.widen`), once per class and process
+(``queue_widened_dedup`` counts the rest): one compile serves every shape of the class.
+
 It also keeps the miss -> hit timing: when a signature first missed here, and the
 histogram of first miss -> first hit (``runtime/metrics.py``).
 """
@@ -34,6 +41,11 @@ PENDING_LIMIT = 4096
 WATCH_SHARDS = 32
 #: For how long after this process last queued a miss its shards are watched so.
 WATCH_QUEUED_SECONDS = 300.0
+#: Most signatures one serving process writes to the shared miss queue (beyond: counted
+#: as ``queue_overflow``, not written).
+QUEUE_CAP = 1024
+#: Most of them for one op.
+QUEUE_CAP_PER_OP = 128
 
 
 class _Flush:
@@ -58,7 +70,11 @@ class MissWriter:
         self._hist = LatencyHistogram()
         self._pending_done_s = 0.0              # closed first-miss -> first-hit windows
         self.wake = threading.Event()           # a miss was queued: the poller looks now
-        self.counters = Counters("queued", "queue_dedup", "queue_dropped", "queue_errors")
+        self._written = 0                       # queue items this process wrote (QUEUE_CAP)
+        self._written_op: dict[str, int] = {}   # per op (QUEUE_CAP_PER_OP)
+        self._widened: set[str] = set()         # shape classes this process asked to widen
+        self.counters = Counters("queued", "queue_dedup", "queue_dropped", "queue_errors", "queue_overflow",
+                                 "queue_widened_dedup")
         self._thread = threading.Thread(target=self._loop, name="aoti-farm-missq", daemon=True)
 
     def start(self) -> None:
@@ -117,10 +133,26 @@ class MissWriter:
 
     def _write(self, call) -> None:
         fp = self.fps[call.device]
+        op = call.sig.op
+        try:
+            widen = self.widen_of(call)
+        except Exception:  # noqa: BLE001 -- the exact signature then
+            widen = None
+        wid = None
+        if widen is not None:
+            import json
+
+            wid = json.dumps(widen, sort_keys=True, default=str)
+            if wid in self._widened:   # this class is asked for already: its kernel covers this call
+                self.counters.inc("queue_widened_dedup")
+                return
+        if self._written >= QUEUE_CAP or self._written_op.get(op, 0) >= QUEUE_CAP_PER_OP:
+            self.counters.inc("queue_overflow")   # stays reported: not retried in this process
+            return
         try:
             if not self.cache.root.is_dir():
                 raise FileNotFoundError(f"cache {self.cache.root} is gone")
-            added = missq.enqueue(self.cache, fp.id, call.sig, widen=self.widen_of(call))
+            added = missq.enqueue(self.cache, fp.id, call.sig, widen=widen)
         except Exception as e:  # noqa: BLE001 -- read-only, full or vanished cache
             log.debug("cannot queue %s: %s", call.key[:12], e)
             self.counters.inc("queue_errors")
@@ -128,6 +160,11 @@ class MissWriter:
                 self._reported.discard(call.key)   # try again on a later miss
             return
         self.counters.inc("queued" if added else "queue_dedup")
+        if added:
+            self._written += 1
+            self._written_op[op] = self._written_op.get(op, 0) + 1
+        if wid is not None:
+            self._widened.add(wid)
         with self._lock:
             self.outstanding[call.key] = call.device
             self._last_queued = time.monotonic()

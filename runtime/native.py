@@ -8,9 +8,16 @@ key holds and why it is never coarser than a signature.
 The extension is compiled on the host that uses it, against the torch that is installed
 (it includes torch's C++ headers, so it must match the torch build exactly), with the C++
 compiler AOTInductor itself uses.  It is built once per (source, torch build, Python,
-compiler) into ``$AOTI_FARM_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/aoti-farm/native``):
+compiler) into ``$AOTI_FARM_NATIVE_DIR`` (default ``<private dir>/native``, the private
+per-user directory of :mod:`aoti_farm.private`, apart from the shared kernel cache):
 compiled into a temporary file and renamed into place, under a ``filelock`` so that
 processes starting together build it once.  A build takes about 30 s on 2 cores.
+
+A library this process loads runs as this process, so before any load the path is walked
+with :func:`aoti_farm.private.check_tree` (each directory from the native directory down
+this user's, writable by no one else, no links; the library too), whether the directory
+is the default or ``AOTI_FARM_NATIVE_DIR``.  A refused one is not loaded (:func:`error`
+says why) and never rebuilt over.
 
 * ``python -m aoti_farm.runtime.native build`` builds it (``aoti-farm warm`` starts this
   in the background too); ``status`` prints where it is.
@@ -41,6 +48,9 @@ SOURCE = Path(__file__).with_name("fastpath.cpp")
 MODULE = "_aoti_farm_native"
 #: Seconds a build may take before it is abandoned.
 BUILD_TIMEOUT = 900
+
+#: The launcher's variables (``runtime/launch.py``): set, a Python child installs the hook.
+_LAUNCHER_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR")
 
 _lock = threading.Lock()
 _loaded = None
@@ -74,7 +84,7 @@ def build_id() -> str:
 def native_dir() -> Path:
     d = os.environ.get("AOTI_FARM_NATIVE_DIR")   # a documented low-level switch (runtime/settings.py)
     if d:
-        return Path(d)
+        return Path(os.path.abspath(d))
     return Path(memo_dir()) / "native"
 
 
@@ -101,10 +111,14 @@ def build(verbose: bool = False) -> Path:
     with the compiler's message on failure."""
     from filelock import FileLock
 
+    from aoti_farm import private
+
     path = library_path()
+    private.ensure_dir(native_dir())
+    private.ensure_dir(path.parent)
     if path.exists():
+        private.check_tree(path, native_dir())
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.parent / ".build.lock"), timeout=BUILD_TIMEOUT):
         if path.exists():
             return path
@@ -140,9 +154,16 @@ def load():
         if not loadenv.load_safe():
             _load_error = "this process cannot load native libraries safely (libstdc++ preload needed)"
             return None
+        from aoti_farm import private
+
         path = library_path()
         if not path.exists():
             _load_error = f"not built ({path})"
+            return None
+        try:
+            private.check_tree(path, native_dir())
+        except OSError as e:   # someone else's directory or library: never loaded
+            _load_error = f"refused {path}: {e}"
             return None
         try:
             spec = importlib.util.spec_from_file_location(MODULE, str(path))
@@ -165,12 +186,16 @@ def build_in_background(log_path: str | None = None) -> subprocess.Popen | None:
     disabled."""
     if disabled() or library_path().exists():
         return None
-    from aoti_farm import loadenv
+    from aoti_farm import loadenv, private
 
-    log = open(log_path or os.devnull, "ab")
+    log = (os.fdopen(private.open_append(log_path), "ab") if log_path and log_path != os.devnull
+           else open(os.devnull, "ab"))
     try:
+        # not a hooked program: without the launcher's variables, the build (and the
+        # Python children it starts) installs no hook and starts no compile worker of its own
+        env = {k: v for k, v in loadenv.child_env().items() if k not in _LAUNCHER_VARS}
         return subprocess.Popen([sys.executable, "-m", "aoti_farm.runtime.native", "build"],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=loadenv.child_env(),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                 preexec_fn=lowest_priority, start_new_session=True)
     finally:
         log.close()

@@ -14,10 +14,25 @@ the libstdc++ preload where this host needs it.  The signing key reaches a worke
 path of a file it reads itself (``--signing-key-file``, :func:`aoti_farm.config.key_file_for_children`),
 never as an argument or a variable: both are visible to whatever else runs as this user
 (``/proc/<pid>/cmdline``, ``environ``) and the variable to everything the worker starts.
+
+One worker per host, device and cache namespace, shared by the host's serving processes
+(of this user): the worker holds an exclusive ``flock`` on
+``<private dir>/workers/<device>-<namespace>.lock`` (:func:`worker_lock_path`) for its
+life, and a supervisor that finds it held starts none (a live worker drains the shared
+queue for everyone; a worker that loses a start race exits at once).  A worker ends with
+the process that started it (``PR_SET_PDEATHSIG`` and a parent watch, in
+:mod:`aoti_farm.runtime.compile_worker`) and after ``--idle`` seconds without a compile,
+whatever its queue still holds: the queue stays for ``serve`` or the next process.
+
+The log the workers and the native build write is a file in this user's private
+directory (:func:`aoti_farm.private.new_log`, ``mkstemp``), never a predictable name in a
+shared one; a log the caller names is opened without following links, and only if it is
+this user's (:func:`aoti_farm.private.open_append`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -26,10 +41,10 @@ import sys
 import threading
 import time
 
-from aoti_farm import config, loadenv
+from aoti_farm import config, loadenv, private
 from aoti_farm.cache import Cache
 from aoti_farm.counters import Counters
-from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events
+from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events, worker_lock_path
 from aoti_farm.runtime.room import ThreadRoom, lowest_priority
 
 log = logging.getLogger("aoti_farm.hook")
@@ -37,9 +52,24 @@ log = logging.getLogger("aoti_farm.hook")
 #: Seconds before a worker that could not be started is tried again.
 RETRY_SECONDS = 10.0
 #: Events after which a compile (or the worker) ended: the index may have changed.
-ENDED_EVENTS = frozenset({"outcome", "error", "bad-item", "idle-exit"})
+ENDED_EVENTS = frozenset({"outcome", "error", "bad-item", "idle-exit", "terminated"})
 #: The launcher's variables (``runtime/launch.py``): a worker is not a hooked program.
 _LAUNCHER_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR")
+
+
+def worker_alive(lock_path: str) -> bool:
+    """Whether a worker holds ``lock_path`` now (a live worker of another process, maybe)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def worker_env() -> dict[str, str]:
@@ -70,7 +100,8 @@ class WorkerSupervisor:
         self._retry_at = 0.0
         self._state: dict[int, str] = {}                   # worker pid -> its last event
         self._log_pos, self._log_partial = max(self._log_size(), 0), b""
-        self.counters = Counters("workers_started", "worker_errors")
+        self._shared_until: dict[str, float] = {}            # device -> when to look at its lock again
+        self.counters = Counters("workers_started", "worker_errors", "worker_shared")
 
     def ensure(self, device: str) -> None:
         """A worker for ``device`` runs (started unless one does)."""
@@ -78,8 +109,22 @@ class WorkerSupervisor:
             w = self._workers.get(device)
             if w is not None and w.poll() is None:
                 return
-            if time.monotonic() < self._retry_at:
+            now = time.monotonic()
+            if now < self._retry_at:
                 return  # the last start failed: not more often than every RETRY_SECONDS
+            if now < self._shared_until.get(device, 0.0):
+                return
+            try:
+                lock = worker_lock_path(device, str(self.cache.root), self.fps[device].id)
+            except Exception as e:  # noqa: BLE001 -- no private dir: no worker (logged, counted)
+                log.warning("cannot start the compile worker: %s", e)
+                self._retry_at = now + RETRY_SECONDS
+                self.counters.inc("worker_errors")
+                return
+            if worker_alive(lock):   # another serving process's worker drains the same queue
+                self._shared_until[device] = now + 1.0
+                self.counters.inc("worker_shared")
+                return
             self._start(device)
 
     def command(self, device: str) -> list[str]:
@@ -87,7 +132,7 @@ class WorkerSupervisor:
         as arguments, the signing key as the path of its file."""
         cmd = [sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", str(self.cache.root),
                "--device", device, "--fp-id", self.fps[device].id, "--idle", str(self.idle),
-               "--inductor-options", json.dumps(self.inductor_options)]
+               "--inductor-options", json.dumps(self.inductor_options), "--parent-pid", str(os.getpid())]
         if self.cache.allow_insecure:
             cmd.append("--allow-insecure")
         if self.memory_budget:
@@ -100,11 +145,13 @@ class WorkerSupervisor:
     def _start(self, device: str) -> None:
         cmd = self.command(device)
         try:
-            logf = open(self.log_path, "ab")
+            logf = (open(os.devnull, "ab") if self.log_path == os.devnull
+                    else os.fdopen(private.open_append(self.log_path), "ab"))
             try:
+                # its own process group: a worker that ends takes its compiler children along
                 self.last = self._workers[device] = subprocess.Popen(
                     cmd, env=worker_env(), stdin=subprocess.DEVNULL, stdout=logf,
-                    stderr=logf, preexec_fn=lowest_priority)
+                    stderr=logf, preexec_fn=lowest_priority, start_new_session=True)
             finally:
                 logf.close()
             self.room.set_compiles(self.compiles_now())   # warming up from now

@@ -3,6 +3,12 @@
 An embedded Ray starts without its dashboard (nobody could reach it: it lives for one
 run); ``AOTI_FARM_DEV=ray_dashboard=1`` starts it (when Ray's dashboard dependencies are
 installed).  ``--address``/``$RAY_ADDRESS`` joins a cluster instead.
+
+An embedded Ray is this user's alone: its node address is 127.0.0.1 (its services and the
+dashboard, when started, on loopback), and its temp tree (sockets, session logs, runtime
+resources) lives in a fresh ``mkdtemp`` directory (0700) instead of Ray's shared
+``/tmp/ray``, removed when it stops.  A cluster joined with ``--address`` keeps its own
+settings.
 """
 
 from __future__ import annotations
@@ -60,8 +66,13 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     if address is None and _dev("ray_dashboard") != "1":
         # the embedded Ray lives for one run and its address is printed nowhere
         kw["include_dashboard"] = False
-    global _EMBEDDED_ENV
+    global _EMBEDDED_ENV, _RAY_TMP
     if address is None:
+        _loopback_node(ray)
+        kw["_node_ip_address"] = LOOPBACK
+        kw["dashboard_host"] = LOOPBACK
+        _RAY_TMP = _RAY_TMP or private_ray_tmp()
+        kw["_temp_dir"] = _RAY_TMP
         quiet_embedded_ray()
         from aoti_farm import pycache
 
@@ -111,6 +122,45 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
                 os.environ["CUDA_VISIBLE_DEVICES"] = gpus_before
     _EMBEDDED_ENV = dict(os.environ) if address is None else None
     return ray, True
+
+
+#: Where an embedded Ray listens.
+LOOPBACK = "127.0.0.1"
+#: The embedded Ray's private temp directory (None: none started).
+_RAY_TMP: str | None = None
+
+
+#: Ray's switch (read when ``ray._private.ray_constants`` is imported, in every Ray Python
+#: process) that makes a node's address the loopback one, as Ray does on macOS/Windows.
+RAY_LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _loopback_node(ray) -> None:
+    """Make the embedded Ray's node address 127.0.0.1.
+
+    Ray internal (checked against Ray 2.60.0): ``ray.init(_node_ip_address="127.0.0.1")``
+    is turned into the host's routable address by ``services.resolve_ip_for_localhost``
+    unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false (its macOS/Windows default, Ray
+    issue 18730).  So: the variable for Ray's processes started from here, the constant for
+    this one (read at import).  Ray's C++ gRPC servers (GCS, raylet, core workers) still
+    listen on every interface in this Ray (no setting binds them to one address); its
+    token authentication guards them.  It can go when Ray offers a loopback-only local
+    cluster.  ``tests/test_drills_env_e2e.py`` checks the node's address."""
+    os.environ[RAY_LOOPBACK_VAR] = "0"
+    try:
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    except AttributeError:  # another Ray: its routable address stays
+        pass
+
+
+def private_ray_tmp() -> str:
+    """A fresh directory for an embedded Ray's temp tree, inside a ``mkdtemp`` directory
+    (0700, an unpredictable name): Ray makes its own temp directory mode 0777, so only the
+    private one above it keeps other users out.  Short (a Unix socket's path has at most
+    107 bytes), so under ``$TMPDIR``."""
+    import tempfile
+
+    return os.path.join(tempfile.mkdtemp(prefix="aoti-farm-ray-"), "r")
 
 
 #: The fork server of the embedded Ray started by :func:`start_ray` (None: none).
@@ -166,8 +216,13 @@ def stop_ray(ray) -> None:
         pass
     ray.shutdown()
     _stop_fork_server()   # after the actors: their forked copies end with them
-    global _EMBEDDED_ENV
+    global _EMBEDDED_ENV, _RAY_TMP
     _EMBEDDED_ENV = None
+    if _RAY_TMP is not None:
+        import shutil
+
+        shutil.rmtree(os.path.dirname(_RAY_TMP), ignore_errors=True)
+        _RAY_TMP = None
 
 
 def _key_file(cfg: FarmConfig, cache) -> str | None:

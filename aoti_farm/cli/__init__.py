@@ -255,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             ns = build_parser(command).parse_args(argv)
         except SystemExit as e:  # --help, --version, or a usage error already printed
             return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        if command in PRIVATE_INDUCTOR:
+            _private_inductor(command)
         rc = ns.func(ns)
         if process_entry and getattr(ns, "freeze_at_exit", False):
             # What is alive now stays out of the interpreter's final garbage collections
@@ -279,8 +281,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+#: The commands that compile (here, in their Ray actors or in their children): each sets up
+#: this user's private Inductor cache first, so that every process it starts inherits it.
+PRIVATE_INDUCTOR = ("warm", "serve", "compile-one")
+
+
+def _private_inductor(command: str) -> None:
+    """:func:`aoti_farm.private.use_inductor_cache`; an unsafe directory is a one-line error."""
+    from aoti_farm import private
+
+    try:
+        private.use_inductor_cache()
+    except OSError as e:
+        raise UserError(f"{command}: refusing an unsafe private directory: {e}") from None
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (ESC, BEL, other controls) written as
+    its escape: a message may quote names from a hostile input file, and the operator's
+    terminal must never receive their control sequences."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def _err(msg: str) -> None:
-    print(f"{PROG}: error: {' '.join(msg.split())}", file=sys.stderr)
+    print(f"{PROG}: error: {printable(' '.join(msg.split()))}", file=sys.stderr)
 
 
 if __name__ == "__main__":

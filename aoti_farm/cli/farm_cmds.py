@@ -45,6 +45,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", default=None, metavar="PORT",
                    help="serve the farm's counters in the Prometheus format on PORT (the first free of "
                         "PORT..PORT+63; 0: any free port; default $AOTI_FARM_METRICS_PORT, else none)")
+    p.add_argument("--metrics-addr", default=None, metavar="ADDR",
+                   help="the address the metrics endpoint listens on (default $AOTI_FARM_METRICS_ADDR, else "
+                        "127.0.0.1: this host only; 0.0.0.0 opens it to the network, unauthenticated)")
 
 
 def config_from(ns: argparse.Namespace) -> FarmConfig:
@@ -70,7 +73,7 @@ def serve_command(ns: argparse.Namespace) -> int:
     from aoti_farm.config import metrics_endpoint, signing_key
     from aoti_farm.workers.serve import serve
 
-    endpoint = metrics_endpoint(ns.metrics_port)
+    endpoint = metrics_endpoint(ns.metrics_port, addr=ns.metrics_addr)
     cfg = config_from(ns)
     return serve(cfg, install_signals=True, metrics=endpoint, signing_key=signing_key(cfg))
 

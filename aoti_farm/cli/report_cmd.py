@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from aoti_farm import private
 from aoti_farm.errors import UserError
 from aoti_farm.report_html import load_report, render
 
@@ -23,16 +24,9 @@ def report_command(ns) -> int:
     if os.path.isdir(out):
         raise UserError(f"--html {out}: is a directory; pass a file path")
     page = render(doc, os.path.basename(ns.report))
-    tmp = os.path.join(d, f".{os.path.basename(out)}.{os.getpid()}.tmp")
-    try:   # whole or nothing (no torch import: this command stays fast)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, out)
+    try:   # whole or nothing, through an O_EXCL temp file (no torch import: this command stays fast)
+        private.atomic_write(out, page.encode("utf-8"))
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise UserError(f"--html {out}: cannot write ({e.strerror}); pass a writable path") from None
     print(f"wrote {out}: {len(doc['signatures'])} signatures")
     return 0

@@ -93,7 +93,7 @@ def check_hints(hints: Any, info: OpInfo, where: str) -> dict:
     if not isinstance(hints, dict):
         raise ValueError(f"{where}: must be an object")
     for name, h in hints.items():
-        w = f"{where}.{str(name)[:40]}"
+        w = f"{where}.{short_repr(name)}"   # a name from the file: escaped and capped like a value
         if name not in info.arg_names:
             raise ValueError(f"{w}: {info.name} has no argument of that name")
         if not isinstance(h, dict) or not set(h) <= {"range", "items"}:

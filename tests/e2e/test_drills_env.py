@@ -1,0 +1,186 @@
+"""Drills of the second security round that need real processes: the embedded Ray's
+listeners and temp tree (attack 8), and the serving process's compile worker (issue 34,
+item 4: it ends with its parent, and one runs per host, device and cache namespace)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from aoti_farm.cache import Cache
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pids, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
+def _workers_of(cache_root: str) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"aoti_farm.runtime.compile_worker" in cmd and cache_root.encode() in cmd and _alive(int(d)):
+                out.append(int(d))
+    return out
+
+
+# --- 8. the embedded Ray ------------------------------------------------------------------------
+
+
+def test_drill_8_embedded_ray_is_private_and_on_loopback():
+    """Its temp tree sits in a 0700 mkdtemp directory of ours (Ray makes its own 0777), not
+    /tmp/ray; its node address is 127.0.0.1; both go when it stops."""
+    import ray
+
+    from aoti_farm.config import FarmConfig
+    from aoti_farm.workers import raysetup
+
+    if ray.is_initialized():
+        pytest.skip("a Ray is already initialised in this process")
+    r, started = raysetup.start_ray(FarmConfig(), num_cpus=1)
+    try:
+        assert started
+        tmp = raysetup._RAY_TMP
+        top = os.path.dirname(tmp)
+        st = os.stat(top)
+        assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+        node = r._private.worker._global_node
+        assert os.path.realpath(node.get_temp_dir_path()).startswith(os.path.realpath(top) + "/")
+        assert node.node_ip_address == "127.0.0.1"
+    finally:
+        raysetup.stop_ray(r)
+    assert not os.path.exists(top)
+
+
+# --- issue 34, item 4: workers end with their parents ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fp_id():
+    from aoti_farm.fingerprint import fingerprint
+
+    return fingerprint("cpu", {}).id
+
+
+def _worker_cmd(cache_root: str, fp: str, parent: int | None, idle: float = 600) -> list[str]:
+    cmd = [sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", cache_root, "--fp-id", fp,
+           "--idle", str(idle)]
+    return cmd + (["--parent-pid", str(parent)] if parent else [])
+
+
+def _wait_for(path: Path, text: bytes, timeout: float = 180) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_bytes():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_worker_ends_when_its_parent_is_killed(tmp_path, fp_id):
+    """The parent starts a worker (idle timeout 600 s), waits until it is ready, and is
+    killed (no atexit, no stop()): the worker is gone within seconds."""
+    cache = Cache(tmp_path / "c")
+    cache.ensure()
+    log = tmp_path / "worker.log"
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        cmd = {_worker_cmd(str(cache.root), fp_id, None)!r} + ["--parent-pid", str(os.getpid())]
+        p = subprocess.Popen(cmd, stdout=open({str(log)!r}, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        print(p.pid, flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+        assert _wait_for(log, b'"ready"'), log.read_text()[-2000:]
+        assert _alive(pid)
+        parent.kill()
+        parent.wait()
+        assert _wait_gone([pid], 30) == [], "the compile worker outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for p in _workers_of(str(cache.root)):
+            os.kill(p, 9)
+
+
+def test_one_worker_per_host_device_and_namespace(tmp_path, fp_id):
+    """A second worker for the same cache and device finds the first one's lock and exits
+    at once (0, ``already-running``); the supervisor's probe sees the live one."""
+    from aoti_farm.runtime.compile_worker import worker_lock_path
+    from aoti_farm.runtime.supervisor import worker_alive
+
+    cache = Cache(tmp_path / "c")
+    cache.ensure()
+    log = tmp_path / "a.log"
+    a = subprocess.Popen(_worker_cmd(str(cache.root), fp_id, os.getpid()), stdout=open(log, "wb"),
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert _wait_for(log, b'"ready"'), log.read_text()[-2000:]
+        assert worker_alive(worker_lock_path("cpu", str(cache.root), fp_id))
+        b = subprocess.run(_worker_cmd(str(cache.root), fp_id, os.getpid()), capture_output=True, text=True,
+                           timeout=300)
+        assert b.returncode == 0 and '"already-running"' in b.stdout, b.stdout + b.stderr
+        assert a.poll() is None
+    finally:
+        a.kill()
+        a.wait()
+    assert not worker_alive(worker_lock_path("cpu", str(cache.root), fp_id))
+
+
+def test_no_compile_worker_outlives_aoti_farm_run(tmp_path):
+    """`aoti-farm run` of a program that misses and then ends abruptly (``os._exit``: no
+    atexit, no hook shutdown) leaves no compile worker behind."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent("""
+        import os, time, torch
+        for n in range(3, 9):
+            torch.relu(torch.randn(n, 5))
+        time.sleep(15)   # the worker starts and warms up meanwhile
+        mine = 0
+        for d in os.listdir("/proc"):
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\\0")
+            except OSError:
+                continue
+            if b"aoti_farm.runtime.compile_worker" in cmd and str(os.getpid()).encode() in cmd:
+                mine += 1
+        print("workers", mine, flush=True)
+        os._exit(0)
+    """))
+    cache = tmp_path / "c"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    r = subprocess.run([str(REPO / ".venv/bin/aoti-farm"), "run", "--cache-dir", str(cache), "--",
+                        sys.executable, str(prog)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "workers 1" in r.stdout, r.stdout + r.stderr[-2000:]   # one started, and one only
+    left = _wait_gone(_workers_of(str(cache)), 30)
+    for p in left:
+        os.kill(p, 9)
+    assert left == [], "a compile worker outlived `aoti-farm run`"
