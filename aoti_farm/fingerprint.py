@@ -150,9 +150,49 @@ def _compiler_id() -> str:
 
 
 def _check_key(isa, code: str) -> str:
-    from aoti_farm.isapredict import check_key
+    """The key of one Inductor check build, as the host's memo records its answer: the
+    ISA's class, its flags at call time (AVX512's bf16 check adds one), the flags the
+    build uses (they follow earlier answers) and the code."""
+    return hashlib.sha256(f"{type(isa).__name__}|{isa._arch_flags}|{isa.build_arch_flags()}|{code}".encode()
+                          ).hexdigest()[:24]
 
-    return check_key(isa, code)
+
+def _check_jobs(cpu_vec_isa) -> list[tuple]:
+    """``[(isa, code)]``: every (candidate, extension) check the CPU's flags allow.  Each
+    ``isa`` is a copy of Inductor's candidate, set up as Inductor's own sequence would
+    have it at that step: the flags it adds, and the BF16 answer that later builds'
+    flags follow, predicted from the CPU's flags.  x86 only (else ``[]``)."""
+    import copy
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    flags = cpu_vec_isa.x86_isa_checker()
+    cands = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(isa).split())]
+    tcpu = torch.cpu
+    bf16 = bool(getattr(tcpu, "_is_avx512_bf16_supported", lambda: False)())
+    jobs: list = []
+
+    def job(isa, code, suffix: str, bf16_state: bool) -> None:
+        cp = copy.copy(isa)
+        cp._arch_flags = type(isa)._arch_flags + suffix
+        if hasattr(cp, "_is_avx512_bf16_supported"):
+            cp._is_avx512_bf16_supported = bf16_state
+        if hasattr(cp, "_is_amx_fp16_supported"):
+            cp._is_amx_fp16_supported = False
+        jobs.append((cp, code))
+
+    for isa in cands:
+        cls = type(isa)
+        job(isa, cpu_vec_isa.VecISA._avx_code, "", False)
+        if isinstance(isa, cpu_vec_isa.VecAVX512) and bf16 and hasattr(cls, "_avx512_bf16_code"):
+            job(isa, cls._avx512_bf16_code, " -mavx512bf16", False)
+        if hasattr(cls, "_avx512_vnni_code") and getattr(tcpu, "_is_vnni_supported", lambda: False)():
+            job(isa, cls._avx512_vnni_code, "", bf16)
+        if hasattr(cls, "_amx_code"):
+            job(isa, cls._amx_code, "", bf16)
+            if hasattr(cls, "_amx_fp16_code") and getattr(tcpu, "_is_amx_fp16_supported", lambda: False)():
+                job(isa, cls._amx_fp16_code, " -mamx-fp16", bf16)
+    return jobs
 
 
 @contextlib.contextmanager
@@ -225,11 +265,6 @@ def host_isa_memo(need_checks: bool = False) -> dict:
             return memo   # probed by another process while this one waited
         from torch._inductor import cpu_vec_isa
 
-        from aoti_farm import isapredict
-
-        if isapredict.picked_here():   # its Inductor would answer with the prediction
-            raise RuntimeError("this process's Inductor picked its ISA by prediction (aoti_farm.isapredict); "
-                               "it cannot probe the host's ISA")
         _step("isa_probe")
         record: dict = {}
         from aoti_farm import private
@@ -251,37 +286,6 @@ def host_isa_memo(need_checks: bool = False) -> dict:
     finally:
         if lock is not None:
             lock.release()
-
-
-def probed_memo(timeout: float = 300.0) -> dict | None:
-    """This host's ISA memo with its check answers, written by a real probe: waits while
-    another process probes (behind its lock), or until one writes the memo, for at most
-    ``timeout`` seconds; never probes in this process (one whose Inductor picked by
-    prediction, :mod:`aoti_farm.isapredict`, must not write the memo).  None: no memo
-    came, or this process's parent has gone."""
-    path = _isa_memo_path()
-    end = time.monotonic() + timeout
-    parent = os.getppid()
-    while True:
-        memo = _read_memo(path)
-        if memo is not None and _has_checks(memo):
-            return memo
-        if time.monotonic() >= end or os.getppid() != parent:
-            return None
-        try:
-            from filelock import FileLock, Timeout
-
-            lock = FileLock(path + ".lock", timeout=min(5.0, max(0.0, end - time.monotonic())))
-            try:
-                lock.acquire()   # returns at once when nobody probes; else when the prober is done
-                lock.release()
-            except Timeout:
-                continue
-        except Exception:  # noqa: BLE001 -- no lock: poll
-            pass
-        memo = _read_memo(path)
-        if memo is None or not _has_checks(memo):
-            time.sleep(0.2)   # the prober has not taken its lock yet (it imports torch first)
 
 
 def _has_checks(memo: dict) -> bool:
@@ -315,11 +319,9 @@ def _prefetch_checks(cpu_vec_isa) -> None:
     try:
         from concurrent.futures import ThreadPoolExecutor
 
-        from aoti_farm.isapredict import check_jobs
-
         if platform.machine() not in ("x86_64", "AMD64") or cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
             return
-        jobs = check_jobs(cpu_vec_isa)
+        jobs = _check_jobs(cpu_vec_isa)
         if jobs:
             with ThreadPoolExecutor(len(jobs), thread_name_prefix="aoti-farm-isa") as ex:
                 list(ex.map(lambda j: j[0].check_build(j[1]), jobs))

@@ -56,12 +56,9 @@ def _marker(fp_id: str) -> str:
     return os.path.join(splitbuild.common_dir(), f"prep-{fp_id}.json")
 
 
-def prepare(inductor_options: dict | None = None, compiler_factory=None, predict: bool = False) -> dict:
+def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict:
     """Build this host's per-host compile products once (see the module doc).  Returns
-    ``{"status": "prepared"|"done"|"busy"|"failed"|"mispredicted", "seconds": ..., ...}``;
-    never raises.  ``predict``: another process is probing this fresh host's ISA right
-    now (``warm``'s ISA child), so build on the predicted ISA meanwhile
-    (:func:`_prepare_predicted`)."""
+    ``{"status": "prepared"|"done"|"busy"|"failed", "seconds": ..., ...}``; never raises."""
     t0 = time.perf_counter()
     # torch's notices about its own internal APIs (pytree, export): nothing a user can act on
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -75,10 +72,6 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None, predict
         from aoti_farm.compiler import import_compile_path
 
         import_compile_path()   # while a fresh host's ISA probe runs (mostly subprocesses)
-        if predict and isa_memo_missing():   # a fresh host: build on the predicted ISA while it is probed
-            early = _prepare_predicted(inductor_options, compiler_factory, t0)
-            if early is not None:
-                return early
         host_isa_memo(need_checks=True)
         comp = (compiler_factory or AOTICompiler)(inductor_options)
         fp = fingerprint("cpu", comp.options())
@@ -120,113 +113,16 @@ def _write_marker(marker: str, fp_id: str, build) -> None:
     atomic_write(marker, json.dumps({"fp_id": fp_id, "at": time.time(), "build": build}).encode())
 
 
-class _Mispredicted(Exception):
-    """The host's probe disagreed with the ISA this process's Inductor picked by prediction."""
-
-
-def _relu_sig():
-    import torch
-
-    from aoti_farm import signature as S
-
-    return S.from_call(torch.ops.aten.relu.default, (torch.empty(4),), {})
-
-
-def _prepare_predicted(inductor_options: dict | None, compiler_factory, t0: float) -> dict | None:
-    """:func:`prepare` on a fresh host whose ISA probe is still running (in another
-    process): Inductor picks the ISA predicted from the CPU's flags
-    (:mod:`aoti_farm.isapredict`), and the trivial compile builds the split build's
-    common object for it meanwhile.  The compile's verification (the loader probe) and
-    the marker wait for the probe's memo and go ahead only if it agrees; otherwise
-    ``{"status": "mispredicted"}`` and this process compiles nothing more
-    (:func:`prepare_in_child` starts a new one).  A common object built for a wrong
-    prediction is keyed by its own compile flags, which no real compile's key names.
-    None: not applicable here (:func:`prepare` goes on as on a known host)."""
-    from filelock import FileLock, Timeout
-
-    from aoti_farm import isapredict, splitbuild
-    from aoti_farm.compiler import AOTICompiler
-    from aoti_farm.fingerprint import fingerprint, probed_memo
-
-    d = splitbuild.common_dir()
-    os.makedirs(d, exist_ok=True)
-    lock = FileLock(os.path.join(d, "prep-predicted.lock"), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        return None
-    try:
-        try:
-            picked = isapredict.pick()
-        except Exception as e:  # noqa: BLE001 -- Inductor is half-probed here: a new process goes on
-            return {"status": "mispredicted", "seconds": time.perf_counter() - t0,
-                    "error": f"predicted pick: {type(e).__name__}: {' '.join(str(e).split())[:160]}"}
-        if picked is None:
-            return None
-        state: dict = {}
-
-        def confirm() -> None:
-            if "memo" not in state:
-                state["memo"] = probed_memo(timeout=180.0)
-            if not isapredict.confirmed(picked, state["memo"]):
-                raise _Mispredicted()
-
-        base = compiler_factory or AOTICompiler
-
-        class Confirming(base):   # the loader probe (in verify) runs only on a confirmed ISA
-            def verify(self, sig, kernel_path):
-                confirm()
-                return super().verify(sig, kernel_path)
-
-        comp = Confirming(inductor_options)
-        try:
-            import torch
-
-            off = {k: False for k in ("fx_graph_cache", "fx_graph_remote_cache")
-                   if hasattr(torch._inductor.config, k)}
-            with tempfile.TemporaryDirectory(prefix="aoti-farm-hostprep-") as tmp, \
-                    torch._inductor.config.patch(off):
-                res = comp.compile(_relu_sig(), tmp)
-            confirm()
-        except _Mispredicted:
-            memo = state.get("memo") or {}
-            return {"status": "mispredicted", "seconds": time.perf_counter() - t0,
-                    "isa": {"predicted": picked["isa"], "probed": memo.get("isa")}}
-        fp = fingerprint("cpu", comp.options())   # the probed memo's ISA, confirmed equal
-        marker = _marker(fp.id)
-        out = {"status": "prepared", "seconds": time.perf_counter() - t0, "build": res.build,
-               "phases": res.phases, "isa": {"predicted": picked["isa"], "confirmed": True}}
-        if not os.path.exists(marker):
-            _write_marker(marker, fp.id, res.build)
-        _count("prepared")
-        return out
-    finally:
-        lock.release()
-
-
-def prepare_in_child(inductor_options: dict | None = None, timeout: float = 900.0, predict: bool = False) -> dict:
+def prepare_in_child(inductor_options: dict | None = None, timeout: float = 900.0) -> dict:
     """:func:`prepare` in a child process (this interpreter, this environment); the same
-    answer, plus ``"child": True``.  A child that answers ``mispredicted`` (its
-    Inductor picked a predicted ISA that the host's probe did not confirm) is followed by
-    a new child, which prepares on the probed memo; its answer then carries the first
-    one's under ``"mispredicted"``.  Never raises: a child that fails or says nothing is
+    answer, plus ``"child": True``.  Never raises: a child that fails or says nothing is
     ``{"status": "failed", "error": ...}``."""
-    out = _prepare_child(inductor_options, timeout, predict)
-    if out.get("status") == "mispredicted":
-        again = _prepare_child(inductor_options, timeout, False)
-        again["mispredicted"] = {k: out.get(k) for k in ("isa", "seconds", "error") if out.get(k) is not None}
-        return again
-    return out
-
-
-def _prepare_child(inductor_options: dict | None, timeout: float, predict: bool = False) -> dict:
     import subprocess
     import sys
 
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", "aoti_farm.hostprep", *(["--predict"] if predict else []),
-                            json.dumps(inductor_options or {})],
+        p = subprocess.run([sys.executable, "-m", "aoti_farm.hostprep", json.dumps(inductor_options or {})],
                            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         for line in reversed(p.stdout.splitlines()):
             if line.startswith(_REPLY):
@@ -294,10 +190,8 @@ def _main(argv: list[str]) -> int:
     if argv[:1] == ["--isa"]:
         print(_REPLY + json.dumps(_isa_main(), default=str), flush=True)
         return 0
-    predict = argv[:1] == ["--predict"]
-    argv = argv[1:] if predict else argv
     opts = json.loads(argv[0]) if argv else {}
-    print(_REPLY + json.dumps(prepare(opts or None, predict=predict), default=str), flush=True)
+    print(_REPLY + json.dumps(prepare(opts or None), default=str), flush=True)
     return 0
 
 

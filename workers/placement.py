@@ -10,7 +10,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:   # torch-free at import: warm sizes an early Ray before torch (workers/earlyray.py)
+if TYPE_CHECKING:   # torch-free at import: sizing needs no torch
     from aoti_farm.signature import Signature
 
 CPU, GPU = "cpu", "gpu"

@@ -82,7 +82,7 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
         # prestarts (placement.actor_options).  Not LD_PRELOAD: Ray's own binaries get none.
         from aoti_farm.workers.placement import worker_env
 
-        os.environ.update(worker_env(libstdcxx=False))   # torch-free: an early start has no torch yet
+        os.environ.update(worker_env(libstdcxx=False))
         if num_cpus is not None:
             kw["num_cpus"] = int(num_cpus)
         if preload:   # read by the raylet when it starts; taken out of this process again below

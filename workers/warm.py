@@ -154,15 +154,14 @@ PREP_MIN_CORES = 4
 
 
 def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
-                    compiler_factory: Callable | None, predict: bool = False) -> threading.Thread | None:
+                    compiler_factory: Callable | None) -> threading.Thread | None:
     """Build this host's per-host compile products (:mod:`aoti_farm.hostprep`: ISA
     probe, precompiled headers, the split build's common object, the loader probe) in a
     child process watched by a thread of the driver, while Ray and the actors start, so that no actor's first
     compile builds them and the others queue behind it.  Only for an embedded Ray (the
     actors run on this host) with at least two CPU signatures to compile, and the real
-    compiler; nothing waits for it (compiles wait on each product's own lock).  ``predict``:
-    a fresh host's ISA probe is starting in another child (:func:`isa_probe_in_child`), so
-    the preparation builds on the predicted ISA meanwhile (:mod:`aoti_farm.isapredict`)."""
+    compiler; nothing waits for it (compiles wait on each product's own lock; on a fresh
+    host its own ISA probe waits on the lock of :func:`isa_probe_in_child`'s)."""
     if (n_cpu < 2 or compiler_factory is not None or cfg.address
             or (os.cpu_count() or 1) < PREP_MIN_CORES):
         return None
@@ -171,9 +170,8 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
         from aoti_farm import hostprep
 
         t0 = time.time()
-        out = hostprep.prepare_in_child(cfg.inductor_options, predict=predict)   # a child: not under this interpreter's lock
-        timeline["host_prep"] = {"span": [t0, time.time()], **{k: out.get(k) for k in ("status", "build", "error", "isa",
-                                                                                   "mispredicted")
+        out = hostprep.prepare_in_child(cfg.inductor_options)   # a child: not under this interpreter's lock
+        timeline["host_prep"] = {"span": [t0, time.time()], **{k: out.get(k) for k in ("status", "build", "error")
                                                                 if out.get(k) is not None}}
 
     th = threading.Thread(target=run, name="aoti-farm-hostprep", daemon=True)
@@ -181,30 +179,13 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
     return th
 
 
-def isa_probe_forked(n_cpu: int, compiler_factory: Callable | None, pycache: str | None = None):
-    """Where :func:`isa_probe_in_child` will probe, start the probe now in a fork of this
-    process, which has torch imported already (:mod:`aoti_farm.isafork`); None where it
-    does not apply or this process may not fork.  Call it before starting any thread."""
-    if n_cpu < 1 or compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES:
-        return None
-    from aoti_farm import hostprep, isafork
-
-    return isafork.start(pycache=pycache) if hostprep.isa_memo_missing() else None
-
-
-def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None, forked=None) -> dict | None:
+def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None) -> dict | None:
     """On a fresh many-core host, the planner's ISA probe runs in a child
     (:func:`aoti_farm.hostprep.isa_in_child`) while this process starts Ray: probing here
     would import Inductor into the driver and hold its interpreter lock while ``import
     ray`` and ``ray.init`` need it.  None where it does not apply (the memo exists, fewer
     than :data:`PREP_MIN_CORES` cores, no CPU signature, a test double compiler);
-    otherwise the child's answer (a failed child: :func:`plan` probes here as before).
-    ``forked``: :func:`isa_probe_forked`'s probe, whose answer is taken first (a failed
-    one: the exec'd child as before)."""
-    if forked is not None:
-        out = forked.result()
-        if out.get("status") == "probed":
-            return {**out, "t0": forked.t0, "forked": True}
+    otherwise the child's answer (a failed child: :func:`plan` probes here as before)."""
     if n_cpu < 1 or compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES:
         return None
     from aoti_farm import hostprep
@@ -261,14 +242,14 @@ def _host_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def isa_then_plan(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict, compiler_factory: Callable | None,
-                  forked=None) -> Plan:
+def isa_then_plan(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict,
+                  compiler_factory: Callable | None) -> Plan:
     """:func:`plan`, after a fresh many-core host's ISA probe in a child
-    (:func:`isa_probe_in_child`; ``forked``: one already started)."""
-    isa = isa_probe_in_child(sure["cpu"], compiler_factory, forked)
+    (:func:`isa_probe_in_child`)."""
+    isa = isa_probe_in_child(sure["cpu"], compiler_factory)
     if isa is not None:
         timeline["isa_child"] = {"span": [isa.pop("t0"), time.time()],
-                                 **{k: isa.get(k) for k in ("status", "import_s", "probe_s", "forked", "steps") if k in isa}}
+                                 **{k: isa.get(k) for k in ("status", "import_s", "probe_s", "steps") if k in isa}}
     return plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
 
 
@@ -279,14 +260,13 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
     warm-up starts at once); the host preparation starts as soon as the plan is known."""
     box: dict = {}
     planned = threading.Event()
-    forked = isa_probe_forked(sure["cpu"], compiler_factory, timeline.get("pycache"))   # before any thread starts
     # the signatures in no namespace are compiled whatever the plan says: prepare the host
     # for them at once (its imports overlap a fresh host's ISA probe in the planner)
-    box["prep"] = start_host_prep(cfg, sure["cpu"], timeline, compiler_factory, predict=True)
+    box["prep"] = start_host_prep(cfg, sure["cpu"], timeline, compiler_factory)
 
     def run() -> None:
         try:
-            box["plan"] = isa_then_plan(cfg, sigs, cache, sure, timeline, compiler_factory, forked)
+            box["plan"] = isa_then_plan(cfg, sigs, cache, sure, timeline, compiler_factory)
             if box["prep"] is None:
                 box["prep"] = start_host_prep(cfg, sum(t.kind == "cpu" for t in box["plan"].todo), timeline,
                                               compiler_factory)
@@ -325,40 +305,6 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
     return box["plan"], ray, started, sched, box.get("prep")
 
 
-def early_steps():
-    """This module's steps, for :mod:`earlyray` (which must not import this module)."""
-    from aoti_farm.workers.earlyray import Steps
-
-    return Steps(min_cores=PREP_MIN_CORES, load_signatures=load_signatures, open_cache=open_farm_cache,
-                 surely_work=surely_work, isa_then_plan=isa_then_plan, start_host_prep=start_host_prep,
-                 ray_args=embedded_ray_args_for)
-
-
-def _finish_early(early, cfg: FarmConfig, cache, sure: dict, timeline: dict, event: Callable,
-                  compiler_factory: Callable | None, ray):
-    """(plan, scheduler, host-prep thread) of an early start (:mod:`earlyray`): an actor
-    pool for the ``sure`` signatures at once, then the loader's plan."""
-    sched = None
-    try:
-        if sum(sure.values()) and ray is not None:
-            from aoti_farm.workers.placement import pool_sizes
-
-            sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
-                               gpus_per_worker=cfg.gpus_per_worker, n_cpu_tasks=sure["cpu"], n_gpu_tasks=sure["gpu"])
-            sched = make_scheduler(ray, cfg, cache, sizes, compiler_factory=compiler_factory, on_event=event)
-            timeline["actors_requested"] = time.time()
-        p = early.planned()
-    except BaseException:
-        early.wait()
-        if sched is not None:
-            sched.shutdown()
-        raise
-    prep = early.prep
-    if prep is None:
-        prep = start_host_prep(cfg, sum(t.kind == "cpu" for t in p.todo), timeline, compiler_factory)
-    return p, sched, prep
-
-
 # --- warm -----------------------------------------------------------------------------------
 
 
@@ -378,35 +324,15 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     from aoti_farm import pycache
 
     timeline["pycache"] = pycache.apply(here=True)   # before any child starts (aoti_farm/pycache.py)
-    from aoti_farm import pyprecompile
-
-    # a fresh bytecode cache: compile what every process here will import, in parallel, now
-    precompiled = pyprecompile.start(timeline["pycache"]) if compiler_factory is None else None
-    from aoti_farm.workers import earlyray
-
-    # a many-core host whose job surely has work: Ray starts now, the traces load meanwhile
-    early = earlyray.begin(cfg, models, signing_key, compiler_factory, timeline, early_steps())
-    ray = None
-    started = False
-    if early is None:
-        sigs = load_signatures(models)
-        cache = open_farm_cache(cfg, signing_key)
-    else:
-        try:
-            ray, started = early.start_ray()
-            sigs, cache, sure = early.loaded()
-        except BaseException:
-            early.wait()
-            if started:
-                stop_ray(ray)
-            raise
+    sigs = load_signatures(models)
+    cache = open_farm_cache(cfg, signing_key)
     classes = None
     if getattr(cfg, "dynamic", "off") == "auto":   # class compiles on the same pool (workers/classtasks.py)
         from aoti_farm.workers.classtasks import ClassWork
 
         classes = ClassWork(cfg, cache, stream, plan)
         sigs = classes.split(sigs)   # the members of classes to compile leave the exact plan
-    timeline.setdefault("loaded", time.time())   # an early start's loader marked it
+    timeline["loaded"] = time.time()
     progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
 
     def event(kind: str, data: dict) -> None:
@@ -424,13 +350,12 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         if on_event:
             on_event(kind, data)
 
-    sched = prep = None
+    sched = prep = ray = None
+    started = False
     counters = None
     results: dict = {}
     try:
-        if early is not None:
-            p, sched, prep = _finish_early(early, cfg, cache, sure, timeline, event, compiler_factory, ray)
-        elif sum((sure := surely_work(sigs, cache, cfg.memory_budget)).values()):
+        if sum((sure := surely_work(sigs, cache, cfg.memory_budget)).values()):
             # Some signatures are in no namespace of the cache at all, so Ray is needed
             # whatever this host's fingerprint is: start Ray and the actors now, and plan
             # meanwhile (on a fresh host planning probes the CPU's vector ISA, ~10 s of
@@ -501,8 +426,6 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         progress._log(line)
     if counters_out is not None and counters is not None:
         counters_out.update(counters)
-    if precompiled is not None:
-        timeline["precompile"] = precompiled.result()
     if report:
         timeline["end"] = time.time()
         write_report(report, rows, {"cache_dir": str(cache.root), "models": list(models),

@@ -1,6 +1,6 @@
 """The fork server (workers/forkserver.py): one process imports torch, the CPU actors'
 compiling copies are forked from it.  A real warm through it (a real compile) is
-tests/test_earlyray.py's; here: a copy ends with its actor; a server never forks while it
+tests/e2e/test_warm_startup.py's; here: a copy ends with its actor; a server never forks while it
 has another thread (the second import stage then leaves and the first serves, or the
 actor compiles in its own process); the server ends with its driver.  Real processes
 and sockets, no Ray."""

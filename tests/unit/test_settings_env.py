@@ -42,8 +42,6 @@ ALLOWED = {
     ("workers/forkclient.py", "attach"): "the actor hands its environment to its forked copy",
     ("workers/forkserver.py", "_copy"): "a forked copy takes its actor's environment",
     ("workers/forkserver.py", "_apply_threads"): "a forked copy takes its actor's OMP_NUM_THREADS",
-    ("aoti_farm/pyprecompile.py", "start"): CHILD + " (a bytecode compiler)",
-    ("aoti_farm/pyprecompile.py", "record"): CHILD + " (the list's recording warm, a developer's tool)",
     ("aoti_farm/private.py", "root"): "switch XDG_CACHE_HOME",
     ("aoti_farm/private.py", "inductor_cache_dir"): "switch TORCHINDUCTOR_CACHE_DIR",
     ("aoti_farm/private.py", "inductor_cache_scope"): "switch TORCHINDUCTOR_CACHE_DIR",

@@ -1,9 +1,9 @@
-"""`warm` starts an embedded Ray before it imports torch where the job surely has work
-(workers/earlyray.py, #17).  The count is torch-free; the end-to-end runs are real
-`aoti-farm warm` processes (real Ray, a real compile) with the core threshold lowered so
-this 2-core box takes the many-core path.
-
-The unit tests of this module (no compile, no Ray, no subprocess) are in tests/unit/test_earlyray.py.
+"""`warm`'s one start-up path on a many-core host, end to end: a real `aoti-farm warm`
+process (real Ray, a real compile) with the core threshold lowered so this 2-core box
+takes the many-core path.  Where the job surely has work, Ray starts while the planner's
+thread probes a fresh host's ISA in an exec'd child (workers/warm.py); a CPU-only job's
+actor compiles in a copy forked from the fork server (workers/forkserver.py); an image
+without bytecode gets the farm's own bytecode cache (aoti_farm/pycache.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ from pathlib import Path
 
 from _procs import alive
 
-from aoti_farm.workers import earlyray
-
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "configs" / "examples" / "mlp_trace.json"
-
-
-def _entries(path=EXAMPLE) -> list:
-    return json.loads(Path(path).read_text())["entries"]
 
 
 def _write(path: Path, entries: list) -> str:
@@ -32,40 +26,13 @@ def _write(path: Path, entries: list) -> str:
     return str(path)
 
 
-def test_the_count_is_of_distinct_entries_per_pool_without_torch(tmp_path):
-    entries = _entries()
-    a = _write(tmp_path / "a.json", entries)
-    assert earlyray.count_entries([a]) == {"cpu": len(entries), "gpu": 0}
-    # the same entries again (another --model, other counts and order): counted once
-    again = [{**e, "count": 99, "order": 1000 + i} for i, e in enumerate(entries)]
-    b = _write(tmp_path / "b.json", again)
-    assert earlyray.count_entries([a, b]) == {"cpu": len(entries), "gpu": 0}
-    # a CUDA tensor (also inside a tensor list) makes an entry a GPU one
-    cuda = json.loads(json.dumps(entries[0]))
-    cuda["args"][0]["device"] = "cuda:0"
-    listed = {"op": "aten::cat", "args": [{"name": "tensors", "kind": "tensor_list", "items": [
-        {"name": "tensors[0]", "kind": "tensor", "dtype": "float32", "sizes": [2], "strides": [1], "device": "cuda:0"}]},
-        {"name": "dim", "kind": "int", "value": 0}]}
-    c = _write(tmp_path / "c.json", [cuda, listed])
-    assert earlyray.count_entries([a, c]) == {"cpu": len(entries), "gpu": 2}
-    assert "torch" not in _imports_of("from aoti_farm.workers import earlyray, warm, placement, raysetup")
-
-
-def _imports_of(code: str) -> set:
-    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sorted(sys.modules)))"],
-                         capture_output=True, text=True, timeout=120, cwd=str(REPO))
-    assert out.returncode == 0, out.stderr[-1000:]
-    return set(out.stdout.split())
-
-
 _WARM = textwrap.dedent("""
     import os, sys
     from aoti_farm.workers import warm
     warm.PREP_MIN_CORES = 1      # take the many-core path on this box
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):   # as on an image without bytecode (aoti_farm/pycache.py)
-        from aoti_farm import pycache, pyprecompile
+        from aoti_farm import pycache
         pycache.PROBE = ("probe_pkg", "probe_mod.py")
-        pyprecompile.MIN_CORES = 1
     from aoti_farm.cli import main
     rc = main(["warm", "--model", sys.argv[1], "--cache-dir", sys.argv[2], "--report", sys.argv[3]])
     print("aoti-farm-test: CUDA_VISIBLE_DEVICES=" + repr(os.environ.get("CUDA_VISIBLE_DEVICES")), file=sys.stderr)
@@ -90,8 +57,8 @@ def _warm(tmp_path: Path, trace_path: str, name: str, no_bytecode: bool = False
     return out, (json.loads(report.read_text()) if report.exists() else None)
 
 
-def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path):
-    relu = [e for e in _entries() if e["op"] == "aten::relu"]
+def test_warm_starts_ray_while_planning_and_compiles_in_a_forked_copy(tmp_path):
+    relu = [e for e in json.loads(EXAMPLE.read_text())["entries"] if e["op"] == "aten::relu"]
     t = _write(tmp_path / "relu.json", relu)
     out, rep = _warm(tmp_path, t, "first", no_bytecode=True)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -102,16 +69,13 @@ def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path
     # nor Ray's notice of an actor class attribute that shadows one of its own
     assert "overwrites attribute" not in out.stderr, out.stderr[-3000:]
     tl = rep["timeline"]
-    # an image without bytecode: the compile path's bytecode was compiled ahead, into the
-    # farm's own cache (aoti_farm/pyprecompile.py), and the processes imported from it
+    # an image without bytecode: the farm's processes use the farm's own bytecode cache
     assert tl["pycache"] == str(tmp_path / "xdg" / "aoti-farm" / "pycache")
-    pre = tl["precompile"]
-    assert pre["failed"] == 0 and pre["compiled"] + pre["skipped"] == pre["files"] > 1000, pre
-    assert tl["early_ray"] == {"entries": {"cpu": 1, "gpu": 0}}
-    # Ray was imported by the main thread while the loader thread still imported torch
-    assert tl["ray_imported"] < tl["loaded"] < tl["ray_started"]
-    # a fresh host: the ISA probe was forked before any thread, and answered
-    assert tl["isa_child"]["forked"] is True and tl["isa_child"]["status"] == "probed"
+    assert list((tmp_path / "xdg" / "aoti-farm" / "pycache").rglob("*.pyc"))
+    # the job surely had work: Ray started while the planner ran, not after it
+    assert tl["loaded"] < tl["ray_started"] and tl["ray_imported"] < tl["planned"], tl
+    # a fresh host: the planner's ISA probe ran in an exec'd child, and answered
+    assert tl["isa_child"]["status"] == "probed", tl["isa_child"]
     assert [r["status"] for r in rep["signatures"]] == ["compiled"]
     assert rep["pool"]["actors_started"] == 1
     # a job without GPU signatures: the embedded Ray's workers saw no GPU (raysetup.start_ray),
@@ -128,24 +92,8 @@ def test_warm_starts_ray_before_loading_the_trace_and_compiles_for_real(tmp_path
     assert tl["workers"][0]["proxy_imported_torch"] is False   # Ray's actor process never imported torch
     assert not alive(fork["server_pid"])   # stopped with Ray
     assert "aoti-farm-test: CUDA_VISIBLE_DEVICES='7'" in out.stderr, out.stderr[-2000:]
-    assert earlyray.known_keys(str(tmp_path / "cache")) == 1
-    assert earlyray.known_keys(str(tmp_path / "cache"), enough=0) == 0     # stops once it has enough
-    assert earlyray.known_keys(str(tmp_path / "missing")) == 0
-    # everything cached now: no early start, no Ray at all
+    # everything cached now: no Ray at all
     out, rep = _warm(tmp_path, t, "second")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "early_ray" not in rep["timeline"] and "ray_started" not in rep["timeline"]
+    assert "ray_started" not in rep["timeline"] and "isa_child" not in rep["timeline"]
     assert [r["status"] for r in rep["signatures"]] == ["cached"]
-
-
-def test_a_bad_trace_on_the_early_path_is_one_line_and_writes_nothing(tmp_path):
-    bad = json.loads(json.dumps(_entries()[:1]))
-    bad[0]["op"] = "aten::no_such_op"
-    t = _write(tmp_path / "bad.json", bad)
-    out, rep = _warm(tmp_path, t, "bad")
-    assert out.returncode == 2, out.stderr[-3000:]
-    lines = [ln for ln in out.stderr.splitlines()
-             if ln.strip() and "WARNING" not in ln and not ln.startswith("aoti-farm-test:")]   # _WARM's own line
-    assert len(lines) == 1 and "aten::no_such_op" in lines[0] and "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert rep is None
-    assert not list((tmp_path / "cache").rglob("manifest.msgpack"))
