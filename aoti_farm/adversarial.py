@@ -45,6 +45,10 @@ _SIZE_OPS = ("aten::repeat_interleave", "aten::bincount", "aten::histc", "aten::
              "aten::randint", "aten::arange", "aten::one_hot", "aten::_unique2", "aten::unique_dim")
 
 
+def _on_cpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """A copy of the storage ``t`` spans, as a 1-D tensor (``_view`` rebuilds ``t``'s view)."""
     n = storage_size(tuple(t.shape), tuple(t.stride()))
@@ -198,6 +202,8 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
                 repl[(n, j)] = _view(t, flat)
         if len(repl) > len(valid):
             out.append((case, *build(repl)))
+    if not all(_on_cpu(t) for t in valid.values()):
+        bounds = {}   # eager's bound check on CUDA is a device-side assert: see unverifiable()
     for (n, j), bound in bounds.items():
         t = valid[(n, j)]
         where = n if j is None else f"{n}[{j}]"
@@ -211,3 +217,26 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
             flat[0] = v
             out.append((f"{case} ({where}={v})", *build({**valid, (n, j): _view(t, flat)})))
     return out
+
+
+def unverifiable(sig: S.Signature, args: tuple, kwargs: dict) -> str | None:
+    """Why a kernel of ``sig`` cannot be verified as serving needs it, or None.
+
+    An index argument on CUDA: eager rejects an index out of range through a device-side
+    assert, which leaves the process's CUDA context unusable (every later CUDA call in it
+    fails), so neither eager's error nor the kernel's behaviour on such an index can be
+    observed in a compile process, and a kernel that reads out of bounds where eager
+    raises could not be told from one that raises.  Such a kernel is refused (eager serves
+    the op) rather than served unchecked."""
+    if sig.device != "cuda":
+        return None
+    info = sig.info()
+    for i, name in enumerate(info.arg_names):
+        v = args[i] if i < len(args) and not info.kwarg_only[i] else kwargs.get(name)
+        items = v if isinstance(v, (list, tuple)) else [v]
+        for t in items:
+            if isinstance(t, torch.Tensor) and name in INDEX_ARGS and not t.is_floating_point() \
+                    and not t.is_complex() and t.dtype != torch.bool:
+                return (f"unsupported on CUDA: the bounds of index argument '{name}' cannot be checked "
+                        f"(eager raises through a device-side assert)")
+    return None

@@ -187,6 +187,9 @@ class AOTICompiler:
         t0 = time.perf_counter()
         try:
             args, kwargs = S.materialize(sig, seed=0)
+            why = adversarial.unverifiable(sig, args, kwargs)
+            if why is not None:   # before compiling: it could never be published
+                raise CompileRefused(why)
             tensors = flat_tensors(sig, args, kwargs)
             with torch.no_grad():
                 # eager must accept the example inputs, or the signature itself is bad
@@ -265,6 +268,10 @@ class AOTICompiler:
                     loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
             timing["probe"] = time.perf_counter() - t0
         t1 = time.perf_counter()
+        args, kwargs = S.materialize(sig, seed=1000)
+        why = adversarial.unverifiable(sig, args, kwargs)
+        if why is not None:
+            raise CompileRefused(why)
         if not loadenv.load_safe() or eager_raises_on_adversarial(sig):
             # also where eager raises on an adversarial case: a kernel's check that throws
             # inside an OpenMP region (every dynamic-threads CPU kernel has one) calls

@@ -325,3 +325,38 @@ def test_entry_verified_threads_reads_old_and_new_manifests():
     assert entry(cpu).verified_threads == [1]
     assert entry(cpu, verified_threads="junk").verified_threads == [1]
     assert entry(cuda).verified_threads is None
+
+
+def test_cuda_index_ops_are_refused_before_compiling_and_get_no_bound_cases():
+    """On CUDA eager rejects a bad index through a device-side assert, which leaves the
+    process's CUDA context unusable: a compile actor that ran such a case would fail every
+    later CUDA compile (recorded as refusals in the shared cache).  So no out-of-bound case
+    is built for a CUDA index, and the kernel is refused up front, naming the argument."""
+    from aoti_farm import adversarial
+
+    W, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
+    cpu = S.from_call(torch.ops.aten.index_select.default, (W, 0, idx), {})
+    cuda = _as_cuda(cpu)
+    args, kwargs = (W, 0, torch.tensor([1, 2, 3])), {}
+    assert adversarial.unverifiable(cpu, args, kwargs) is None
+    why = adversarial.unverifiable(cuda, args, kwargs)
+    assert why is not None and "'index'" in why and "device-side assert" in why
+    # a CUDA op without an index argument is verified as usual
+    x = torch.empty(4, 4)
+    add = _as_cuda(S.from_call(torch.ops.aten.add.Tensor, (x, x), {}))
+    assert adversarial.unverifiable(add, (x, x), {}) is None
+
+
+def test_no_out_of_bound_index_case_for_a_cuda_tensor(monkeypatch):
+    from aoti_farm import adversarial
+
+    W, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
+    sig = S.from_call(torch.ops.aten.index_select.default, (W, 0, idx), {})
+    sig = S.Signature(sig.op, sig.args, {"index": {"range": [0, 9]}})
+    args, kwargs = S.materialize(sig, seed=0)
+    names = [c[0] for c in adversarial.cases(sig, args, kwargs)]
+    assert any(n.startswith("negative index") for n in names)
+    # the same tensors seen as CUDA ones: only the in-bound cases remain
+    monkeypatch.setattr(adversarial, "_on_cpu", lambda t: False)
+    names = [c[0] for c in adversarial.cases(sig, args, kwargs)]
+    assert not any(n.startswith(("negative index", "index out of range", "index at the bound")) for n in names)
