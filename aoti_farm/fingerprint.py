@@ -40,7 +40,7 @@ from aoti_farm.fsutil import memo_dir
 FINGERPRINT_VERSION = 1
 
 #: Inductor options aoti-farm compiles with unless the user overrides them (none today).
-#: Measured and rejected, 2-core VM, 2026-11-26: building the AOTI wrapper at -O0
+#: Measured and rejected on a 2-core VM: building the AOTI wrapper at -O0
 #: (``aot_inductor.compile_wrapper_opt_level``) cuts a single-op compile from about 6.3 s
 #: to 5.1 s, but the runner's call of a 64x128 add went from about 2.8 us to 5.6 us; a
 #: kernel is compiled once and called millions of times, so the hit path wins.

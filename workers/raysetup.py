@@ -45,10 +45,10 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     GPU (``CUDA_VISIBLE_DEVICES`` empty in what Ray's processes inherit, this process's own
     left as it was).  A CPU compile uses no GPU, but torch asks whether CUDA is available
     (every export's FakeTensorMode), and on a GPU host that initialises the CUDA driver in
-    every actor: on the 4-GPU, 64-core host (run 16) about 60 of 64 actors sat 6-7 s in
+    every actor: on a 4-GPU, 64-core host about 60 of 64 actors sat 6-7 s in
     the driver (``uvm_gpu_retain_by_uuid``, ``os_acquire_rwlock_*``) with most CPUs idle.
     Hidden before any worker starts, torch in them never sees a GPU, as on a host without
-    one; hiding it in an actor after its imports broke its compiles (run 16).
+    one; hiding it in an actor after its imports broke its compiles.
     ``fork_server`` (a job with CPU signatures only): a process that imports torch once
     starts beside Ray and forks each CPU actor's compiling copy
     (:mod:`aoti_farm.workers.forkserver`); it takes the place of ``preload``.  These are

@@ -1,4 +1,4 @@
-"""Drills of the second security round (issue 32): what sits around the shared cache.
+"""Drills of the attacks on what sits around the shared cache.
 
 Threat model (docs/RELIABILITY.md): an unprivileged local user against a root (or other
 user's) warm, serve or serving process, plus hostile trace and report files.  Where an

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 #: pages other branches are writing, linked ahead of their merge
-#: (docs/verification.md: what "verified" covers, issue 31).  Drop an entry once it lands.
+#: (e.g. a page another branch adds).  Drop an entry once it lands.
 PENDING = set()
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
