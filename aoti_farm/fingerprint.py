@@ -59,7 +59,7 @@ FINGERPRINT_VERSION = 1
 #: only above ATen's grain size, decided as for 64 threads) and generated a Welford
 #: reduction (``var_mean`` over [2,32,64,64], dims (2,3)) whose variance was 1/4095 of
 #: eager's at 2 threads when built at 1; it failed the reduction-corpus differential test
-#: (tests/test_threads_e2e.py) and went.  Small kernels pay a fork/join per call instead;
+#: (tests/e2e/test_verify.py) and went.  Small kernels pay a fork/join per call instead;
 #: the speed gate decides whether they are served.
 DEFAULT_INDUCTOR_OPTIONS: dict = {"cpp.dynamic_threads": True}
 

@@ -22,7 +22,7 @@ fallback reason, miss, failed signature, gate or kernel error: ``runtime/hooksta
 
 The replay runs in child processes: a wrong kernel reading out of bounds may crash its
 process, and the drill must then report the case as wrong and go on.  Used by
-``scripts/drill_differential.py`` (the full drill) and ``tests/test_drill_differential_e2e.py``
+``scripts/drill_differential.py`` (the full drill) and ``tests/e2e/test_drill_differential.py``
 (its quick form).  Nothing here imports Ray: the full drill compiles through ``python -m
 aoti_farm warm`` in a child.
 """

@@ -145,7 +145,7 @@ def _loopback_node(ray) -> None:
     this one (read at import).  Ray's C++ gRPC servers (GCS, raylet, core workers) still
     listen on every interface in this Ray (no setting binds them to one address); its
     token authentication guards them.  It can go when Ray offers a loopback-only local
-    cluster.  ``tests/test_drills_env_e2e.py`` checks the node's address."""
+    cluster.  ``tests/e2e/test_drills_env.py`` checks the node's address."""
     os.environ[RAY_LOOPBACK_VAR] = "0"
     try:
         ray._private.ray_constants.ENABLE_RAY_CLUSTER = False

@@ -5,7 +5,7 @@ user's) warm, serve or serving process, plus hostile trace and report files.  Wh
 attack needs a second local user, the test creates one (``aotiattacker``, once) and runs
 the attacker's steps as that user with ``setpriv``; it skips only where that is
 impossible (not root, no ``useradd``/``setpriv``).  No drill here compiles or starts Ray
-(the Ray and compile-worker drills are in ``test_drills_env_e2e.py``).
+(the Ray and compile-worker drills are in ``test_drills_env.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The README stays a front door and the docs stay linked: README.md is at most 300 lines,
 every relative link of README.md and docs/*.md names a file that exists, and every
 ``#anchor`` names a heading (or an explicit anchor) of the page it points to.  Fast: it
-reads Markdown only.  The README's examples themselves run in test_readme_e2e.py."""
+reads Markdown only.  The README's examples themselves run in tests/e2e/test_readme.py."""
 
 from __future__ import annotations
 
