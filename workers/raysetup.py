@@ -141,8 +141,8 @@ def _loopback_node(ray) -> None:
     Ray internal (checked against Ray 2.60.0): ``ray.init(_node_ip_address="127.0.0.1")``
     is turned into the host's routable address by ``services.resolve_ip_for_localhost``
     unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false (its macOS/Windows default,
-    github.com/ray-project/ray/issues/18730).  So: the variable for Ray's processes started from here, the constant for
-    this one (read at import).  Ray's C++ gRPC servers (GCS, raylet, core workers) still
+    github.com/ray-project/ray/issues/18730).  So: the variable for Ray's processes started
+    from here, the constant for this one (read at import).  Ray's C++ gRPC servers (GCS, raylet, core workers) still
     listen on every interface in this Ray (no setting binds them to one address); its
     token authentication guards them.  It can go when Ray offers a loopback-only local
     cluster.  ``tests/e2e/test_drills_env.py`` checks the node's address."""
