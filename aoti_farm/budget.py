@@ -20,11 +20,11 @@ float64 with masks and differences.  So it is
 
 with the outputs' shapes from running the op on meta tensors (no memory; when the op has
 no meta kernel, the outputs are taken to be as large as all inputs together).  Measured
-by ``scripts/bench/compile_peak_rss.py`` on this 2-core, 24 GiB host (2026-11-26, torch 2.13,
-one compile in a warm process, peak RSS over the process's baseline of 0.39 GB; log
-``docs/bench/2026-11-26-compile-peak-rss.log``): relu float32[2**24] 1.16 GB (estimate
+by ``scripts/bench/compile_peak_rss.py`` on a 2-core, 24 GiB host (torch 2.13,
+one compile in a warm process, peak RSS over the process's baseline of 0.39 GB):
+relu float32[2**24] 1.16 GB (estimate
 1.34 GB, 1.16x), relu float16[2**24] 1.02 GB (1.31x), add float32[4096,1]+[1,4096]
-0.94 GB (1.14x).  The issue's relu[2**27], compiled at 8.5 GB, estimates 10.7 GB.  The
+0.94 GB (1.14x).  A relu[2**27], compiled at 8.5 GB, estimates 10.7 GB.  The
 fixed cost of a compile process (imports, Inductor, the C++ compiler) is not counted.
 
 CUDA signatures are estimated the same way: the comparison runs on the host.  ``warm``'s

@@ -260,8 +260,8 @@ class AOTICompiler:
         if loadenv.needs_probe():
             # one prober per host: the others wait for its memo -- except a process that has
             # the preload itself, which loads kernels here whatever the memo will say
-            # (load_safe): it probes only if nobody is probing, and never waits (run 11: 16
-            # first verifications waited 2.1 s for the host preparation's probe)
+            # (load_safe): it probes only if nobody is probing, and never waits (16 first
+            # verifications at once would otherwise wait for the host preparation's probe)
             wait = not loadenv.preloaded()
             with _probe_lock(wait=wait) as held:
                 if held is not False and loadenv.needs_probe():

@@ -40,7 +40,7 @@ from aoti_farm.fsutil import memo_dir
 FINGERPRINT_VERSION = 1
 
 #: Inductor options aoti-farm compiles with unless the user overrides them (none today).
-#: Measured and rejected, 2-core VM, 2026-11-26: building the AOTI wrapper at -O0
+#: Measured and rejected on a 2-core VM: building the AOTI wrapper at -O0
 #: (``aot_inductor.compile_wrapper_opt_level``) cuts a single-op compile from about 6.3 s
 #: to 5.1 s, but the runner's call of a 64x128 add went from about 2.8 us to 5.6 us; a
 #: kernel is compiled once and called millions of times, so the hit path wins.
@@ -59,7 +59,7 @@ FINGERPRINT_VERSION = 1
 #: only above ATen's grain size, decided as for 64 threads) and generated a Welford
 #: reduction (``var_mean`` over [2,32,64,64], dims (2,3)) whose variance was 1/4095 of
 #: eager's at 2 threads when built at 1; it failed the reduction-corpus differential test
-#: (tests/test_threads_e2e.py) and went.  Small kernels pay a fork/join per call instead;
+#: (tests/e2e/test_verify.py) and went.  Small kernels pay a fork/join per call instead;
 #: the speed gate decides whether they are served.
 DEFAULT_INDUCTOR_OPTIONS: dict = {"cpp.dynamic_threads": True}
 

@@ -152,8 +152,8 @@ def isa_in_child(timeout: float = 900.0) -> dict:
     writes the host's memo; the caller's own :func:`~aoti_farm.fingerprint.fingerprint`
     then reads it.  For ``warm``'s planner: probing in the driver imports Inductor there
     (6.3 s of compiling modules from source on the 16-core GPU host), holding the
-    driver's interpreter lock while ``import ray`` and ``ray.init`` need it (run 10:
-    ``import ray`` 2.4 s and ``ray.init`` 6.7 s there, against 0.9 s and 5.1 s alone).
+    driver's interpreter lock while ``import ray`` and ``ray.init`` need it
+    (``import ray`` 2.4 s and ``ray.init`` 6.7 s there, against 0.9 s and 5.1 s alone).
     Never raises: ``{"status": "probed"|"failed", "seconds", ...}``; after a failure the
     caller probes in-process as before (under the same lock)."""
     import subprocess

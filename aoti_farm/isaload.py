@@ -3,8 +3,8 @@
 Each of Inductor's ISA checks (``VecISA.check_build``) builds a test library and then
 loads it in a child Python.  Before torch 2.13 that child runs ``import torch`` and then
 ``cdll.LoadLibrary``.  On the 16-core GPU host (torch 2.11, torch imported from source)
-the import took 3-5 s per check.  The probe gated the plan and the first compile at 17 s
-(run 13, 2026-11-27).  Torch 2.13 dropped the import on Linux: its child only loads the
+the import took 3-5 s per check.  The probe gated the plan and the first compile at 17 s.
+Torch 2.13 dropped the import on Linux: its child only loads the
 library, with torch's ``lib`` directory first on ``LD_LIBRARY_PATH``
 (``VecISA._build_probe_env``).
 

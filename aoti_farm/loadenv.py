@@ -1,7 +1,7 @@
 """Loading AOTI libraries safely: the statically linked libstdc++ trap.
 
 Inductor links each AOTInductor ``wrapper.so`` with ``-static-libstdc++``.  On some hosts
-(seen on the lent H100 machine, torch 2.11+cu130, 2026-11-25) loading *any* such library
+(seen on an H100 host with torch 2.11+cu130) loading *any* such library
 into a process whose global symbol scope has no libstdc++ segfaults in ``std::regex``
 inside ``torch::aot_inductor::parse_device_str``.  Starting the process with
 ``LD_PRELOAD=<system libstdc++.so.6>`` avoids it.

@@ -256,7 +256,7 @@ def use_inductor_cache() -> str:
     when ``codecache`` is imported) and some on-disk caches; a ``.gch`` there is used by
     every compile.  They are patched here, the one place, when present; no upstream issue
     covers it yet, and the patch can go once torch keeps these under ``cache_dir()``.
-    ``tests/test_private.py`` checks the patched and unpatched paths (differential)."""
+    ``tests/e2e/test_drills_env_attacks.py`` drills the squatted-cache attack it closes."""
     d = inductor_cache_dir()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
     _patch_torch_cache_dirs(d)

@@ -1,10 +1,10 @@
 """Compiled bytecode for the farm's own processes where Python would cache none.
 
 Many container images set ``PYTHONDONTWRITEBYTECODE=1`` and ship packages without their
-``__pycache__`` (seen on the lent 16-core GPU host, 2026-11-26: torch 2.11, sympy and
+``__pycache__`` (seen on a 16-core GPU host: torch 2.11, sympy and
 ``torch._dynamo`` had no ``.pyc`` at all).  Then every Python process compiles every
 module it imports from source: there, importing torch and the compile path took
-11.7 s in one process (``docs/bench/2026-11-26-gpu-11-scaling-diag.log``), and a
+11.7 s in one process, and a
 ``warm`` starts dozens of such processes (one per actor, their verification children,
 the loader probe's and the ISA checks' loaders, the host preparation).
 

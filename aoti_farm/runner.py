@@ -3,7 +3,7 @@
 ``torch._C._aoti.AOTIModelContainerRunnerCpu/Cuda`` call the model container the default
 way (``AOTInductorModelContainerRun``): with one model instance, each call waits until
 the previous call's work has finished on the device, so on CUDA the CPU never runs ahead
-of the GPU (measured on an H100 on 2026-11-26: add 8192x1024, eager 37.1 us, container
+of the GPU (measured on an H100: add 8192x1024, eager 37.1 us, container
 run 49.5 us, single-threaded run 36.4 us).  The single-threaded entry point
 (``AOTInductorModelContainerRunSingleThreaded``) skips that, but a container run so is not
 thread-safe, and torch's Python binding does not expose it.

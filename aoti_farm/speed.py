@@ -22,13 +22,12 @@ GATE_RATIO = 0.95
 #: ... and, on the serving host, only when it saves at least this many µs a call.  The
 #: on-host trial times calls in a hot loop; inside a model a routed call also pays the
 #: native path's key and lookup with cold caches: 1.5-4 µs a call on the 2-core VM
-#: (docs/bench/2026-11-26-cpu-21-routing-in-model.log: routing only native_layer_norm,
+#: (routing only native_layer_norm,
 #: 5 calls a tiny BERT forward, cost +20 µs), 1.3-1.8 µs on the GPU hosts (every op of a
 #: launch-bound BERT routed: +10-14% of a ~1.3 ms forward over its ~100 routed calls).  The
 #: trial cannot tell where in that range a call of the model will land, so it takes the
 #: top: a kernel that wins less loses in some model (with 2 µs, tiny BERT's layer_norm
-#: was served, its only routed op, and the model ran 1.012x eager,
-#: docs/bench/2026-11-26-cpu-24-payoff-pairs.log).
+#: was served, its only routed op, and the model ran 1.012x eager).
 MIN_SAVING_US = 4.0
 #: Policies of :class:`Gate`.
 POLICIES = ("faster", "always")

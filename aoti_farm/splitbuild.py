@@ -384,7 +384,7 @@ def active():
     Patch of a torch internal: ``torch._inductor.cpp_builder.CppBuilder.build`` is replaced
     while a block is active, and :func:`_is_wrapper_build` reads CppBuilder's private
     ``_sources_args``, ``_compile_only``, ``_precompiling``, ``_use_relative_path``.  Checked
-    against torch 2.13.0 (CPU) and 2.11.0+cu130 (CUDA, docs/gpu-runs/2026-11-26-run6-splitbuild.md).
+    against torch 2.13.0 (CPU) and 2.11.0+cu130 (CUDA).
     Why: Inductor offers no hook to build its wrapper in two translation units.  Anything that
     does not match (another torch's attributes, an unexpected command) builds the file whole,
     as Inductor would.  It can go when Inductor compiles AOTI's model-independent interface

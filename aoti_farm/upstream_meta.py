@@ -7,7 +7,7 @@ it is registered, ``load_aoti_eager_cache(ns, op, device)``: by default the file
 ``{"meta_info": [...], "kernel_path": "<relative to the device dir>"}``.  On each call it
 builds the same metadata from the call's arguments and serves the first item whose
 metadata equals it.  The rules of that lookup, which this module reproduces exactly
-(checked against a cache written by upstream itself, see tests/test_upstream.py):
+(checked against a cache written by upstream itself, see tests/e2e/test_upstream.py):
 
 * an argument whose value equals the schema default is left out; ``arg_order`` counts
   only the arguments that are kept, in schema order.  The comparison is ``IValue``'s,

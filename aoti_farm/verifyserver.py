@@ -4,7 +4,7 @@ Where a compile worker cannot load AOTI libraries itself (:func:`aoti_farm.loade
 is False: the host needs the libstdc++ preload and this process started without it, as
 the Ray actors of a fresh host do), every kernel is verified in a child that has the
 preload.  A child per kernel imports torch per kernel: 4.5 s median per signature with
-16 actors on the 16-core H100 host, 2026-11-26 (docs/bench/2026-11-26-gpu-9-scaling-diag.*),
+16 actors on a 16-core H100 host,
 as long as the compile itself.  So the child lives on: ``python -m aoti_farm.compiler
 --serve`` imports torch once, then verifies one kernel per request line (the same
 ``AOTICompiler._verify_here`` as before: trials against eager, the speed gate) and answers

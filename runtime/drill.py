@@ -1,7 +1,8 @@
 """The differential drill: do served calls return what eager returns?
 
-A corpus of op cases (one per op family the recorder supports, plus the divergences of
-issue #31) is recorded, compiled into a fresh cache, then replayed under the serving hook
+A corpus of op cases (one per op family the recorder supports, plus each known divergence
+of a served kernel from eager: docs/verification.md) is recorded, compiled into a fresh
+cache, then replayed under the serving hook
 with ``serve="always"`` (so the speed gate hides no wrong kernel) and compared with eager
 call by call: values within :mod:`aoti_farm.tolerance`, dtype, shape, strides, the sign of
 zeros, NaN/inf positions, and errors (eager raises => the served call raises the same type).
@@ -21,7 +22,7 @@ fallback reason, miss, failed signature, gate or kernel error: ``runtime/hooksta
 
 The replay runs in child processes: a wrong kernel reading out of bounds may crash its
 process, and the drill must then report the case as wrong and go on.  Used by
-``scripts/drill_differential.py`` (the full drill) and ``tests/test_drill_differential_e2e.py``
+``scripts/drill_differential.py`` (the full drill) and ``tests/e2e/test_drill_differential.py``
 (its quick form).  Nothing here imports Ray: the full drill compiles through ``python -m
 aoti_farm warm`` in a child.
 """
@@ -199,7 +200,8 @@ def _uniq_idx(kind, n_rows, k, dev):
 
 
 def corpus() -> list[Case]:
-    """Every op family the recorder supports, and each divergence of issue #31."""
+    """Every op family the recorder supports, and each known divergence from eager
+    (docs/verification.md)."""
     f32, f16, i32, i64, i8 = torch.float32, torch.float16, torch.int32, torch.int64, torch.int8
     C = []
 

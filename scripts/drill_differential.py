@@ -1,4 +1,4 @@
-"""The differential drill of served kernels against eager (issue #31, docs/verification.md).
+"""The differential drill of served kernels against eager (docs/verification.md).
 
     .venv/bin/python scripts/drill_differential.py [--quick] [--device cpu|cuda] [--no-ray]
                                                    [--threads 1,2,16] [--out DIR]

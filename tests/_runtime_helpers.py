@@ -1,4 +1,4 @@
-"""Helpers for tests/test_runtime.py and tests/test_recorder.py (no tests here).
+"""Helpers for tests/e2e/test_runtime.py and tests/e2e/test_recorder.py (no tests here).
 
 Run as a script it is one serving process of the two-process miss test:
 ``python tests/_runtime_helpers.py CACHE BARRIER_DIR INDEX WORKER_LOG`` prints one JSON line.

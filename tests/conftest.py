@@ -49,7 +49,7 @@ from aoti_farm.job import compile_and_publish
 # Keep Inductor single-process in tests (no compile subprocess pool on 2 cores).
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # The hook's mechanism tests serve tiny kernels that are slower than eager: they run with
-# the speed gate off (serve="always"); tests/test_gate.py turns it on explicitly.
+# the speed gate off (serve="always"); tests/e2e/test_gate.py turns it on explicitly.
 os.environ.setdefault("AOTI_FARM_SERVE", "always")
 
 
@@ -88,7 +88,7 @@ class Kernels:
 @pytest.fixture(scope="session")
 def regular_install(tmp_path_factory):
     """(python, console script) of a fresh venv with a regular (non-editable) install of
-    this checkout (tests/_install.py); shared by the install test and the benchmark smoke."""
+    this checkout (tests/e2e/_install.py); shared by the install test and the benchmark smoke."""
     from _install import regular_install as build
 
     return build(tmp_path_factory.mktemp("install"))

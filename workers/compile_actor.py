@@ -343,7 +343,7 @@ class CompileActor:
         says kernels load in-process, the child is stopped unused, and a child whose
         preload the memo does not want is never used (:mod:`aoti_farm.verifyserver`
         replaces it).  On the 16-core GPU host each actor's first verification waited
-        3.5 s (p90) for a child started when the memo appeared (run 10)."""
+        3.5 s (p90) for a child started when the memo appeared."""
         from aoti_farm import loadenv
 
         if (os.cpu_count() or 1) < self.EARLY_VERIFIER_MIN_CORES or loadenv.preloaded():

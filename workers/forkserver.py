@@ -1,6 +1,6 @@
 """One import of torch per host: the CPU compile actors' processes are forked from it.
 
-On the 16-core GPU host (run 17, 2026-11-27) each of 16 CPU actors imported torch,
+On a 16-core GPU host each of 16 CPU actors imported torch,
 Inductor and the compile path itself: 6 s each with 16 at once (3.6 s alone), about
 90 CPU-seconds in all, while Ray was starting and the first compiles waited.  One
 process that has imported them forks a copy per actor instead: a fork costs
@@ -26,7 +26,7 @@ needs, or be missing when the copy calls on it.  So the imports come in two stag
 On a CUDA build, Inductor's import asks ``torch.cuda.is_available()``
 (``torch/_inductor/runtime/benchmarking.py``), which by default initialises the CUDA
 driver, and the driver starts a thread (``cuda00001400006``) even with every GPU hidden:
-seen on the 16-core host with torch 2.11+cu130 (2026-11-27), where it made every copy
+seen on a 16-core host with torch 2.11+cu130, where it made every copy
 import Inductor itself.  The server runs with ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, torch's
 documented way to answer that question without the driver (without "poisoning fork");
 with the GPUs hidden (a CPU-only job's workers, :func:`~aoti_farm.workers.raysetup.start_ray`)

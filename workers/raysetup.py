@@ -45,10 +45,10 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     GPU (``CUDA_VISIBLE_DEVICES`` empty in what Ray's processes inherit, this process's own
     left as it was).  A CPU compile uses no GPU, but torch asks whether CUDA is available
     (every export's FakeTensorMode), and on a GPU host that initialises the CUDA driver in
-    every actor: on the 4-GPU, 64-core host (run 16) about 60 of 64 actors sat 6-7 s in
+    every actor: on a 4-GPU, 64-core host about 60 of 64 actors sat 6-7 s in
     the driver (``uvm_gpu_retain_by_uuid``, ``os_acquire_rwlock_*``) with most CPUs idle.
     Hidden before any worker starts, torch in them never sees a GPU, as on a host without
-    one; hiding it in an actor after its imports broke its compiles (run 16).
+    one; hiding it in an actor after its imports broke its compiles.
     ``fork_server`` (a job with CPU signatures only): a process that imports torch once
     starts beside Ray and forks each CPU actor's compiling copy
     (:mod:`aoti_farm.workers.forkserver`); it takes the place of ``preload``.  These are
@@ -140,12 +140,12 @@ def _loopback_node(ray) -> None:
 
     Ray internal (checked against Ray 2.60.0): ``ray.init(_node_ip_address="127.0.0.1")``
     is turned into the host's routable address by ``services.resolve_ip_for_localhost``
-    unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false (its macOS/Windows default, Ray
-    issue 18730).  So: the variable for Ray's processes started from here, the constant for
-    this one (read at import).  Ray's C++ gRPC servers (GCS, raylet, core workers) still
+    unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false (its macOS/Windows default,
+    github.com/ray-project/ray/issues/18730).  So: the variable for Ray's processes started
+    from here, the constant for this one (read at import).  Ray's C++ gRPC servers (GCS, raylet, core workers) still
     listen on every interface in this Ray (no setting binds them to one address); its
     token authentication guards them.  It can go when Ray offers a loopback-only local
-    cluster.  ``tests/test_drills_env_e2e.py`` checks the node's address."""
+    cluster.  ``tests/e2e/test_drills_env.py`` checks the node's address."""
     os.environ[RAY_LOOPBACK_VAR] = "0"
     try:
         ray._private.ray_constants.ENABLE_RAY_CLUSTER = False

@@ -106,7 +106,7 @@ def cmd_bench(argv: list[str]) -> int:
 
 #: What ``aoti-farm --help`` lists, in two groups.  A user's workflow needs only the first
 #: (record -> warm -> run -> cache stats -> explain); the second looks inside one signature
-#: or the build.  Every command of the parser is in exactly one group (tests/test_cli.py).
+#: or the build.  Every command of the parser is in exactly one group (tests/unit/test_cli.py).
 USER_COMMANDS = ("record", "warm", "run", "serve", "explain", "report", "cache", "trace")
 DEVELOPER_COMMANDS = ("key", "compile-one", "native", "bench")
 

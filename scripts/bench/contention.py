@@ -8,7 +8,7 @@ source, into a temporary file), restarted as often as needed.
 
     .venv/bin/python scripts/bench/contention.py [--threads N] [--requests 800]
 
-Prints one line per condition: (p50, p99, max) in ms.  Measured 2026-11-26 on the 2-core
+Prints one line per condition: (p50, p99, max) in ms.  Measured on a 2-core
 VM: with torch's default 2 threads, quiet (0.43, 1.26, 16.3), SCHED_IDLE (0.39, 5.91,
 29.3), nice 19 (0.43, 21.9, 25.9); with --threads 1: (0.39, 0.58, 4.95), (0.37, 0.60,
 0.65), (0.38, 0.63, 3.18).

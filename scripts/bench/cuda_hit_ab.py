@@ -2,8 +2,8 @@
 hook (native path) and the pure-Python hook, interleaved for three rounds over the same
 kernel files (so the ratios are not two processes' differences).
 
-On a host with a CUDA GPU (no Ray needed; on a host with the libstdc++ trap, see the
-README, start it with LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6):
+On a host with a CUDA GPU (no Ray needed; on a host with the libstdc++ trap, see
+docs/hook.md, "The libstdc++ trap", start it with LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6):
 
     python scripts/bench/cuda_hit_ab.py --out DIR [--rounds 3]
 

@@ -1,5 +1,5 @@
-"""How long `aoti-farm explain` takes on a large cache (issue 16: <= 2 s for a 10,000-entry
-cache and a 1,000-signature trace).
+"""How long `aoti-farm explain` takes on a large cache (the aim: <= 2 s for a
+10,000-entry cache and a 1,000-signature trace).
 
 Builds (once, under --dir) a cache of N entries spread over 16 elementwise ops and many
 shapes, plus a foreign namespace (another cpu_isa) of 500 entries, and a trace of T

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What one cache hit costs, by call path, in one process (issue 13, item 2).
+"""What one cache hit costs, by call path, in one process.
 
     python scripts/bench/hitpath.py [--device cpu|cuda] [--json out.json]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Does loading the verified private copy change a hit's per-call time? (issue 18)
+"""Does loading the verified private copy change a hit's per-call time?
 
     python scripts/bench/loadpath.py [--rounds 9] [--calls 2000] [--json out.json]
 

@@ -1,5 +1,5 @@
-"""Does exporting metrics cost the hit path anything? (issue 16: "metrics cost nothing on
-the hit path").
+"""Does exporting metrics cost the hit path anything? (the aim: metrics
+cost nothing on the hit path).
 
 One process, one hook serving add(64,128)+(64,128) from a real kernel (compiled into
 --dir on first use), three conditions interleaved round by round (the order rotates):

@@ -40,7 +40,7 @@ How:
    with the quartiles of those ratios; ``served``: the hook ran a kernel for it (its hits
    went up while timing); ``gated``: cached kernels that the speed gate declined (eager ran).
 
-Targets (issue 13): no served op slower than 1.05x eager; every model <= 1.0x eager; a
+Targets: no served op slower than 1.05x eager; every model <= 1.0x eager; a
 model rich in ops where Inductor wins <= 0.9x eager.
 """
 
@@ -158,8 +158,8 @@ class ConvBlock(torch.nn.Module):
 
 
 class InductorWins(torch.nn.Module):
-    """A block made mostly of ops where Inductor's kernel beats eager's (issue 13's
-    measurements: var_mean, sum in float64, adds of transposed inputs on CPU; bilinear
+    """A block made mostly of ops where Inductor's kernel beats eager's (as
+    measured: var_mean, sum in float64, adds of transposed inputs on CPU; bilinear
     upsampling, float64 sums, average pooling on the H100)."""
 
     def __init__(self, c: int):

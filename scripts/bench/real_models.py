@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Real models served with the defaults: never slower than eager (issue 34, item 1).
+"""Real models served with the defaults: never slower than eager.
 
     python scripts/bench/real_models.py --out DIR [--models gpt2,bert,mlp] [--rounds N]
                                         [--cache-dir C] [--threads 2]
@@ -28,7 +28,7 @@ eager's (gpt2: identical tokens), the thread count after the hooked phases, and 
 hook's summary (``stats()["summary"]``).  Output: one line per round, a table, and the
 raw JSON (machine, date, every round) in ``--out``/real_models.json.
 
-The bar (issue 34): every model at most 1.02x eager.  A shared or loaded host moves the
+The bar: every model at most 1.02x eager.  A shared or loaded host moves the
 ratios; the pairing (phases seconds apart, alternating order) is what keeps them
 comparable, so say what else ran on the host when quoting them.
 """

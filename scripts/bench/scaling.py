@@ -13,7 +13,7 @@ gave 265 signatures (transformers 5.24, torch 2.13).
 
 Each run is a fresh `aoti-farm warm` process with a fresh cache, a fresh Inductor cache
 (TORCHINDUCTOR_CACHE_DIR) and fresh host memos (XDG_CACHE_HOME: the ISA and loader
-memos), as in issue 17's runs: each pays the ISA probe, the split build's common object
+memos): each pays the ISA probe, the split build's common object
 and the loader probe once.  Inductor's precompiled headers live outside its cache
 directory (``<tempdir>/torchinductor_<user>/precompiled_headers``); they are built once
 before the runs, so every run finds them (``--fresh-headers``: a fresh temp dir per run,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Shape-general kernels (issue 15): a transformer recorded at a few sequence lengths,
+"""Shape-general kernels: a transformer recorded at a few sequence lengths,
 warmed exact vs ``--dynamic auto``, replayed at lengths never recorded.
 
     python scripts/bench/shapes.py [--workdir DIR] [--json out.json] [--device cuda --preload LIB]
@@ -22,7 +22,7 @@ warmed exact vs ``--dynamic auto``, replayed at lengths never recorded.
    the log as they are measured.  The ``(paired)`` rows time each item under the three
    modes back to back (a hook installed per block), ``PAIRED_REPS`` times a round, and
    give the median of the per-pair ratios: the numbers of record where the host's speed
-   drifts between states over seconds (the lent GPU host did, 2026-11-26 run 3).
+   drifts between states over seconds (some GPU hosts do).
    ``--hybrid`` also times the model under the shape-general cache with one op's classes
    replaced by that op's exact kernels (which op's classes account for the model row).
 

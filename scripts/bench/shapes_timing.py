@@ -1,4 +1,4 @@
-"""Helpers of ``shapes.py``'s timing child (issue 15): where one forward's time goes.
+"""Helpers of ``shapes.py``'s timing child: where one forward's time goes.
 
 * :func:`routed_calls`: every call of the cached ops one forward makes, one per distinct
   signature with its count (timed one by one, they split the model's row by op);
@@ -274,7 +274,7 @@ def child_timing(model_fn, ids_fn, sync, device: str, exact: str, dyn: str, L: i
                                    "shape_classes": st.get("shape_classes"), "per_item": per_item}
             # paired: the same item under each mode back to back (a hook installed for each
             # block of calls), so a host whose speed drifts between states over seconds
-            # (seen on the lent GPU host) slows both sides of a pair alike
+            # (seen on a GPU host) slows both sides of a pair alike
             for k in paired:
                 fn, n = items[k]
                 for rep in range(PAIRED_REPS):

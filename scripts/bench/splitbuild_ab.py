@@ -5,8 +5,7 @@
 One warm-up compile, then 8 compiles of distinct `add` signatures alternating
 AOTI_FARM_DEV=split_build=1/0; prints each compile's wall and CPU seconds (own + C++
 compiler children) and the medians.  Every kernel is verified against eager by
-AOTICompiler.compile.  Results: docs/benchmarks.md, "Split build"
-(run there as scripts/gpu_split_ab.py).
+AOTICompiler.compile.  Results: docs/benchmarks.md, "Split build".
 """
 import os, sys, time, tempfile
 import torch

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Start-up diagnostics for issue 17 (what an actor's imports cost on this host).
+"""Start-up diagnostics (what an actor's imports cost on this host).
 
     python scripts/bench/startup_diag.py [--procs 16] [--out DIR]
 

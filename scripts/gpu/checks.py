@@ -1,4 +1,4 @@
-"""GPU validation steps, run by scripts/gpu/validate.sh on a host with a CUDA GPU (issue 7).
+"""GPU validation steps, run by scripts/gpu/validate.sh on a host with a CUDA GPU.
 
 1. mixed warm: a trace with CUDA and CPU signatures through `aoti-farm warm` with 4 GPU
    actors at num_gpus=0.25 beside CPU actors; every kernel verified against eager on the GPU;

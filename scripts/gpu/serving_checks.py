@@ -1,5 +1,5 @@
 """Serving-side GPU checks (run by checks.py in a child that has the libstdc++
-preload when the host needs it).  Steps 2-4 of issue 7: differential hook vs eager on
+preload when the host needs it).  Steps 2-4 of the GPU validation: differential hook vs eager on
 CUDA, CUDA hit/miss per-call benchmarks against upstream's C++ holder, warm throughput of
 upstream's sequential compile, and the GPU-arch fingerprint check."""
 

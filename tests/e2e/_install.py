@@ -1,6 +1,6 @@
 """A regular (non-editable) install of aoti-farm in a fresh venv, for tests that run the
 package from inside the checkout as a user with such an install would (see
-tests/test_install.py for why)."""
+tests/e2e/test_install.py for why)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ farm at W=1), cold-start serving from an empty cache, miss -> hit with the compi
 ready, and the payoff suite (one op, hooked vs eager in one process).
 
 It runs as a user with a regular (non-editable) install does, from inside the checkout
-(``regular_install``, tests/_install.py): the runner puts the checkout root on sys.path
+(``regular_install``, tests/e2e/_install.py): the runner puts the checkout root on sys.path
 and its Ray actors start in the checkout, where ``aoti_farm/`` has no ``workers/`` or
-``runtime/`` of its own (issue 14).
+``runtime/`` of its own.
 """
 
 from __future__ import annotations

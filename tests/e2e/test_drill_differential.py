@@ -1,5 +1,5 @@
 """The quick form of the differential drill (scripts/drill_differential.py, docs/verification.md):
-a representative subset of the corpus (issue #31's divergences, the U-Net var_mean, one
+a representative subset of the corpus (the known divergences, the U-Net var_mean, one
 case per risky family) compiled for real in this process, replayed under the hook with
 random and adversarial inputs at 1 and N threads, on the native and Python hit paths and
 under ``aoti_farm.record``.  It fails on any WRONG line and prints them all."""

@@ -1,6 +1,6 @@
-"""Drills of the second security round that need real processes: the embedded Ray's
-listeners and temp tree (attack 8), and the serving process's compile worker (issue 34,
-item 4: it ends with its parent, and one runs per host, device and cache namespace)."""
+"""Drills of the attacks around the shared cache that need real processes: the embedded
+Ray's listeners and temp tree (attack 8), and the serving process's compile worker (it ends
+with its parent, and one runs per host, device and cache namespace)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_drill_8_embedded_ray_is_private_and_on_loopback():
     assert not os.path.exists(top)
 
 
-# --- issue 34, item 4: workers end with their parents ------------------------------------------
+# --- workers end with their parents ----------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
-"""Drills of the second security round (issue 32): what sits around the shared cache.
+"""Drills of the attacks on what sits around the shared cache.
 
 Threat model (docs/RELIABILITY.md): an unprivileged local user against a root (or other
 user's) warm, serve or serving process, plus hostile trace and report files.  Where an
 attack needs a second local user, the test creates one (``aotiattacker``, once) and runs
 the attacker's steps as that user with ``setpriv``; it skips only where that is
 impossible (not root, no ``useradd``/``setpriv``).  No drill here compiles or starts Ray
-(the Ray and compile-worker drills are in ``test_drills_env_e2e.py``).
+(the Ray and compile-worker drills are in ``test_drills_env.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Drills of issue 18, part 6 (inputs): huge integers, the op-name gadget, the oversized
+"""Drills of hostile inputs: huge integers, the op-name gadget, the oversized
 signature (the memory budget).
 
 * An integer outside int64 anywhere in a trace (a scalar, a size, a stride, a list item,

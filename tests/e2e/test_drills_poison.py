@@ -1,5 +1,4 @@
-"""Drill 10: poisoned shared records, and a signing key that must fail closed (issue 18,
-parts 3 and 5).
+"""Drill 10: poisoned shared records, and a signing key that must fail closed.
 
 Someone with write access to parts of the cache plants, in place of queue items, leases,
 failure records and ``fingerprint.json``: a FIFO nobody writes, a link to ``/dev/zero``,

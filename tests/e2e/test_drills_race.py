@@ -1,4 +1,4 @@
-"""Security drills of the kernel path (issue "load exactly the bytes that were verified").
+"""Security drills of the kernel path: a process loads exactly the bytes that were verified.
 
 * the race: a swapper process waits for each read of an entry's ``kernel.so`` to end (the
   hash pass) and renames a wrong (valid) kernel or a foreign library over it at once, while

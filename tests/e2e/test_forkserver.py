@@ -34,7 +34,7 @@ _ACTOR = textwrap.dedent("""
 """)
 
 #: A second stage's import that leaves a thread running (as the 16-core host's CUDA torch
-#: 2.11 did after Inductor's imports, run 17).
+#: 2.11 did after Inductor's imports).
 _THREADED = "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
 
 
@@ -109,7 +109,7 @@ _CUDA_LIKE = textwrap.dedent("""
 
 def test_a_cuda_builds_availability_check_leaves_the_second_stage_single_threaded(tmp_path):
     """With the GPUs hidden (a CPU-only job's workers), the second stage still serves:
-    the availability check starts no driver thread (seen on the GPU host, 2026-11-27)."""
+    the availability check starts no driver thread (seen on a GPU host)."""
     import json
 
     (tmp_path / "cuda_like_preload.py").write_text(_CUDA_LIKE)

@@ -1,4 +1,4 @@
-"""Serving payoff (issue 13): CPU kernels thread like the caller, the speed gate, and two
+"""Serving payoff: CPU kernels thread like the caller, the speed gate, and two
 compile defects (length-scaled tolerances, retried infrastructure failures).
 
 No test asserts that one real kernel is faster than eager (that is the benchmarks' job):
@@ -76,7 +76,7 @@ def test_hook_gates_kernel_slower_on_compile_host(kernels, tmp_path, native):
     a, b = _add_call()
     expected = torch.add(a, b, alpha=2)
     # route="all": the gate inside the hook (the default route leaves an op whose only entry
-    # loses unrouted, tests/test_pretrial.py)
+    # loses unrouted, tests/e2e/test_pretrial.py)
     with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="queue", native=native,
                  serve="faster", route="all") as hook:
         got = [torch.add(a, b, alpha=2)]          # eager while the gate's thread decides

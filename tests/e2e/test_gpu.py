@@ -1,4 +1,4 @@
-"""CUDA end to end (issue 7).  Skipped, with the reason, where no GPU is present (CI);
+"""CUDA end to end.  Skipped, with the reason, where no GPU is present (CI);
 the full GPU validation with benchmarks is scripts/gpu/validate.sh on a GPU host.
 CUDA routing and resource requests stay covered on CPU in test_scheduler.py."""
 

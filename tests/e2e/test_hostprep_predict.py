@@ -1,4 +1,4 @@
-"""Start-up on a fresh many-core host (#17): a process that has the libstdc++ preload
+"""Start-up on a fresh many-core host: a process that has the libstdc++ preload
 does not wait for another process's loader probe.  A real compile (the ``kernels``
 fixture).  The ISA prediction and the forked ISA probe this file also tested were
 removed (they saved less than 5%: docs/benchmarks.md).
@@ -14,7 +14,7 @@ import pytest
 def test_a_preloaded_process_verifies_without_waiting_for_anothers_loader_probe(kernels, tmp_path, monkeypatch):
     """A process with the libstdc++ preload loads kernels itself whatever the loader
     memo will say, so while another process holds the probe lock its first verification
-    goes ahead (run 11: 16 first verifications waited 2.1 s); it does not probe."""
+    goes ahead (16 first verifications at once would otherwise wait); it does not probe."""
     import functools
 
     from conftest import sig_add_alpha

@@ -5,15 +5,15 @@ Ray puts the driver's working directory on its workers' ``sys.path`` and
 ``scripts/bench/run.py`` puts the checkout root there, so the checkout's ``aoti_farm/``
 (which has neither folder) shadowed the installed package: every Ray actor of ``aoti-farm
 warm`` died with ``No module named 'aoti_farm.workers'`` and the benchmarks with ``No module
-named 'aoti_farm.runtime'`` (issue 14).  ``aoti_farm/__init__.py`` maps both names to the
+named 'aoti_farm.runtime'``.  ``aoti_farm/__init__.py`` maps both names to the
 checkout's sibling folders.
 
 The install is a wheel built offline from a copy of the package's sources into a fresh
 venv that sees this venv's dependencies (torch, ray, ...) through a ``.pth`` line, but not
 its editable install (whose finder would map the names and hide the bug: a ``.pth`` file
 in a directory added by another ``.pth`` line is not run): the ``regular_install`` fixture
-(tests/_install.py).  One real compile (the warm).  The benchmark's whole quick mode runs
-from inside the checkout on the same install in tests/test_bench_smoke.py.
+(tests/e2e/_install.py).  One real compile (the warm).  The benchmark's whole quick mode runs
+from inside the checkout on the same install in tests/e2e/test_bench_smoke.py.
 """
 
 from __future__ import annotations

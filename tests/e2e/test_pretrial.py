@@ -1,7 +1,7 @@
-"""Issue 13: ``install()`` times the routed ops' kernels on this host before it returns
+"""``install()`` times the routed ops' kernels on this host before it returns
 (``runtime/pretrial.py``), and unroutes an op none of whose kernels won here, so a hooked
 model pays no routing for ops that would only run eager.  Uses the session's real add
-kernel (tests/test_gate.py's cache); the trial is the gate's real measurement, with a
+kernel (tests/e2e/test_gate.py's cache); the trial is the gate's real measurement, with a
 fixed delay added to one side where a test needs a known outcome.
 
 The unit tests of this module (no compile, no Ray, no subprocess) are in tests/unit/test_pretrial.py.

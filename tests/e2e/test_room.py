@@ -1,6 +1,6 @@
 """The hook's compiles and the program's thread count (runtime/room.py and the native side
 in fastpath.cpp): the count the program set is never changed, while a compile runs or
-after.  The end-to-end case is in test_threads_e2e.py."""
+after.  The thread count of a served call is in test_gate.py."""
 
 from __future__ import annotations
 

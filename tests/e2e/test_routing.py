@@ -1,10 +1,10 @@
-"""Issue 13: a hook that cannot serve an op costs nothing for it.  With ``on_miss="ignore"``
+"""A hook that cannot serve an op costs nothing for it.  With ``on_miss="ignore"``
 only ops with a servable entry are registered (``route="servable-at-install"``, the
 default there: computed once; ``route="servable"``, opt-in: recomputed after each poll):
 an op whose only entry the speed gate declines on the compile host is never routed through
 the hook (asserted on the registration and on the counters: nothing reaches it), the same
 entry under ``serve="always"`` is, and an op whose first servable entry is published later
-is registered then.  Uses the session's real add kernel (tests/test_gate.py's cache)."""
+is registered then.  Uses the session's real add kernel (tests/e2e/test_gate.py's cache)."""
 
 from __future__ import annotations
 

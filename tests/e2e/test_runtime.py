@@ -101,7 +101,7 @@ def test_miss_equals_eager_exactly(tmp_path, name):
     op, args, kwargs = CASES[name]()
     expected = _public(op, args, kwargs)
     # route="all": misses are seen (and counted) only on routed ops; with on_miss="ignore"
-    # the default routes only ops with a servable entry (tests/test_routing.py)
+    # the default routes only ops with a servable entry (tests/e2e/test_routing.py)
     with install(cache_dir=str(tmp_path / "empty"), on_miss="ignore", route="all") as hook:
         got = _public(op, args, kwargs)
         st = hook.stats()
@@ -267,7 +267,7 @@ def test_two_processes_miss_queue_once_compile_once_then_hit(tmp_path):
                 lines += [json.loads(x) for x in p.read_text().splitlines() if x.startswith("{")]
         return lines
 
-    # each worker ended: idle, or with the serving process that started it (issue 34)
+    # each worker ended: idle, or with the serving process that started it
     started = sum(1 for x in logs() if x["event"] == "start")
     assert wait_until(lambda: sum(1 for x in logs() if x["event"] in ("idle-exit", "terminated")) == started, 300, 0.5)
     compiled = [x for x in logs() if x["event"] == "outcome" and x["status"] == "compiled"]

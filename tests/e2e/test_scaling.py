@@ -1,4 +1,4 @@
-"""Farm scaling (issue 17): per-host steps run once when several actors start together;
+"""Farm scaling: per-host steps run once when several actors start together;
 actors take the workers Ray prestarts; the embedded Ray's unactionable notice is dropped.
 
 The timing side is measured by scripts/bench/scaling.py, never asserted here.

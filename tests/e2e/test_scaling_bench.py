@@ -74,7 +74,7 @@ def test_cpu_sampler_splits_the_hosts_cpu_time_by_state():
 def test_cpu_sampler_keeps_a_process_whose_command_line_is_gone(monkeypatch):
     """A process counted as an actor keeps its count when its command line can no longer be
     read (a zombie's is empty: Ray's shutdown kills every actor at once). Before, such
-    processes were dropped, and at W=64 the breakdown counted 0-3 of 64 actors (run 16)."""
+    processes were dropped, and at W=64 the breakdown counted 0-3 of 64 actors."""
     sys.path.insert(0, str(SCRIPT.parent))
     import scaling
 

@@ -1,4 +1,4 @@
-"""Start-up on many-core hosts (#17, run 11): the farm's bytecode cache, the early
+"""Start-up on many-core hosts: the farm's bytecode cache, the early
 verification child with the candidate preload, and the loader probe's two loads at once.
 Real processes throughout; the core-count thresholds are lowered so this 2-core box takes
 the many-core paths.

@@ -1,4 +1,4 @@
-"""A served call is eager's call, an unserved one is eager's own (issue #31), end to end:
+"""A served call is eager's call, an unserved one is eager's own, end to end:
 real compiles into the session cache, the hook on the native and the Python hit path.
 
 Compiled signatures: int64 div, leaky_relu(0.0), int32 floor division, searchsorted with a

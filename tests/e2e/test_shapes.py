@@ -1,4 +1,4 @@
-"""Shape classes and shape-general kernels (issue 15).
+"""Shape classes and shape-general kernels.
 
 One real class compile for the module (``warmed``: ``aoti-farm warm --dynamic auto`` of a
 trace with gelu at three lengths) and one exact compile (precedence); the rest is pure.

@@ -2,8 +2,8 @@
 
 ``AOTI_FARM_PRELOAD_LIBSTDCXX=1`` declares a host that needs the preload, so this process
 (started without it) verifies in a preloaded child.  That child imports torch once per
-process, not once per kernel (issue 17: a child per kernel cost 4.5 s a signature with 16
-actors on the 16-core host), and a child that dies is replaced.  Counts, no timing.
+process, not once per kernel (a child per kernel cost 4.5 s a signature with 16 actors on
+a 16-core host), and a child that dies is replaced.  Counts, no timing.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The README stays a front door and the docs stay linked: README.md is at most 300 lines,
 every relative link of README.md and docs/*.md names a file that exists, and every
 ``#anchor`` names a heading (or an explicit anchor) of the page it points to.  Fast: it
-reads Markdown only.  The README's examples themselves run in test_readme_e2e.py."""
+reads Markdown only.  The README's examples themselves run in tests/e2e/test_readme.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 #: pages other branches are writing, linked ahead of their merge
-#: (docs/verification.md: what "verified" covers, issue 31).  Drop an entry once it lands.
+#: (e.g. a page another branch adds).  Drop an entry once it lands.
 PENDING = set()
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -1,6 +1,6 @@
 """job.compile_and_publish: lease + compile + publish, with the compiler test double
 (tests/doubles.py) on a real cache directory.  Real compiles are covered elsewhere
-(tests/test_compiler.py, the drills); here each rule of the job is checked alone."""
+(tests/e2e/test_compiler.py, the drills); here each rule of the job is checked alone."""
 
 from __future__ import annotations
 

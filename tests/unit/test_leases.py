@@ -264,8 +264,8 @@ def test_new_owner_is_unique():
 
 
 def test_a_fresh_lease_is_never_removed_as_the_stale_one_it_replaced(cache, monkeypatch):
-    """The race behind a rare failure of the test above (the before-stop run of
-    2026-11-27, round 41 of 50: two holders): contender A breaks the stale lease, drops
+    """The race behind a rare failure of the test above (about one run in 50
+    found two holders): contender A breaks the stale lease, drops
     the breaker and creates its own; B, taking the breaker in between, judges the name
     gone, and A's fresh lease then appears before B's removal, which took it.  The windows
     are widened here, so the old code got two holders in about a quarter of the rounds;

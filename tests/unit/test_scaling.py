@@ -66,7 +66,7 @@ def test_startup_line_names_the_slowest_phase():
     assert startup_line({"process_start": 1.0, "workers": []}) is None
 
 
-# --- start-up sized from the work, imports in Ray's prestarted workers (run 10) -------------
+# --- start-up sized from the work, imports in Ray's prestarted workers -------------------
 
 
 def test_embedded_ray_is_sized_from_the_work():

@@ -8,8 +8,8 @@ import pytest
 
 
 def test_no_early_verification_child_where_the_actor_has_the_preload_itself(tmp_path, monkeypatch):
-    """An actor started with the libstdc++ preload (its Ray inherited it: run 11 on the
-    GPU host) loads kernels itself whatever the memo says: no child is started early."""
+    """An actor started with the libstdc++ preload (its Ray inherited it, as
+    on a GPU host) loads kernels itself whatever the memo says: no child is started early."""
     from aoti_farm import loadenv, verifyserver
     from aoti_farm.workers.compile_actor import CompileActor
 

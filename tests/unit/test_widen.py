@@ -1,6 +1,6 @@
 """The miss policy for calls outside every shape class's range (aoti_farm/widen.py): the
 decision, its settings and the queue item's optional field.  Pure: no compile (the hook and
-the real class compile of a widened range are in tests/test_shapes.py, on its shared class)."""
+the real class compile of a widened range are in tests/e2e/test_shapes.py, on its shared class)."""
 
 from __future__ import annotations
 
