@@ -370,6 +370,20 @@ def _abort_message(err: str) -> str | None:
     return None
 
 
+#: How the reasons of verification's refusals begin: the kernel was built and checked, and
+#: it is not eager's (values, errors, a crash where eager raises) or cannot be checked as
+#: serving needs (``unsupported``).  Eager serves such a signature; ``warm`` reports these
+#: apart and they do not fail it (a signature eager rejects, an Inductor error or a bug of
+#: ours still does).
+VERIFICATION_REFUSALS = ("kernel disagrees with eager", "kernel does not raise where eager raises",
+                         "kernel raises where eager does not", "kernel aborts the process where eager raises",
+                         "kernel crashed its loader", "unsupported")
+
+
+def is_verification_refusal(reason: str | None) -> bool:
+    return bool(reason) and str(reason).startswith(VERIFICATION_REFUSALS)
+
+
 def eager_raises_on_adversarial(sig: S.Signature) -> bool:
     """Whether eager raises on one of ``sig``'s adversarial cases (an index out of range):
     then the kernel's verification runs in the verification child (see ``verify``)."""

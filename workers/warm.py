@@ -434,15 +434,19 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
 
 
 def mark_refusals(rows: list[dict], cache) -> None:
-    """Set ``refused`` on each failed row whose failure is recorded in the cache and is not
-    a bug of ours: verification refused the kernel (it disagrees with eager, or the op
-    cannot run alone), a final and deterministic outcome after which eager serves the
-    signature.  Such a row does not fail ``warm``; an unrecorded failure (timeouts, lost
-    workers, the memory budget) or a bug of aoti-farm does."""
+    """Set ``refused`` on each failed row that verification refused and that the cache
+    records: the kernel was built and is not eager's (or cannot be checked as serving
+    needs), a final, deterministic outcome after which eager serves the signature
+    (:data:`aoti_farm.compiler.VERIFICATION_REFUSALS`).  Such a row does not fail
+    ``warm``.  Everything else does: an unrecorded failure (timeouts, lost workers, the
+    memory budget), a signature eager rejects, an Inductor error, a bug of aoti-farm."""
+    from aoti_farm.compiler import is_verification_refusal
+
     for r in rows:
         if r.get("status") != "failed" or (r.get("evidence") or {}).get("bug") or not r.get("fp_id"):
             continue
         try:
-            r["refused"] = cache.failure(r["fp_id"], r["key"]) is not None
+            rec = cache.failure(r["fp_id"], r["key"])
         except Exception:   # an unreadable record: not known to be a refusal
-            r["refused"] = False
+            rec = None
+        r["refused"] = rec is not None and is_verification_refusal(rec.get("reason"))

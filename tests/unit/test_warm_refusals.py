@@ -21,9 +21,10 @@ def _sig(n):
 def test_recorded_refusals_do_not_fail_warm_but_other_failures_do(tmp_path):
     cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
     cache.ensure(fp)
-    refused, lost, bug = _sig(3), _sig(5), _sig(7)
+    refused, lost, bug, rejected = _sig(3), _sig(5), _sig(7), _sig(11)
     cache.record_failure(fp, refused, "kernel disagrees with eager on adversarial inputs: magnitudes")
     cache.record_failure(fp, bug, "bug in aoti-farm: KeyError: 0 at x.py:1 in f", evidence={"bug": True})
+    cache.record_failure(fp, rejected, "eager rejects the example inputs: RuntimeError: mat1 and mat2 shapes")
     rows = [
         {"key": refused.key, "op": refused.op, "status": "failed", "fp_id": fp.id, "evidence": {},
          "error": "kernel disagrees with eager on adversarial inputs: magnitudes"},
@@ -40,6 +41,10 @@ def test_recorded_refusals_do_not_fail_warm_but_other_failures_do(tmp_path):
     more = [{"key": lost.key, "op": lost.op, "status": "failed", "fp_id": fp.id, "evidence": {},
              "error": "timed out after 3 attempts"},
             {"key": bug.key, "op": bug.op, "status": "failed", "fp_id": fp.id, "evidence": {"bug": True},
-             "error": "bug in aoti-farm: KeyError: 0 at x.py:1 in f"}]
+             "error": "bug in aoti-farm: KeyError: 0 at x.py:1 in f"},
+            {"key": rejected.key, "op": rejected.op, "status": "failed", "fp_id": fp.id, "evidence": {},
+             "error": "eager rejects the example inputs: RuntimeError: mat1 and mat2 shapes"}]
     mark_refusals(more, cache)
-    assert [r.get("refused") for r in more] == [False, None]    # not recorded; ours: both fail warm
+    # not recorded; a bug of ours; a signature eager rejects (recorded, but the trace is wrong):
+    # all three fail warm
+    assert [r.get("refused") for r in more] == [False, None, False]
