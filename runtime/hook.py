@@ -31,9 +31,10 @@ a call can only be served or run eager, so the default there is
 ``install()`` runs (published, not refused or failing here, and under ``serve="faster"``
 faster than eager on the compile host) are registered, and the registration never changes
 afterwards; every other op costs exactly eager.  Under ``serve="faster"`` ``install()``
-first times the routed ops' kernels on this host (``runtime/pretrial.py``, within
-``install_trial`` seconds) and unroutes the ops none of whose kernels won here, so an op
-whose calls would all run eager is not routed either.  New signatures of a routed op are still
+first takes this host's kept decisions (``aoti_farm/hostgate.py``: measured by an earlier
+process at the same thread count), then times the routed ops' other kernels on this host
+(``runtime/pretrial.py``, within ``install_trial`` seconds) and unroutes the ops none of
+whose kernels won here, so an op whose calls would all run eager is not routed either.  New signatures of a routed op are still
 picked up by the poller; an op whose first servable entry lands later is served from the
 next ``install()``.  ``route="servable"`` (opt-in) recomputes the set after each poll and
 re-registers the dispatcher when it changes (an op that lost its last servable entry stays
@@ -111,6 +112,10 @@ class Hook:
         served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
         self.fps: dict[str, Fingerprint] = {d: fingerprint(d, self.inductor_options) for d in served}
         self._calls = CallMemo(self.fps)
+        # this host's kept on-host decisions (aoti_farm/hostgate.py), at the program's thread
+        # count: routing below follows them, with no trial
+        threads = torch.get_num_threads()
+        self.remembered = {d: self.gate.preload(fp.id, self.cache.root, threads) for d, fp in self.fps.items()}
         if on_miss != "ignore":  # a fresh cache: create it so misses can be queued
             for fp in self.fps.values():
                 try:
@@ -150,6 +155,7 @@ class Hook:
                 # time the routed ops' kernels here first; unroute ops none of which won
                 before = set(self._routes.routed)
                 self.install_trial = pretrial.run(self, settings.install_trial)
+                self.gate.persist()
                 self._routes.route(self._servable_ops(), at_once=True)
                 self.install_trial["unrouted"] = sorted(before - set(self._routes.routed or ()))
         self._workers.watch_build(self._routes.build)
