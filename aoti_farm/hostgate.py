@@ -9,6 +9,11 @@ count it was measured at and when: a later process at the same thread count take
 once (its ops are routed or unrouted from it before the program's first call, with no
 trial), and ``aoti-farm explain`` names what this host gated ("gated here").
 
+Per op, the memo also keeps whether every call of the op ran eager in the last process
+that served it (no hit, no miss: only failed signatures, ineligible or gated calls):
+``route="paying"`` leaves such an op unrouted in the next process unless it has an entry
+that could now be served, so its calls stop paying the hook's lookup for nothing.
+
 Only measured decisions are kept (a declined-without-trial signature, "trial budget spent",
 is tried again by a later process), and only for :data:`MAX_AGE_S` (a host's load and
 clocks drift).  The memo is keyed by the cache directory as well: two caches can hold
@@ -69,18 +74,29 @@ def _private_dir(path: str, create: bool) -> bool:
             and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO))
 
 
-def _read(path: str) -> dict:
-    """The decisions in ``path`` (key -> record); {} when absent, unsafe or malformed."""
+def _read_doc(path: str) -> tuple[dict, dict]:
+    """(decisions, ops) in ``path``; empty when absent, unsafe or malformed."""
     if not _private_dir(os.path.dirname(path), create=False):
-        return {}
+        return {}, {}
     try:
         raw = safeio.read_bounded(path, max_bytes=MAX_BYTES, uids=(os.getuid(),), what=path)
         doc = json.loads(raw)
     except (OSError, ValueError):
-        return {}
+        return {}, {}
     if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("decisions"), dict):
-        return {}
-    return {k: v for k, v in doc["decisions"].items() if isinstance(k, str) and _valid(v)}
+        return {}, {}
+    ops = doc.get("ops") if isinstance(doc.get("ops"), dict) else {}
+    return ({k: v for k, v in doc["decisions"].items() if isinstance(k, str) and _valid(v)},
+            {k: v for k, v in ops.items() if isinstance(k, str) and _valid_op(v)})
+
+
+def _read(path: str) -> dict:
+    return _read_doc(path)[0]
+
+
+def _valid_op(rec) -> bool:
+    return (isinstance(rec, dict) and isinstance(rec.get("eager_only"), bool) and isinstance(rec.get("threads"), int)
+            and isinstance(rec.get("at"), (int, float)) and not isinstance(rec.get("at"), bool))
 
 
 def _valid(rec) -> bool:
@@ -105,21 +121,52 @@ def load(fp_id: str, cache_root, threads: int | None = None, *, now: float | Non
             if (threads is None or v["threads"] == threads) and -60.0 <= now - v["at"] <= MAX_AGE_S}
 
 
-def save(fp_id: str, cache_root, decisions: dict, *, base: str | None = None) -> bool:
-    """Merge ``decisions`` (key -> record) into the memo; True when written.  Never raises."""
-    if not decisions:
+def load_ops(fp_id: str, cache_root, threads: int | None = None, *, now: float | None = None,
+             base: str | None = None) -> set[str]:
+    """The ops whose every call ran eager in the last process that served them here (at
+    ``threads``, within :data:`MAX_AGE_S`): no hit, no miss, only failed signatures,
+    ineligible or gated calls.  Never raises."""
+    try:
+        ops = _read_doc(memo_path(fp_id, cache_root, base))[1]
+    except Exception:  # noqa: BLE001
+        return set()
+    now = time.time() if now is None else now
+    return {op for op, v in ops.items() if v["eager_only"] and (threads is None or v["threads"] == threads)
+            and -60.0 <= now - v["at"] <= MAX_AGE_S}
+
+
+def op_records(per_op: dict, threads: int, now: float | None = None) -> dict:
+    """Memo records of ``stats()["per_op"]``: an op is eager-only when it had calls, none
+    served and none missed."""
+    at = round(time.time() if now is None else now, 1)
+    out = {}
+    for op, c in per_op.items():
+        try:
+            h, m, f = int(c.get("hits", 0)), int(c.get("misses", 0)), int(c.get("fallbacks", 0))
+        except (AttributeError, TypeError, ValueError):
+            continue
+        if h + m + f:
+            out[op] = {"eager_only": h == 0 and m == 0, "threads": int(threads), "at": at, "calls": h + m + f}
+    return out
+
+
+def save(fp_id: str, cache_root, decisions: dict, *, ops: dict | None = None, base: str | None = None) -> bool:
+    """Merge ``decisions`` (key -> record) and ``ops`` (op -> record, :func:`op_records`)
+    into the memo; True when written.  Never raises."""
+    if not decisions and not ops:
         return False
     try:
         path = memo_path(fp_id, cache_root, base)
         d = os.path.dirname(path)
         if not _private_dir(d, create=True):
             return False
-        merged = _read(path)
+        merged, merged_ops = _read_doc(path)
         merged.update({k: v for k, v in decisions.items() if _valid(v)})
+        merged_ops.update({k: v for k, v in (ops or {}).items() if _valid_op(v)})
         if len(merged) > MAX_ENTRIES:
             merged = dict(sorted(merged.items(), key=lambda kv: kv[1]["at"])[-MAX_ENTRIES:])
         data = json.dumps({"version": VERSION, "fp": fp_id, "cache": os.path.realpath(str(cache_root)),
-                           "decisions": merged}, sort_keys=True).encode()
+                           "decisions": merged, "ops": merged_ops}, sort_keys=True).encode()
         atomic_write(path, data)
         os.chmod(path, 0o600)
         return True

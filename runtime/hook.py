@@ -57,7 +57,7 @@ from typing import Iterable
 
 import torch
 
-from aoti_farm import signature as S
+from aoti_farm import hostgate, signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.counters import Counters
 from aoti_farm.errors import Ineligible, UserError
@@ -116,6 +116,12 @@ class Hook:
         # count: routing below follows them, with no trial
         threads = torch.get_num_threads()
         self.remembered = {d: self.gate.preload(fp.id, self.cache.root, threads) for d, fp in self.fps.items()}
+        self._threads = threads
+        # ops whose every call ran eager in the last process here (hostgate.load_ops)
+        self._eager_ops: set[str] = set()
+        if self.gate.active:
+            for fp in self.fps.values():
+                self._eager_ops |= hostgate.load_ops(fp.id, self.cache.root, threads)
         if on_miss != "ignore":  # a fresh cache: create it so misses can be queued
             for fp in self.fps.values():
                 try:
@@ -179,7 +185,8 @@ class Hook:
         if not self._route_by_entries:
             return None
         if self.route == "paying":   # every requested op but those that cannot pay here
-            return sorted(self._routes.requested() - losing_ops(self._index, self._kernels.bad, self.gate))
+            eager = self._eager_ops - servable_ops(self._index, self._kernels.bad, self.gate) if self._eager_ops else set()
+            return sorted(self._routes.requested() - losing_ops(self._index, self._kernels.bad, self.gate) - eager)
         ops = servable_ops(self._index, self._kernels.bad, self.gate)
         return sorted(ops & self._routes.requested())
 
@@ -380,6 +387,7 @@ class Hook:
             return
         # stats() after uninstall (the stats written at exit) describe the hook as it served
         self.served_as = {"routed_ops": len(self.ops), "native_active": self._routes.nreg is not None}
+        self._keep_op_outcomes()
         self._routes.uninstall()
         self._poller.stop()
         self._writer.close()
@@ -390,6 +398,18 @@ class Hook:
         self._kernels.clear()
         if stop_worker:
             self._workers.stop()
+
+    def _keep_op_outcomes(self) -> None:
+        """Keep in this host's memo which routed ops ran every call eager (route="paying"
+        leaves them unrouted next time, see ``aoti_farm/hostgate.py``).  Never raises."""
+        if self.route != "paying" or not self.gate.active or self._not_serving or len(self.fps) != 1:
+            return
+        try:
+            recs = hostgate.op_records(self.stats()["per_op"], self._threads)
+            (fp,) = self.fps.values()
+            hostgate.save(fp.id, self.cache.root, {}, ops=recs)
+        except Exception as e:  # noqa: BLE001 -- a memo is an optimisation
+            log.debug("keeping op outcomes: %s", e)
 
     def __enter__(self) -> "Hook":
         return self

@@ -100,3 +100,20 @@ def test_budget_spent_declines_are_not_kept(xdg):
     assert g.wait(30) and g.decision("k") is False and g.why["k"]["reason"] == "trial budget spent"
     g.close()
     assert hostgate.load(FP, root) == {}
+
+
+def test_ops_whose_every_call_ran_eager_are_kept(xdg):
+    root = xdg / "cache"
+    per_op = {"aten::index_select": {"hits": 0, "misses": 0, "fallbacks": 900},   # failed signatures only
+              "aten::addmm": {"hits": 40, "misses": 0, "fallbacks": 3},
+              "aten::gelu": {"hits": 0, "misses": 2, "fallbacks": 0},              # a miss is queued: routed
+              "aten::tanh": {"hits": 0, "misses": 0, "fallbacks": 0}}
+    recs = hostgate.op_records(per_op, threads=2)
+    assert set(recs) == {"aten::index_select", "aten::addmm", "aten::gelu"}
+    assert hostgate.save(FP, root, {}, ops=recs)
+    assert hostgate.load_ops(FP, root, threads=2) == {"aten::index_select"}
+    assert hostgate.load_ops(FP, root, threads=1) == set()
+    # a later process that served the op routes it again next time; decisions are kept alongside
+    assert hostgate.save(FP, root, {"a": _rec()}, ops=hostgate.op_records(
+        {"aten::index_select": {"hits": 5, "misses": 0, "fallbacks": 0}}, threads=2))
+    assert hostgate.load_ops(FP, root, threads=2) == set() and set(hostgate.load(FP, root)) == {"a"}
