@@ -15,8 +15,9 @@ that served it (no hit, no miss: only failed signatures, ineligible or gated cal
 that could now be served, so its calls stop paying the hook's lookup for nothing.
 
 Only measured decisions are kept (a declined-without-trial signature, "trial budget spent",
-is tried again by a later process), and only for :data:`MAX_AGE_S` (a host's load and
-clocks drift).  The memo is keyed by the cache directory as well: two caches can hold
+is tried again by a later process), not those measured while the host was overloaded
+(:func:`overloaded`: timings then are mostly waiting), and only for :data:`MAX_AGE_S` (a
+host's load and clocks drift).  The memo is keyed by the cache directory as well: two caches can hold
 different kernels for one signature key.
 
 Where: ``memo_dir()/gate/<fp id>-<cache hash>.json``, in a directory this module creates
@@ -171,6 +172,15 @@ def save(fp_id: str, cache_root, decisions: dict, *, ops: dict | None = None, ba
         os.chmod(path, 0o600)
         return True
     except Exception:  # noqa: BLE001 -- a read-only home: decided again next time
+        return False
+
+
+def overloaded() -> bool:
+    """Whether this host's 1-minute load average exceeds its cores: a trial measured then
+    is used by its process but not kept."""
+    try:
+        return os.getloadavg()[0] > (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    except OSError:
         return False
 
 

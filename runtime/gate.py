@@ -166,7 +166,10 @@ class Gate:
                           else "faster here by less than a routed call costs")
                 why = {"reason": reason, "compile_ratio": cr, "host_ratio": m["ratio"],
                        "host_kernel_us": m["kernel_us"], "host_eager_us": m["eager_us"]}
-                rec = hostgate.record(ok, {"threads": torch.get_num_threads(), **m})   # kept for later processes
+                # kept for later processes, unless measured on an overloaded host (more runnable
+                # threads than cores: both sides' times are mostly waiting, and a decision
+                # kept for days should not rest on them)
+                rec = None if hostgate.overloaded() else hostgate.record(ok, {"threads": torch.get_num_threads(), **m})
                 if rec is not None and fp_id is not None and self.memo_root is not None:
                     with self._lock:
                         self._fresh.setdefault(fp_id, {})[key] = rec

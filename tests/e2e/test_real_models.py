@@ -124,7 +124,9 @@ if mode == "record":
         for n in lengths:
             run(n)
     sys.exit(0)
+from aoti_farm import hostgate
 from aoti_farm.runtime import install
+hostgate.overloaded = lambda: False            # keep decisions whatever the shared test host's load
 eager = {n: run(n) for n in lengths}
 hook = install(cache_dir=sys.argv[3])          # the defaults
 try:

@@ -19,6 +19,7 @@ T = lambda: (lambda: None, lambda: None, "cpu")  # noqa: E731
 @pytest.fixture
 def xdg(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(hostgate, "overloaded", lambda: False)   # the shared test host's load
     return tmp_path
 
 
@@ -117,3 +118,14 @@ def test_ops_whose_every_call_ran_eager_are_kept(xdg):
     assert hostgate.save(FP, root, {"a": _rec()}, ops=hostgate.op_records(
         {"aten::index_select": {"hits": 5, "misses": 0, "fallbacks": 0}}, threads=2))
     assert hostgate.load_ops(FP, root, threads=2) == set() and set(hostgate.load(FP, root)) == {"a"}
+
+
+def test_a_decision_measured_on_an_overloaded_host_is_used_but_not_kept(xdg, monkeypatch):
+    monkeypatch.setattr(hostgate, "overloaded", lambda: True)
+    g = Gate("faster")
+    g.measure = lambda *a, **kw: {"ratio": 0.5, "kernel_us": 5.0, "eager_us": 50.0, "calls": 10, "threads": 2}
+    g.preload(FP, xdg / "cache", threads=2)
+    g.request("k", lambda: {"ratio": 0.5}, T, fp_id=FP)
+    assert g.wait(30) and g.decision("k") is True
+    g.close()
+    assert hostgate.load(FP, xdg / "cache") == {}
