@@ -7,6 +7,10 @@ Outcomes (one per signature):
   (an exact entry, or a shape-class entry whose range covers the signature: "covered by
   class ...", ``category`` "class"); a hit is the compile host's speed record, and the
   hook confirms an exact entry on this host at its first call;
+* ``gated here`` -- a hit on the compile host that this host's speed gate declined: the
+  hook's on-host trial, kept in this host's memo (``aoti_farm/hostgate.py``), found it
+  slower than eager here ("gated here (1.31 of eager on this host, 2 threads)"); eager
+  runs.  A hit confirmed here says so in its details;
 * ``gated`` -- published, but under the hook's default policy ``serve="faster"`` its
   manifest's ``speed`` record says the kernel is not faster than eager (``ratio >
   GATE_RATIO``; both times are named) or it has no such record, or a class covers it
@@ -41,7 +45,7 @@ from aoti_farm.errors import UserError
 from aoti_farm.keyindex import CacheIndex, Namespace, category, field_diff, fingerprint_diff, flatten_args
 from aoti_farm.signature import Signature, describe, op_info, resolve_op
 
-OUTCOMES = ("hit", "gated", "failed", "ineligible", "refused", "missing")
+OUTCOMES = ("hit", "gated here", "gated", "failed", "ineligible", "refused", "missing")
 #: Fallback for the speed gate's threshold until ``aoti_farm.GATE_RATIO`` exists.
 DEFAULT_GATE_RATIO = 0.95
 _WRAPPED = ("float64", "int64", "bool", "complex128")
@@ -110,6 +114,7 @@ class Explainer:
         self.serve = serve_policy(serve)
         self.index = index or CacheIndex(cache)
         self.unserved = unserved or {}   # device type -> why it is not served here
+        self._here: dict[str, dict] = {}   # fp id -> this host's kept gate decisions (hostgate)
 
     def refresh(self, max_age: float = 0.0) -> None:
         """List the cache again (what was read about keys stays memoised)."""
@@ -119,6 +124,7 @@ class Explainer:
         new = CacheIndex(self.cache)
         new._sigs = {k: v for k, v in old._sigs.items() if k[0] in new.namespaces and k[1] in new.namespaces[k[0]].keys}
         self.index = new
+        self._here.clear()
 
     def host_notes(self) -> list[str]:
         """Namespace-level notes: this host's fingerprint has no namespace but others do."""
@@ -213,11 +219,34 @@ class Explainer:
             ex.reason = f"covered by class {k[:16]} ({ranges}) at {at}"
             if self.serve != "always":
                 ex.details.append(f"the class beat eager on the compile host at {at} (serve_range {ex.data['serve_range']})")
-            return ex
+            return self._on_this_host(ex, fp_id, k)
         ex.outcome = "gated"
         ex.reason = (f"covered by class {k[:16]} ({ranges}) at {at}, where it did not beat eager "
                      f"(serve_range {serve}): eager runs, nothing is queued")
         ex.details.append("serve='always' (AOTI_FARM_SERVE=always) serves it")
+        return ex
+
+    def _on_this_host(self, ex: Explanation, fp_id: str, key: str) -> Explanation:
+        """A hit as this host's gate decided it (``aoti_farm/hostgate.py``): "gated here"
+        where its on-host trial lost, a note where it won, unchanged where never tried."""
+        if self.serve == "always":
+            return ex
+        if fp_id not in self._here:
+            from aoti_farm import hostgate
+
+            self._here[fp_id] = hostgate.load(fp_id, self.cache.root)
+        rec = self._here[fp_id].get(key)
+        if rec is None:
+            return ex
+        here = (f"{rec['host_ratio']:.2f} of eager on this host, {rec['threads']} threads, "
+                f"decided {time.strftime('%Y-%m-%d %H:%M', time.localtime(rec['at']))}")
+        ex.data["here"] = rec
+        if rec["ok"]:
+            ex.details.append(f"faster here too ({here})")
+            return ex
+        ex.outcome = "gated here"
+        ex.reason = (f"gated here ({here}): a hit on the compile host that loses to eager on this host; "
+                     f"eager runs, nothing is queued")
         return ex
 
     def _ineligible(self, sig: Signature) -> str | None:
@@ -264,7 +293,7 @@ class Explainer:
         if times:
             ex.details.append(times + ("" if self.serve == "always" else
                                        f" <= {limit}; the hook confirms it on this host at the first call"))
-        return ex
+        return self._on_this_host(ex, fp_id, ex.key)
 
     def _missing(self, ex: Explanation, sig: Signature, fp, ns: Namespace | None) -> Explanation:
         # the very key under another fingerprint: name the fingerprint fields that differ

@@ -4,8 +4,13 @@ Two signatures are in one *group* when they have the same op, the same non-tenso
 arguments (exact values), and per tensor argument the same dtype, device, rank and layout
 class: the stride order of its dense dims, its broadcast (stride-0) dims, and its dims of
 size 0 or 1 (with their sizes).  A tensor that is not dense in its stride order (a slice
-of a larger buffer, an overlapping view) has no layout class: such a signature is only
-ever compiled and served exactly.
+of a larger buffer: a KV cache's ``[B, H, n, D]`` view of ``[B, H, N, D]``, one of q/k/v
+split from a fused projection) has the *strided* layout class: its exact strides, and its
+dims of size 0 or 1.  Its sizes may still vary while its strides stay fixed (the strides
+are the buffer's, not the slice's), which AOTInductor compiles as symbolic sizes with
+constant strides.  A tensor whose strides change with the sizes of another tensor (a
+column of a growing ``[2, n]`` tensor has stride ``n``) is in another group at each
+length: served exactly only.
 
 A *class* is a group plus a size pattern learnt from a trace: each tensor dim of size
 >= 2 is either fixed (the same size in every member) or a symbol ``s0, s1, ...``; dims
@@ -80,10 +85,16 @@ def _tensors(args: tuple) -> list[tuple[int, int | None, tuple]]:
     return out
 
 
+#: The layout tag of a tensor that is not dense in its stride order (fixed strides).
+STRIDED = "strided"
+
+
 def _group_arg(a: tuple) -> tuple | None:
     if a[0] == "T":
         lay = tensor_layout(a[2], a[3])
-        return None if lay is None else ("T", a[1], len(a[2]), a[4], *lay)
+        if lay is None:   # fixed strides; the size-0/1 dims as in the dense form
+            return ("T", a[1], len(a[2]), a[4], STRIDED, tuple(a[3]), tuple((d, s) for d, s in enumerate(a[2]) if s <= 1))
+        return ("T", a[1], len(a[2]), a[4], *lay)
     if a[0] == "TL":
         items = tuple(("N",) if t[0] == "N" else _group_arg(t) for t in a[1])
         return None if any(x is None for x in items) else ("TL", items)
@@ -180,7 +191,8 @@ class ShapeClass:
         return sig.op == self.op and self.bind(sig.args) is not None
 
     def point(self, env: dict[str, int], hints: dict | None = None) -> S.Signature:
-        """The member signature with symbol values ``env`` (dense strides)."""
+        """The member signature with symbol values ``env`` (dense strides; a strided
+        tensor keeps the class's strides)."""
         tens = iter(zip(_tensors(self.example.args), self.dims))
         args = []
         for a in self.example.args:
@@ -216,7 +228,10 @@ class ShapeClass:
     @staticmethod
     def _sized(t: tuple, pat: tuple, env: dict) -> tuple:
         sizes = tuple(p if isinstance(p, int) else env[p] for p in pat)
-        order, bcast, _ = tensor_layout(t[2], t[3])
+        lay = tensor_layout(t[2], t[3])
+        if lay is None:   # the strided layout class: the strides are the class's own
+            return ("T", t[1], sizes, tuple(t[3]), t[4])
+        order, bcast, _ = lay
         return ("T", t[1], sizes, dense_strides(sizes, order, bcast), t[4])
 
     # -- forms

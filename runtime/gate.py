@@ -22,6 +22,12 @@ So each kernel is timed against eager twice:
    so a model of many small signatures neither spends a core on trials while it serves
    nor keeps asking the hook about calls that run eager.
 
+   Each measured decision is kept in this host's private memo (``aoti_farm/hostgate.py``:
+   per fingerprint, cache and key, with the on-host ratio and the thread count): a later
+   process at the same thread count takes it at install (:meth:`Gate.preload`), before
+   routing, with no trial.  The memo is written from the gate's thread and at install,
+   never on a call's path.
+
 Under the policy ``serve="faster"`` (the default) a kernel is served only when the
 compile-time ratio is at most :data:`GATE_RATIO` (faster by a 5% margin) *and* the on-host
 trial agrees: the same margin, and a saving of at least :data:`MIN_SAVING_US` a call (what
@@ -45,6 +51,7 @@ from typing import Callable
 
 import torch
 
+from aoti_farm import hostgate
 from aoti_farm.counters import Counters
 
 from aoti_farm.speed import (  # noqa: F401 -- the gate's constants and statistic live in the core
@@ -76,10 +83,14 @@ class Gate:
         self._closed = False
         self._idle = threading.Condition(self._lock)
         self.why: dict[str, dict] = {}     # key -> how it was decided (ratios, reason)
+        self.memo_root = None               # the cache whose decisions are kept (hostgate); None: none kept
+        self._fresh: dict[str, dict] = {}   # fp id -> {key: memo record} measured, not yet written
         # gate_trials: kernel + eager executions spent on confirmations; gated_signatures:
         # declined (served eager); served_signatures: confirmed faster; gate_errors:
         # confirmations that failed (declined)
-        self.counters = Counters("gate_trials", "gated_signatures", "served_signatures", "gate_errors")
+        # remembered: decisions taken from this host's memo (no trial)
+        self.counters = Counters("gate_trials", "gated_signatures", "served_signatures", "gate_errors",
+                                 "remembered")
 
     @property
     def active(self) -> bool:
@@ -91,7 +102,36 @@ class Gate:
             return True
         return self._decided.get(key)
 
-    def confirm(self, key: str, speed, trial: Callable[[], tuple], background: bool = False) -> bool | None:
+    def preload(self, fp_id: str, root, threads: int) -> int:
+        """Take this host's kept decisions for ``fp_id`` and the cache at ``root``, measured
+        at ``threads`` intra-op threads (``aoti_farm/hostgate.py``); later decisions of
+        this gate are kept there too.  Returns how many were taken.  Never raises."""
+        if self.policy == "always":
+            return 0
+        self.memo_root = root
+        got = hostgate.load(fp_id, root, threads)
+        n = 0
+        with self._lock:
+            for key, rec in got.items():
+                if key in self._decided or key in self._pending:
+                    continue
+                self._decided[key] = rec["ok"]
+                self.why[key] = {"reason": ("faster here" if rec["ok"] else "slower here") + " (remembered)",
+                                 "host_ratio": rec["host_ratio"], "threads": rec["threads"], "decided_at": rec["at"]}
+                n += 1
+        self.counters.inc("remembered", n=n)
+        return n
+
+    def persist(self) -> None:
+        """Write the decisions measured since the last call to this host's memo (the gate's
+        thread, install(), close()).  Never raises."""
+        with self._lock:
+            fresh, self._fresh = self._fresh, {}
+        for fp_id, recs in fresh.items():
+            hostgate.save(fp_id, self.memo_root, recs)
+
+    def confirm(self, key: str, speed, trial: Callable[[], tuple], background: bool = False,
+                fp_id: str | None = None) -> bool | None:
         """Decide ``key`` in this thread: declined at once when the manifest's ratio is
         missing or above :data:`GATE_RATIO`; otherwise ``trial()`` returns ``(run_kernel,
         run_eager, device[, context])`` and the two are timed here (within ``context``, if
@@ -126,6 +166,13 @@ class Gate:
                           else "faster here by less than a routed call costs")
                 why = {"reason": reason, "compile_ratio": cr, "host_ratio": m["ratio"],
                        "host_kernel_us": m["kernel_us"], "host_eager_us": m["eager_us"]}
+                # kept for later processes, unless measured on an overloaded host (more runnable
+                # threads than cores: both sides' times are mostly waiting, and a decision
+                # kept for days should not rest on them)
+                rec = None if hostgate.overloaded() else hostgate.record(ok, {"threads": torch.get_num_threads(), **m})
+                if rec is not None and fp_id is not None and self.memo_root is not None:
+                    with self._lock:
+                        self._fresh.setdefault(fp_id, {})[key] = rec
         except Exception as e:  # noqa: BLE001 -- a trial that fails declines the kernel
             ok = False
             why = {"reason": f"confirmation failed: {type(e).__name__}: {str(e)[:200]}"}
@@ -138,7 +185,8 @@ class Gate:
         self.counters.inc("served_signatures" if ok else "gated_signatures")
         return ok
 
-    def request(self, key: str, speed: Callable[[], object], trial: Callable[[], tuple]) -> None:
+    def request(self, key: str, speed: Callable[[], object], trial: Callable[[], tuple],
+                fp_id: str | None = None) -> None:
         """Decide ``key`` in the gate's background thread (:meth:`confirm` with ``speed()``),
         unless it is decided or on its way; never blocks, never raises."""
         with self._lock:
@@ -148,14 +196,14 @@ class Gate:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="aoti-farm-gate", daemon=True)
                 self._thread.start()
-        self._jobs.put((key, speed, trial))
+        self._jobs.put((key, speed, trial, fp_id))
 
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            key, speed, trial = job
+            key, speed, trial, fp_id = job
             try:
                 if not self._closed:
                     t0 = time.monotonic()
@@ -163,8 +211,10 @@ class Gate:
                         sp = speed()
                     except Exception:  # noqa: BLE001 -- an unreadable entry has no speed: declined
                         sp = None
-                    self.confirm(key, sp, trial, background=True)
+                    self.confirm(key, sp, trial, background=True, fp_id=fp_id)
                     self.spent_s += time.monotonic() - t0
+                    if self._jobs.empty():
+                        self.persist()
             finally:
                 with self._lock:
                     self._queued.discard(key)
@@ -188,6 +238,7 @@ class Gate:
         if t is not None:
             self._jobs.put(None)
             t.join(timeout=5)
+        self.persist()
 
     def stats(self) -> dict:
         with self._lock:

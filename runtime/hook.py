@@ -31,9 +31,10 @@ a call can only be served or run eager, so the default there is
 ``install()`` runs (published, not refused or failing here, and under ``serve="faster"``
 faster than eager on the compile host) are registered, and the registration never changes
 afterwards; every other op costs exactly eager.  Under ``serve="faster"`` ``install()``
-first times the routed ops' kernels on this host (``runtime/pretrial.py``, within
-``install_trial`` seconds) and unroutes the ops none of whose kernels won here, so an op
-whose calls would all run eager is not routed either.  New signatures of a routed op are still
+first takes this host's kept decisions (``aoti_farm/hostgate.py``: measured by an earlier
+process at the same thread count), then times the routed ops' other kernels on this host
+(``runtime/pretrial.py``, within ``install_trial`` seconds) and unroutes the ops none of
+whose kernels won here, so an op whose calls would all run eager is not routed either.  New signatures of a routed op are still
 picked up by the poller; an op whose first servable entry lands later is served from the
 next ``install()``.  ``route="servable"`` (opt-in) recomputes the set after each poll and
 re-registers the dispatcher when it changes (an op that lost its last servable entry stays
@@ -55,7 +56,7 @@ from typing import Iterable
 
 import torch
 
-from aoti_farm import private
+from aoti_farm import hostgate, private
 from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.counters import Counters
@@ -111,6 +112,16 @@ class Hook:
         served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
         self.fps: dict[str, Fingerprint] = {d: fingerprint(d, self.inductor_options) for d in served}
         self._calls = CallMemo(self.fps)
+        # this host's kept on-host decisions (aoti_farm/hostgate.py), at the program's thread
+        # count: routing below follows them, with no trial
+        threads = torch.get_num_threads()
+        self.remembered = {d: self.gate.preload(fp.id, self.cache.root, threads) for d, fp in self.fps.items()}
+        self._threads = threads
+        # ops whose every call ran eager in the last process here (hostgate.load_ops)
+        self._eager_ops: set[str] = set()
+        if self.gate.active:
+            for fp in self.fps.values():
+                self._eager_ops |= hostgate.load_ops(fp.id, self.cache.root, threads)
         if on_miss != "ignore":  # a fresh cache: create it so misses can be queued
             for fp in self.fps.values():
                 try:
@@ -150,6 +161,7 @@ class Hook:
                 # time the routed ops' kernels here first; unroute ops none of which won
                 before = set(self._routes.routed)
                 self.install_trial = pretrial.run(self, settings.install_trial)
+                self.gate.persist()
                 self._routes.route(self._servable_ops(), at_once=True)
                 self.install_trial["unrouted"] = sorted(before - set(self._routes.routed or ()))
         self._workers.watch_build(self._routes.build)
@@ -173,7 +185,8 @@ class Hook:
         if not self._route_by_entries:
             return None
         if self.route == "paying":   # every requested op but those that cannot pay here
-            return sorted(self._routes.requested() - losing_ops(self._index, self._kernels.bad, self.gate))
+            eager = self._eager_ops - servable_ops(self._index, self._kernels.bad, self.gate) if self._eager_ops else set()
+            return sorted(self._routes.requested() - losing_ops(self._index, self._kernels.bad, self.gate) - eager)
         ops = servable_ops(self._index, self._kernels.bad, self.gate)
         return sorted(ops & self._routes.requested())
 
@@ -374,6 +387,7 @@ class Hook:
             return
         # stats() after uninstall (the stats written at exit) describe the hook as it served
         self.served_as = {"routed_ops": len(self.ops), "native_active": self._routes.nreg is not None}
+        self._keep_op_outcomes()
         self._routes.uninstall()
         self._poller.stop()
         self._writer.close()
@@ -384,6 +398,18 @@ class Hook:
         self._kernels.clear()
         if stop_worker:
             self._workers.stop()
+
+    def _keep_op_outcomes(self) -> None:
+        """Keep in this host's memo which routed ops ran every call eager (route="paying"
+        leaves them unrouted next time, see ``aoti_farm/hostgate.py``).  Never raises."""
+        if self.route != "paying" or not self.gate.active or self._not_serving or len(self.fps) != 1:
+            return
+        try:
+            recs = hostgate.op_records(self.stats()["per_op"], self._threads)
+            (fp,) = self.fps.values()
+            hostgate.save(fp.id, self.cache.root, {}, ops=recs)
+        except Exception as e:  # noqa: BLE001 -- a memo is an optimisation
+            log.debug("keeping op outcomes: %s", e)
 
     def __enter__(self) -> "Hook":
         return self

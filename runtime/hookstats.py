@@ -14,7 +14,8 @@ in C++ (``fastpath.cpp``), summed over every native registration of the hook
 * ``queued``, ``queue_dedup``, ``queue_dropped``, ``queue_errors``, ``queued_waiting``,
   ``miss_to_hit_seconds``, ``eager_while_pending_seconds``;
 * ``workers_started``, ``worker_errors``, ``rescans``, ``poll_errors``;
-* ``serve``, ``gate_trials``, ``gated_signatures``, ``gate_errors``; ``yield_core``;
+* ``serve``, ``gate_trials``, ``gated_signatures``, ``gate_errors``, ``gate_remembered`` (decisions
+  taken from this host's memo, no trial), ``gate_trial_seconds`` (the gate thread's); ``yield_core``;
   ``serving``; ``routed_ops``; ``route``; ``install_trial`` (``runtime/pretrial.py``); ``shape_classes``; ``native``; ``miss_reasons``; ``metrics``;
 * ``summary``: what a user asks first (:func:`summary`): calls, served, the hit rate, gated,
   and why the other calls were not served, by outcome.
@@ -79,6 +80,8 @@ def _merged(hook) -> dict:
     g = hook.gate.stats()
     s["serve"] = g["policy"]
     s["gate_trials"], s["gated_signatures"], s["gate_errors"] = g["gate_trials"], g["gated_signatures"], g["gate_errors"]
+    # decisions taken from this host's memo (aoti_farm/hostgate.py); the background trials' seconds
+    s["gate_remembered"], s["gate_trial_seconds"] = g["remembered"], g["trial_seconds"]
     s["serving"] = hook._not_serving is None   # False: nothing intercepted (see Hook)
     s["routed_ops"] = len(hook.ops)
     s["route"] = hook.route

@@ -26,7 +26,7 @@ def request(gate: Gate, cache, fp, call, handle, bypassed) -> None:
     """Have ``gate`` decide ``call.key`` in its thread; ``bypassed()`` is the context in
     which the hook lets this thread's calls through to eager."""
     speed, trial = _sides(cache, fp, call, handle, bypassed)
-    gate.request(call.key, speed, trial)
+    gate.request(call.key, speed, trial, fp_id=fp.id)
 
 
 def confirm_now(gate: Gate, cache, fp, call, handle, bypassed) -> bool | None:
@@ -36,7 +36,7 @@ def confirm_now(gate: Gate, cache, fp, call, handle, bypassed) -> bool | None:
         sp = speed()
     except Exception:  # noqa: BLE001 -- an unreadable entry has no speed: declined
         sp = None
-    return gate.confirm(call.key, sp, trial)
+    return gate.confirm(call.key, sp, trial, fp_id=fp.id)
 
 
 def _sides(cache, fp, call, handle, bypassed) -> tuple:

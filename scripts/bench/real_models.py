@@ -215,8 +215,9 @@ def main(argv=None) -> int:
         if not args.no_warm:
             subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out, "--threads",
                             str(args.threads), "--record-child", m, trace], check=True)
-            subprocess.run([cli, "warm", "--model", trace, "--cache-dir", cache], check=True,
-                           stdout=subprocess.DEVNULL)
+            w = subprocess.run([cli, "warm", "--model", trace, "--cache-dir", cache], stdout=subprocess.DEVNULL)
+            if w.returncode not in (0, 1):   # 1: some signatures failed (recorded, served eager)
+                raise SystemExit(f"real_models: warm of {trace} exited {w.returncode}")
         prep[m] = round(time.monotonic() - t0, 1)
 
     import torch

@@ -240,3 +240,48 @@ def test_the_policy_is_resolved_like_the_hooks(cache, tmp_path, capsys):
     assert [r["outcome"] for r in doc["signatures"]] == ["hit"]
     doc = run_json(capsys, "--trace", t, "--cache-dir", str(cache.root), "--config", str(toml), "--serve", "faster")
     assert [r["outcome"] for r in doc["signatures"]] == ["gated"]
+
+
+def test_gated_here_from_this_hosts_kept_decisions(cache, tmp_path, capsys, monkeypatch):
+    """A hit on the compile host that this host's gate declined is "gated here" with its
+    on-host ratio; one that won here stays a hit and says so.  The decisions are the ones a
+    real hook's on-host trial kept (aoti_farm/hostgate.py), then ones written as it would."""
+    from aoti_farm import hostgate
+    from aoti_farm.runtime import install
+
+    monkeypatch.setattr(hostgate, "overloaded", lambda: False)   # kept whatever the shared host's load
+    c2 = Cache(tmp_path / "here")
+    import shutil
+
+    shutil.copytree(cache.root, c2.root, symlinks=True)
+    fp = fingerprint("cpu")
+    t = write(tmp_path, [ADD, MUL])
+    # a real hook decides ADD on this host at install (runtime/pretrial.py) and keeps it
+    hook = install(cache_dir=str(c2.root), on_miss="ignore", ops=["aten::add.Tensor"])
+    try:
+        decided = hook.gate.decision(ADD.key)
+    finally:
+        hook.uninstall()
+    assert decided is not None
+    kept = hostgate.load(fp.id, c2.root)
+    assert kept[ADD.key]["ok"] is decided and kept[ADD.key]["threads"] == torch.get_num_threads()
+    doc = run_json(capsys, "--trace", t, "--cache-dir", str(c2.root))
+    add, mul = doc["signatures"]
+    assert mul["outcome"] == "gated"          # slower on the compile host: not "gated here"
+    assert add["outcome"] == ("hit" if decided else "gated here")
+    # this host's kept decision against the compile host's record, both ways
+    for ok, ratio in ((False, 1.31), (True, 0.62)):
+        assert hostgate.save(fp.id, c2.root, {ADD.key: hostgate.record(
+            ok, {"ratio": ratio, "threads": 2, "kernel_us": 1.0, "eager_us": 1.0})})
+        doc = run_json(capsys, "--trace", t, "--cache-dir", str(c2.root))
+        add = doc["signatures"][0]
+        if ok:
+            assert add["outcome"] == "hit" and any("faster here too (0.62 of eager on this host, 2 threads"
+                                                   in d for d in add["details"])
+        else:
+            assert add["outcome"] == "gated here"
+            assert add["reason"].startswith("gated here (1.31 of eager on this host, 2 threads")
+            assert doc["counts"]["gated here"] == 1 and doc["counts"]["hit"] == 0
+    # under serve=always the hook serves it whatever this host found
+    doc = run_json(capsys, "--trace", t, "--cache-dir", str(c2.root), "--serve", "always")
+    assert doc["signatures"][0]["outcome"] == "hit"

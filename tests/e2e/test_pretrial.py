@@ -73,7 +73,7 @@ def test_an_op_whose_kernel_wins_here_stays_routed_and_hits_at_once(kernels, tmp
     a, b = _add_call()
     with _install(cache) as hook:
         it = hook.stats()["install_trial"]
-        assert hook.ops == [ADD] and (it["tried"], it["faster_here"], it["unrouted"]) == (1, 1, []), it
+        assert hook.ops == [ADD] and (it["tried"], it["faster_here"], it["unrouted"]) == (1, 1, []), (it, hook.gate.why)
         before = hook.stats()
         got = torch.add(a, b, alpha=2)
         # decided before the first call: a hit, no gate_pending call that runs eager

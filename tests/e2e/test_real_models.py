@@ -73,7 +73,8 @@ def warmed(tmp_path_factory):
     cli = os.path.join(os.path.dirname(sys.executable), "aoti-farm")
     w = subprocess.run([cli, "warm", "--model", str(d / "part.json"), "--cache-dir", str(d / "cache")],
                        capture_output=True, text=True, timeout=1500, env=_env())
-    assert w.returncode == 0, (w.stdout + w.stderr)[-3000:]
+    # 1: some signatures failed verification (layer_norm on adversarial magnitudes): recorded, eager
+    assert w.returncode in (0, 1) and "compiled" in w.stdout + w.stderr, (w.stdout + w.stderr)[-3000:]
     return d, eager, len(part)
 
 
@@ -99,3 +100,117 @@ def test_gpt2_generation_served_with_identical_tokens_and_threads(warmed, serve)
     if serve == "always":
         assert st["routed_ops"] > 0 and sm["served"] > 0, sm   # kernels ran inside generation
         assert st["native"]["active"] or st["native"].get("reason") != "no op routed", st["native"]
+
+
+# --- tiny BERT at lengths never recorded (issue 33 item 5) --------------------------------------
+
+BERT = r"""
+import json, sys, torch
+torch.set_num_threads(2)
+from transformers import BertConfig, BertModel
+torch.manual_seed(0)
+cfg = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                 vocab_size=100, max_position_embeddings=64)
+m = BertModel(cfg).eval()
+
+def run(n):
+    ids = torch.randint(0, 100, (2, n), generator=torch.Generator().manual_seed(n))
+    with torch.no_grad():
+        return m(ids).last_hidden_state
+
+mode, lengths = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
+if mode == "record":
+    import aoti_farm
+    with aoti_farm.record(sys.argv[3]):
+        for n in lengths:
+            run(n)
+    sys.exit(0)
+from aoti_farm import hostgate
+from aoti_farm.runtime import install
+hostgate.overloaded = lambda: False            # keep decisions whatever the shared test host's load
+eager = {n: run(n) for n in lengths}
+hook = install(cache_dir=sys.argv[3])          # the defaults
+try:
+    first = {n: run(n) for n in lengths}
+    before = hook.stats()
+    hook.gate.wait(120)                        # the background trials (the gate's thread)
+    second = {n: run(n) for n in lengths}      # each call now served or gated as this host decided
+    after = hook.stats()
+    routed = hook.ops
+finally:
+    hook.uninstall(stop_worker=True)
+same = all(torch.allclose(o[n], eager[n], rtol=1e-4, atol=1e-5) for o in (first, second) for n in lengths)
+delta = {k: after[k] - before[k] for k in ("calls", "hits", "misses", "gated", "gate_pending", "failed_signatures")}
+print(json.dumps({"same": same, "delta": delta, "routed": routed, "install_trial": after["install_trial"],
+                  "first_pending": before["gate_pending"],
+                  "remembered": after["gate_remembered"], "classes": after["shape_classes"],
+                  "threads": torch.get_num_threads()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def bert_dynamic(tmp_path_factory):
+    """Tiny BERT recorded at lengths 8, 12, 16, 24 and warmed with ``--dynamic auto``; and
+    its trace at the unseen lengths 10 and 20 (recorded eager, for explain)."""
+    d = tmp_path_factory.mktemp("bert")
+    (d / "bert.py").write_text(BERT)
+    for lengths, name in (("8,12,16,24", "seen.json"), ("10,20", "unseen.json")):
+        p = subprocess.run([sys.executable, str(d / "bert.py"), "record", lengths, str(d / name)],
+                           capture_output=True, text=True, timeout=600, env=_env())
+        assert p.returncode == 0, p.stderr[-3000:]
+    cli = os.path.join(os.path.dirname(sys.executable), "aoti-farm")
+    w = subprocess.run([cli, "warm", "--model", str(d / "seen.json"), "--dynamic", "auto", "--cache-dir",
+                        str(d / "cache")], capture_output=True, text=True, timeout=1500, env=_env())
+    # 1: some signatures failed verification (gelu, layer_norm on adversarial inputs, index ops
+    # that do not raise where eager raises): recorded failures, served eager
+    assert w.returncode in (0, 1) and "shape-general kernels cover" in w.stdout + w.stderr, (w.stdout + w.stderr)[-3000:]
+    return d
+
+
+def _serve_unseen(d) -> dict:
+    p = subprocess.run([sys.executable, str(d / "bert.py"), "serve", "10,20", str(d / "cache")],
+                       capture_output=True, text=True, timeout=900, env=_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    return _last_json(p.stdout)
+
+
+def test_bert_at_unseen_lengths_served_or_gated_under_the_defaults(bert_dynamic):
+    """Served under the hook's defaults at lengths never recorded: every call that a class
+    kernel (or an exact entry) covers is served where it wins here and counted gated where
+    it loses, never missed; a miss is only a signature nothing covers (explain agrees, call
+    by call); outputs equal eager's.  A second process takes this host's decisions from
+    its memo (aoti_farm/hostgate.py): no trial, nothing pending, the same calls served."""
+    from aoti_farm.cache import Cache
+    from aoti_farm.explain import Explainer
+    from aoti_farm.fingerprint import fingerprint
+    from aoti_farm.trace import load_trace
+
+    d = bert_dynamic
+    got = _serve_unseen(d)
+    assert got["same"] and got["threads"] == 2
+    assert got["classes"]["matched"] >= 1, got          # class kernels reached unseen lengths
+    routed = set(got["routed"])
+    ex = Explainer(Cache(d / "cache"), {"cpu": fingerprint("cpu")})
+    want = {"covered": 0, "missing": 0, "failed": 0}
+    for e in load_trace(d / "unseen.json"):
+        if e.sig.op not in routed:
+            continue   # not intercepted: exactly eager, not counted
+        o = ex.explain(e.sig).outcome
+        if o in ("hit", "gated", "gated here"):
+            want["covered"] += e.count
+        elif o in ("missing", "failed"):
+            want[o] += e.count
+    dl = got["delta"]
+    assert want["covered"] > 0, want
+    assert dl["gate_pending"] == 0, dl                     # all decided once the gate's thread is done
+    assert dl["hits"] + dl["gated"] == want["covered"], (dl, want)
+    assert dl["misses"] == want["missing"] and dl["failed_signatures"] == want["failed"], (dl, want)
+
+    # a second process: every decision from this host's memo, none pending at the first call,
+    # no install-time trial; an op all of whose kernels lost here is no longer routed at all
+    again = _serve_unseen(d)
+    assert again["same"] and again["remembered"] > 0, again
+    assert again["install_trial"] is None or again["install_trial"]["tried"] == 0, again["install_trial"]
+    assert again["first_pending"] == 0, again
+    assert set(again["routed"]) <= routed
+    assert again["delta"]["hits"] == dl["hits"] and again["delta"]["gate_pending"] == 0, (again["delta"], dl)

@@ -401,3 +401,47 @@ def test_explain_names_class_covered_signatures_and_gated_ones(warmed, tmp_path)
     assert beyond.outcome == "missing" and beyond.category != "other", beyond
     always = Explainer(c2, {"cpu": fp}, serve="always").explain(sig_of(30))
     assert always.outcome == "hit" and always.category == "class"
+
+
+# --- strided layout classes: a KV cache's decode steps (issue 34 item 6) ----------------------------
+
+
+def _kv_new():
+    """One key of q/k/v split from a fused [2, 1, 384] projection, as GPT-2's attention
+    makes it: [2, 4, 1, 32] with strides (384, 32, 128, 1), not dense."""
+    qkv = torch.randn(2, 1, 384)
+    return qkv.split(128, dim=2)[1].view(2, 1, 4, 32).transpose(1, 2)
+
+
+def test_kv_cache_append_class_compiles_and_serves_unseen_decode_steps(tmp_path):
+    """The decode step's KV-cache ``cat([past [2,4,n,32], new (strided)], dim=2)``, recorded
+    at n = 8, 10, 12 and warmed with ``--dynamic auto``, becomes one class kernel (symbolic
+    n, constant strides for the strided key); unseen steps n = 9 and 11 are served by it,
+    equal to eager in values, sizes and strides."""
+    import aoti_farm
+    from aoti_farm.cli import main
+    from aoti_farm.runtime import install
+
+    new = _kv_new()
+    assert new.stride() == (384, 32, 128, 1) and not new.is_contiguous()
+    trace = tmp_path / "kv.json"
+    with aoti_farm.record(str(trace)):
+        for n in (8, 10, 12):
+            torch.cat([torch.randn(2, 4, n, 32), new], dim=2)
+    rc = main(["warm", "--model", str(trace), "--dynamic", "auto", "--cache-dir", str(tmp_path / "cache"),
+               "--cpu-workers", "1"])
+    assert rc == 0
+    cache, fp = Cache(tmp_path / "cache"), fingerprint("cpu")
+    k = _class_key(cache, fp)
+    cls = SH.parse_class(cache.open_entry(fp, k).manifest["shape_class"])
+    assert cls.ranges == (("s0", 8, 12),) and cls.group[0][1][1][4] == SH.STRIDED
+    with install(cache.root, ops=["aten::cat"], on_miss="ignore", route="all", serve="always") as h:
+        for n in (9, 11):
+            past = torch.randn(2, 4, n, 32)
+            out = torch.cat([past, new], dim=2)
+            with h._routes.bypassed():
+                ref = torch.cat([past, new], dim=2)
+            assert torch.equal(out, ref) and out.stride() == ref.stride() and out.shape == (2, 4, n + 1, 32)
+        st = h.stats()
+    assert st["hits"] == 2 and st["misses"] == 0, st
+    assert st["shape_classes"]["matched"] == 2

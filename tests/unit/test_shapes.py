@@ -58,10 +58,42 @@ def test_layout_and_argument_classes_never_merge(other, why):
     assert big.bind(other.args) is None, why
 
 
-def test_a_non_dense_tensor_has_no_class():
+def test_a_non_dense_tensor_has_its_strides_as_layout_class():
+    """A slice of a wider buffer is in the strided layout class: its exact strides.  It
+    never merges with a dense tensor of the same sizes, nor with other strides."""
     sliced = add(T((8, 16), (32, 1)), T((8, 16)))      # rows of a wider buffer
-    cls, loose = SH.classes([sliced, add(T((4, 16)), T((4, 16)))])
-    assert loose == [sliced] and len(cls) == 1
+    cls, loose = SH.classes([sliced, add(T((4, 16)), T((4, 16))), add(T((8, 16), (64, 1)), T((8, 16)))])
+    assert loose == [] and len(cls) == 3
+
+
+def cat(tensors, dim=2):
+    return S.Signature("aten::cat", (("TL", tuple(tensors)), ("i", dim)))
+
+
+def test_kv_cache_decode_steps_form_one_class_with_fixed_strides():
+    """GPT-2 decode's KV-cache append: the past [2,4,n,32] grows, the new key is one of
+    q/k/v split from a fused projection (strides (384,32,128,1), not dense); and a slice
+    [2,4,n,32] of a preallocated [2,4,64,32] buffer: its strides stay the buffer's while n
+    varies.  Each forms one class; a point keeps the strided tensor's strides."""
+    new = T((2, 4, 1, 32), (384, 32, 128, 1))
+    steps = [cat([T((2, 4, n, 32)), new]) for n in (8, 9, 10, 12)]
+    (c,), loose = SH.classes(steps)
+    assert loose == [] and c.ranges == (("s0", 8, 12),) and c.dims == ((2, 4, "s0", 32), (2, 4, 1, 32))
+    unseen = cat([T((2, 4, 11, 32)), new])
+    assert c.bind(unseen.args) == {"s0": 11}
+    assert c.point({"s0": 11}).key == unseen.key
+    # another stride of the new key (another fused width) is another group
+    assert c.bind(cat([T((2, 4, 11, 32)), T((2, 4, 1, 32), (768, 32, 256, 1))]).args) is None
+    buf = (8192, 2048, 32, 1)                           # [2,4,64,32] contiguous
+    sl = [add(T((2, 4, n, 32), buf), T((2, 4, n, 32))) for n in (8, 16, 24)]
+    (c2,), _ = SH.classes(sl)
+    assert c2.ranges == (("s0", 8, 24),)
+    p = c2.point({"s0": 13})
+    assert p.args[0][2:4] == ((2, 4, 13, 32), buf) and p.args[1][3] == (1664, 416, 32, 1)
+    assert c2.bind(add(T((2, 4, 13, 32), buf), T((2, 4, 13, 32))).args) == {"s0": 13}
+    # the same sizes, dense, are not in it
+    assert c2.bind(add(T((2, 4, 13, 32)), T((2, 4, 13, 32))).args) is None
+    assert SH.parse_class(json.loads(json.dumps(c2.to_obj()))).key == c2.key
 
 
 def test_range_check_at_both_edges_and_one_past_them():
