@@ -51,6 +51,30 @@ DEFAULT_GATE_RATIO = 0.95
 _WRAPPED = ("float64", "int64", "bool", "complex128")
 
 
+def serving_conditions(m: dict, device: str | None = None) -> list[str]:
+    """What the hook checks before it serves an entry, besides its key: the globals it was
+    verified under (default dtype, TF32 and cuDNN flags, deterministic mode:
+    ``aoti_farm.signature.conditions``) and, for a CPU kernel, the intra-op thread counts
+    it was verified at (another count is checked against eager here first)."""
+    from aoti_farm import signature as S
+
+    out = []
+    try:
+        conds = S.conditions.as_dict(S.conditions.from_dict(m.get("conditions")))
+    except Exception:   # an unreadable field: the hook declines the entry, so say so
+        return ["served only under the conditions it was verified under: unreadable, so never"]
+    if device and not str(device).startswith("cuda"):
+        conds = {k: v for k, v in conds.items() if not any(w in k for w in ("tf32", "cudnn", "cublas", "matmul"))}
+    if conds:
+        out.append("served only while " + ", ".join(f"{k}={v}" for k, v in conds.items())
+                   + (" (as verified)" if "conditions" in m else " (torch's defaults: the manifest names none)"))
+    threads = m.get("verified_threads")
+    if isinstance(threads, list) and threads:
+        out.append("verified at " + ", ".join(map(str, threads)) + " intra-op threads; at another count the hook "
+                   "first checks it against eager here")
+    return out
+
+
 def gate_ratio() -> float:
     """The speed gate's threshold (runtime/gate.py's GATE_RATIO)."""
     try:
@@ -293,6 +317,7 @@ class Explainer:
         if times:
             ex.details.append(times + ("" if self.serve == "always" else
                                        f" <= {limit}; the hook confirms it on this host at the first call"))
+        ex.details += serving_conditions(m, ex.device)
         return self._on_this_host(ex, fp_id, ex.key)
 
     def _missing(self, ex: Explanation, sig: Signature, fp, ns: Namespace | None) -> Explanation:
