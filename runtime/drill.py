@@ -846,6 +846,11 @@ def run(plan: Plan, out_dir: str | None = None) -> tuple[int, list[tuple], str]:
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "drill.json"), "w") as f:
-            json.dump({"summary": summary, "cases": [{"case": a, "status": b, "line": c, "served_calls": d} for a, b, c, d in rows],
+            # published: the case's signatures with a kernel in the drill's cache (compile_all said
+            # no error); a case without one (a correct refusal) can only be declined
+            published = {c.name: sorted(s.key for s in sigs.get(c.name, []) if compile_errors.get(s.key, "") is None)
+                         for c in cases}
+            json.dump({"summary": summary, "cases": [{"case": a, "status": b, "line": c, "served_calls": d,
+                                                      "published": published.get(a, [])} for a, b, c, d in rows],
                        "calls": recs, "compile_errors": compile_errors}, f, indent=1, default=str)
     return n[WRONG], rows, summary

@@ -133,19 +133,36 @@ def test_searchsorted_with_sorter_on_the_python_path(kernels, one_thread):
 
 @pytest.mark.parametrize("native", PATHS)
 def test_unverified_thread_count_is_checked_first(kernels, native, one_thread):
-    """The compiler verified the kernel at 1 thread (no ``verified_threads`` in its
-    manifest reads as [1]); at 2 threads the hook checks it against eager once, then serves."""
+    """The compiler verified the kernel at the thread counts in its manifest's
+    ``verified_threads`` (1, 2 and the host's core count); at a count outside them the hook
+    checks it against eager once before serving it there.  Where no checking runner is
+    loaded (the native path's entry verified at every count from 1 to ``os.cpu_count()``)
+    the check cannot run: that count runs eager, counted ``threads_unverified``."""
+    import os
+
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
     sig = _compiled(kernels, torch.ops.aten.sum.dim_IntList, (x, [1]))
+    entry = kernels.cache.open_entry(kernels.fp, sig.key)
+    try:
+        verified = entry.verified_threads
+    finally:
+        entry.close()
+    assert 1 in verified
+    unverified = max(verified) + 1                      # a count the compiler did not verify at
+    checked = native != "native" or set(verified) != set(range(1, (os.cpu_count() or 1) + 1))
     with _hook(kernels, native) as hook:
         at1 = [torch.sum(x, dim=1) for _ in range(2)]
         s1 = hook.stats()
-        torch.set_num_threads(2)
+        torch.set_num_threads(unverified)
         at2 = [torch.sum(x, dim=1) for _ in range(3)]
         s2 = hook.stats()
     assert s1["thread_checks"] == {} and s1["per_op"][sig.op]["hits"] == 2, s1
-    assert s2["thread_checks"] == {"agree": 1}, s2
-    assert s2["per_op"][sig.op]["hits"] == 5, s2["per_op"]
+    if checked:
+        assert s2["thread_checks"] == {"agree": 1}, s2
+        assert s2["per_op"][sig.op]["hits"] == 5, s2["per_op"]
+    else:
+        assert s2["thread_checks"] == {"threads_unverified": 1}, s2
+        assert s2["per_op"][sig.op]["hits"] == 2, s2["per_op"]
     expected = torch.sum(x, dim=1)
     for g in at1 + at2:
         torch.testing.assert_close(g, expected)

@@ -1,7 +1,7 @@
 """Shape classes and shape-general kernels.
 
 One real class compile for the module (``warmed``: ``aoti-farm warm --dynamic auto`` of a
-trace with gelu at three lengths) and one exact compile (precedence); the rest is pure.
+trace with silu at three lengths) and one exact compile (precedence); the rest is pure.
 
 The unit tests of this module (no compile, no Ray, no subprocess) are in tests/unit/test_shapes.py.
 """
@@ -80,7 +80,7 @@ LENGTHS = (8, 24, 40)
 
 @pytest.fixture(scope="module")
 def warmed(tmp_path_factory):
-    """``aoti-farm warm --dynamic auto`` of a trace with gelu at three lengths."""
+    """``aoti-farm warm --dynamic auto`` of a trace with silu at three lengths."""
     import aoti_farm
     from aoti_farm.cli import main
 
@@ -88,7 +88,7 @@ def warmed(tmp_path_factory):
     trace = d / "trace.json"
     with aoti_farm.record(str(trace)):
         for n in LENGTHS:
-            torch.nn.functional.gelu(torch.randn(n, 64))
+            torch.nn.functional.silu(torch.randn(n, 64))
     report = d / "report.json"
     rc = main(["warm", "--model", str(trace), "--dynamic", "auto", "--cache-dir", str(d / "cache"),
                "--cpu-workers", "1", "--report", str(report)])
@@ -141,9 +141,9 @@ def test_unseen_length_inside_the_range_is_a_hit_equal_to_eager(warmed, tmp_path
     cache, fp, _ = warmed
     xs = {n: torch.randn(n, 64) for n in (17, 8, 40, 41, 7)}
     xs["t"] = torch.randn(64, 17).t()                               # another layout class: a miss
-    want = {n: torch.ops.aten.gelu.default(x) for n, x in xs.items()}
-    with install(cache.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="always") as h:
-        got = {n: torch.ops.aten.gelu.default(x) for n, x in xs.items()}
+    want = {n: torch.ops.aten.silu.default(x) for n, x in xs.items()}
+    with install(cache.root, ops=["aten::silu"], on_miss="ignore", route="all", serve="always") as h:
+        got = {n: torch.ops.aten.silu.default(x) for n, x in xs.items()}
         st = h.stats()
     for n in xs:
         assert torch.equal(got[n], want[n]) or torch.allclose(got[n], want[n], rtol=1e-4, atol=1e-5), n
@@ -159,11 +159,11 @@ def test_exact_kernel_wins_over_the_class(warmed, tmp_path):
     cache, fp, _ = warmed
     c2 = Cache(tmp_path / "c")
     shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
-    sig16 = S.from_call(torch.ops.aten.gelu.default, (torch.empty(16, 64),), {})
+    sig16 = S.from_call(torch.ops.aten.silu.default, (torch.empty(16, 64),), {})
     assert compile_and_publish(c2, AOTICompiler(), fp, sig16, owner="pytest").status == "compiled"
-    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="always") as h:
-        torch.ops.aten.gelu.default(torch.randn(16, 64))   # exact entry
-        torch.ops.aten.gelu.default(torch.randn(17, 64))   # class entry
+    with install(c2.root, ops=["aten::silu"], on_miss="ignore", route="all", serve="always") as h:
+        torch.ops.aten.silu.default(torch.randn(16, 64))   # exact entry
+        torch.ops.aten.silu.default(torch.randn(17, 64))   # class entry
         st = h.stats()
     assert st["hits"] == 2 and st["shape_classes"]["matched"] == 1
 
@@ -239,19 +239,19 @@ def test_under_the_speed_gate_a_class_serves_only_inside_its_serve_range(warmed,
     m["speed"]["serve_range"] = {"s0": [8, 20]}        # as if it lost to eager above 20
     os.chmod(p, 0o644)
     p.write_bytes(msgpack.packb(m, use_bin_type=True))
-    with install(c2.root, ops=["aten::gelu"], on_miss="queue", route="all", serve="faster") as h:
+    with install(c2.root, ops=["aten::silu"], on_miss="queue", route="all", serve="faster") as h:
         # covered by the class outside its serve_range: a hit the gate declines (gated), not
         # a miss, and not queued (an exact kernel there would lose the same way)
-        torch.ops.aten.gelu.default(torch.randn(30, 64))
-        torch.ops.aten.gelu.default(torch.randn(17, 64))   # inside: the class (hit, gated or pending the gate)
+        torch.ops.aten.silu.default(torch.randn(30, 64))
+        torch.ops.aten.silu.default(torch.randn(17, 64))   # inside: the class (hit, gated or pending the gate)
         h.flush()
         st = h.stats()
     assert st["misses"] == 0 and st["queued"] == 0, json.dumps(st, default=str)
     assert st["shape_classes"]["matched"] == 1 and st["shape_classes"]["gated"] == 1
     assert st["hits"] + st["gated"] + st.get("gate_pending", 0) == 2, json.dumps(st, default=str)
     assert st["summary"]["not_served"]["missed"] == 0
-    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="always") as h:
-        torch.ops.aten.gelu.default(torch.randn(30, 64))   # serve="always": the whole verified range
+    with install(c2.root, ops=["aten::silu"], on_miss="ignore", route="all", serve="always") as h:
+        torch.ops.aten.silu.default(torch.randn(30, 64))   # serve="always": the whole verified range
         assert h.stats()["hits"] == 1
 
 
@@ -282,14 +282,14 @@ def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed
     c2 = Cache(tmp_path / "c")
     shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
     x60, x200 = torch.randn(60, 64), torch.randn(200, 64)
-    with install(c2.root, ops=["aten::gelu"], on_miss="queue", serve="always") as h:   # widen="auto": the default
-        torch.ops.aten.gelu.default(x60)      # outside 8..40, within twice it: asks for s0 = 8..64
-        torch.ops.aten.gelu.default(x200)     # far outside: its exact signature
+    with install(c2.root, ops=["aten::silu"], on_miss="queue", serve="always") as h:   # widen="auto": the default
+        torch.ops.aten.silu.default(x60)      # outside 8..40, within twice it: asks for s0 = 8..64
+        torch.ops.aten.silu.default(x200)     # far outside: its exact signature
         h.flush()
         st = h.stats()
     assert st["misses"] == 2 and st["shape_classes"]["widen_requests"] == 1
-    s60 = S.from_call(torch.ops.aten.gelu.default, (x60,), {})
-    s200 = S.from_call(torch.ops.aten.gelu.default, (x200,), {})
+    s60 = S.from_call(torch.ops.aten.silu.default, (x60,), {})
+    s200 = S.from_call(torch.ops.aten.silu.default, (x200,), {})
     sig, w = missq.read_item(c2, fp.id, s60.key)
     assert sig == s60 and SH.parse_class(w).ranges == (("s0", 8, 64),)
     assert missq.read_item(c2, fp.id, s200.key) == (s200, None)
@@ -302,18 +302,18 @@ def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed
         **({"outside_serve_range": True} if "outside_serve_range" in out.evidence["widened"] else {})}
     assert c2.has_entry(fp.id, wkey) and wkey in dyncompile.hinted_keys(c2, fp.id, SH.parse_class(w).group_key)
     x50 = torch.randn(50, 64)                 # never compiled exactly, inside the widened range only
-    want = torch.ops.aten.gelu.default(x50)
-    with install(c2.root, ops=["aten::gelu"], on_miss="ignore", route="all", serve="always") as h:
-        got = torch.ops.aten.gelu.default(x50)
+    want = torch.ops.aten.silu.default(x50)
+    with install(c2.root, ops=["aten::silu"], on_miss="ignore", route="all", serve="always") as h:
+        got = torch.ops.aten.silu.default(x50)
         st = h.stats()
     assert st["hits"] == 1 and st["shape_classes"]["matched"] == 1
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 
-    with install(c2.root, ops=["aten::gelu"], on_miss="queue", serve="always", widen="off") as h:
-        torch.ops.aten.gelu.default(torch.randn(100, 64))    # outside 8..64, within twice it; policy off
+    with install(c2.root, ops=["aten::silu"], on_miss="queue", serve="always", widen="off") as h:
+        torch.ops.aten.silu.default(torch.randn(100, 64))    # outside 8..64, within twice it; policy off
         h.flush()
         assert h.stats()["shape_classes"]["widen_requests"] == 0
-    s100 = S.from_call(torch.ops.aten.gelu.default, (torch.empty(100, 64),), {})
+    s100 = S.from_call(torch.ops.aten.silu.default, (torch.empty(100, 64),), {})
     assert missq.read_item(c2, fp.id, s100.key) == (s100, None)
 
 
@@ -323,7 +323,7 @@ def test_a_refused_widened_class_falls_back_to_the_exact_signature(warmed, tmp_p
 
     cache, fp, _ = warmed
     cls = SH.parse_class(cache.open_entry(fp, _class_key(cache, fp)).manifest["shape_class"])
-    sig = S.from_call(torch.ops.aten.gelu.default, (torch.empty(700, 64),), {})
+    sig = S.from_call(torch.ops.aten.silu.default, (torch.empty(700, 64),), {})
     w = widen.request("always", [cls], sig)
     assert w.ranges == (("s0", 8, 1024),)
     c2 = Cache(tmp_path / "c")
@@ -347,7 +347,7 @@ def test_serve_drains_a_widen_request_on_its_ray_pool(warmed, tmp_path):
     c2 = Cache(tmp_path / "c")
     shutil.copytree(cache.root, c2.root, dirs_exist_ok=True)
     cls = SH.parse_class(cache.open_entry(fp, _class_key(cache, fp)).manifest["shape_class"])
-    sig = S.from_call(torch.ops.aten.gelu.default, (torch.empty(90, 64),), {})
+    sig = S.from_call(torch.ops.aten.silu.default, (torch.empty(90, 64),), {})
     w = widen.request("always", [cls], sig)                       # s0 = 8..128
     assert missq.enqueue(c2, fp.id, sig, widen=w.to_obj())
     events, stop = [], threading.Event()
@@ -389,8 +389,8 @@ def test_explain_names_class_covered_signatures_and_gated_ones(warmed, tmp_path)
     def sig_of(n):
         from aoti_farm.signature import Signature, encode_call, op_info
 
-        op = torch.ops.aten.gelu.default
-        return Signature("aten::gelu", encode_call(op_info(op), (torch.randn(n, 64),), {}))
+        op = torch.ops.aten.silu.default
+        return Signature("aten::silu", encode_call(op_info(op), (torch.randn(n, 64),), {}))
 
     ex = Explainer(c2, {"cpu": fp}, serve="faster")
     inside, outside, beyond = ex.explain(sig_of(17)), ex.explain(sig_of(30)), ex.explain(sig_of(41))
