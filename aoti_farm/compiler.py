@@ -229,6 +229,9 @@ class AOTICompiler:
         t2 = time.perf_counter()
         if not isinstance(built, str) or not os.path.exists(built):
             raise CompileRefused(f"AOTInductor produced no library (got {built!r})")
+        if needs_proxy_executor(os.path.dirname(built)):
+            shutil.rmtree(build, ignore_errors=True)
+            raise CompileRefused(PROXY_EXECUTOR_REFUSAL, {"found": "aoti_torch_proxy_executor_call_function"})
         # Verify exactly what will be published: the library alone, away from every
         # other file the build left (a kernel that still needs them fails here).
         path = os.path.join(workdir, "kernel.so")
@@ -424,6 +427,29 @@ def _tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected) -> tuple[f
     return a[0] + b[0], a[1] + b[1]
 
 
+PROXY_EXECUTOR_REFUSAL = "unsupported: the kernel needs AOTInductor's proxy executor (an op without a C shim)"
+
+
+def needs_proxy_executor(build_dir: str) -> bool:
+    """Whether the wrapper AOTInductor generated calls its proxy executor: an op without a
+    C shim (``_logcumsumexp``, ``cudnn_convolution`` on torch 2.11-2.13) becomes such a call,
+    which a bare ``kernel.so`` cannot make.  On CPU the call then raises; on CUDA the shim
+    logs the error and the kernel returns whatever its output buffer held, so the
+    generated source, not the kernel's behaviour, is what tells it."""
+    try:
+        names = [n for n in os.listdir(build_dir) if n.endswith(".cpp") and ".wrapper" in n]
+    except OSError:
+        return False
+    for n in names:
+        try:
+            with open(os.path.join(build_dir, n), "rb") as f:
+                if b"aoti_torch_proxy_executor_call_function" in f.read(64 << 20):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _raises(fn) -> tuple[object, BaseException | None]:
     try:
         with torch.no_grad():
@@ -448,7 +474,7 @@ def check_case(sig: S.Signature, op, runner, name: str, args: tuple, kwargs: dic
     if k_err is not None and "proxy executor" in str(k_err):
         # an op without a C shim compiles to a call of AOTInductor's proxy executor, which a
         # bare kernel.so has no way to run: unsupported, recorded once (never infrastructure)
-        raise CompileRefused("unsupported: the kernel needs AOTInductor's proxy executor (an op without a C shim)",
+        raise CompileRefused(PROXY_EXECUTOR_REFUSAL,
                              {"case": name, "kernel_error": f"{type(k_err).__name__}: {_first_line(k_err)}"})
     if k_err is not None:
         raise CompileRefused(f"kernel raises where eager does not: {name}",

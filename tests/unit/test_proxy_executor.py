@@ -1,0 +1,18 @@
+"""An op that AOTInductor can only run through its proxy executor is told from the wrapper
+source it generated (on CUDA the kernel does not raise: it returns garbage), and refused as
+unsupported, a verification refusal (recorded once, never retried)."""
+
+from __future__ import annotations
+
+from aoti_farm.compiler import PROXY_EXECUTOR_REFUSAL, is_verification_refusal, needs_proxy_executor
+
+
+def test_the_generated_wrapper_tells_a_proxy_executor_call(tmp_path):
+    (tmp_path / "c1.wrapper.cpp").write_text("void run() { kernel_0(buf0); }\n")
+    (tmp_path / "c1.wrapper.model.cpp").write_text("AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_relu(x));\n")
+    assert needs_proxy_executor(str(tmp_path)) is False
+    (tmp_path / "c1.wrapper.model.cpp").write_text(
+        "aoti_torch_proxy_executor_call_function(proxy_executor, 0, 1, a, 2, b);\n")
+    assert needs_proxy_executor(str(tmp_path)) is True
+    assert needs_proxy_executor(str(tmp_path / "missing")) is False
+    assert is_verification_refusal(PROXY_EXECUTOR_REFUSAL)
