@@ -12,7 +12,7 @@ Fields (all reused from torch, nothing re-derived):
   * the Inductor options the farm compiles with.
 
 ``pick_vec_isa`` builds and loads a test program per candidate ISA and extension, so its
-answer is remembered per host and torch build in ``$XDG_CACHE_HOME/aoti-farm/isa-<host>.json``
+answer is remembered per host and torch build in ``$XDG_CACHE_HOME/aoti-farm-private/isa-<host>.json``
 (a serving process then starts in milliseconds), together with the answer of every
 Inductor check build and the compiler they were built with: a compile actor replays
 those answers into its own Inductor (:func:`seed_inductor_vec_isa`) instead of running

@@ -234,11 +234,16 @@ class Routes:
             self._attached(None)
 
     def requested(self) -> set[str]:
-        """The names of every op the hook was asked to serve (resolved once)."""
+        """The names of every op the hook was asked to serve (resolved once).  ``install()``
+        asks for them before :meth:`start` (to pick the ops to route), so a bad ``ops`` is
+        turned into the same :class:`UserError` here."""
         if self._requested is None:
             from aoti_farm.signature import op_name
 
-            self._requested = {op_name(o) for d in self.devices for o in dispatch.resolve_ops(self.ops_arg, d)}
+            try:
+                self._requested = {op_name(o) for d in self.devices for o in dispatch.resolve_ops(self.ops_arg, d)}
+            except ValueError as e:
+                raise UserError(f"ops: {e}") from None
         return self._requested
 
     # -- changes -----------------------------------------------------------------------------

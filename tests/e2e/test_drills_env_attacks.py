@@ -233,13 +233,15 @@ def test_drill_3_planted_native_library_is_never_loaded(attacker, shared, tmp_pa
 
 
 def test_drill_3_memos_live_apart_from_the_shared_cache_and_are_checked(attacker, shared, monkeypatch):
-    from aoti_farm.fsutil import default_cache_dir, memo_dir
+    from aoti_farm.config import cache_dir
+    from aoti_farm.fsutil import memo_dir
 
     os.chmod(shared, 0o1777)   # like /tmp
     monkeypatch.setenv("HOME", str(shared / "home"))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     os.makedirs(shared / "home", mode=0o700)
-    assert memo_dir() != default_cache_dir()
+    monkeypatch.delenv("AOTI_FARM_CACHE_DIR", raising=False)
+    assert memo_dir() != cache_dir()
     assert stat.S_IMODE(os.stat(memo_dir()).st_mode) == 0o700
     # a private directory the attacker made first (and could fill) is refused, never used
     as_attacker(attacker, f"mkdir -p -m 0777 {shared}/xdg/aoti-farm-private")

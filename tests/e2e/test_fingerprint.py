@@ -34,5 +34,5 @@ def test_parallel_isa_probe_picks_what_inductor_picks(tmp_path):
     farm = run("farm", "ind-farm")
     inductor = run("inductor", "ind-inductor")   # its own sequential probes, cold cache too
     assert farm == inductor, (farm, inductor)
-    memo = list((tmp_path / "xdg" / "aoti-farm").glob("isa-*.json"))
+    memo = list((tmp_path / "xdg" / "aoti-farm-private").glob("isa-*.json"))
     assert len(memo) == 1 and farm in memo[0].read_text()

@@ -1,7 +1,7 @@
 """The serving hook (runtime/hook.py) and its dispatch layer, end to end with real kernels.
 
 Compiled signatures (shared session cache via ``kernels``): add with alpha (broadcast),
-div floor on a transposed input, int32 sum with dtype=int64, where with a bool condition;
+div trunc on a transposed input, int32 sum with dtype=int64, where with a bool condition;
 the two-process test compiles cat in its own fresh cache through the hook's own
 background worker.
 
@@ -44,11 +44,11 @@ def case_add_alpha():          # broadcasting + an int Scalar argument
     return torch.ops.aten.add.Tensor, (torch.randn(8, 16, generator=g), torch.randn(16, generator=g)), {"alpha": 2}
 
 
-def case_div_floor():          # a str argument + non-contiguous strides
+def case_div_trunc():          # a str argument + non-contiguous strides
     g = _g(1)
     a = torch.randn(8, 32, generator=g)[:, ::2]          # strides (32, 2)
     b = torch.rand(8, 16, generator=g) + 0.5
-    return torch.ops.aten.div.Tensor_mode, (a, b), {"rounding_mode": "floor"}
+    return torch.ops.aten.div.Tensor_mode, (a, b), {"rounding_mode": "trunc"}
 
 
 def case_sum_dtype():          # an int tensor + a dtype argument
@@ -62,7 +62,7 @@ def case_where_bool():         # a bool tensor
                                        torch.randn(8, 16, generator=g)), {}
 
 
-CASES = {"add_alpha_broadcast": case_add_alpha, "div_floor_noncontiguous": case_div_floor,
+CASES = {"add_alpha_broadcast": case_add_alpha, "div_trunc_noncontiguous": case_div_trunc,
          "sum_int_dtype": case_sum_dtype, "where_bool": case_where_bool}
 
 

@@ -45,7 +45,7 @@ def test_isa_probe_runs_once_when_actors_start_together(tmp_path):
             assert s["isa_checks_run"] == 0 and s["isa_checks_replayed"] >= 1, s
     for i in infos:
         assert set(i["warmup_phases"]) >= {"import", "setup", "isa", "export"}, i["warmup_phases"]
-    memo = list((tmp_path / "xdg" / "aoti-farm").glob("isa-*.json"))
+    memo = list((tmp_path / "xdg" / "aoti-farm-private").glob("isa-*.json"))
     assert len(memo) == 1
 
 

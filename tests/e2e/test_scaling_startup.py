@@ -58,7 +58,7 @@ def test_farm_children_cache_bytecode_privately_where_python_caches_none(tmp_pat
     every process compiled torch from source), the farm's children write and reuse
     ``.pyc`` files under the farm's own memo dir, never next to the sources."""
     answer, pkg = _apply_in_child(tmp_path, {"PYTHONDONTWRITEBYTECODE": "1"})
-    prefix = tmp_path / "xdg" / "aoti-farm" / "pycache"
+    prefix = tmp_path / "xdg" / "aoti-farm-private" / "pycache"
     assert answer == f"applied: {prefix}"
     cached = list(prefix.rglob("probe_mod.*.pyc"))
     assert cached, "the grandchild wrote no bytecode under the farm's prefix"
@@ -99,7 +99,7 @@ def test_warm_driver_imports_through_the_farm_bytecode_cache_too(tmp_path):
                 "PYTHONPATH": f"{tmp_path / 'src'}{os.pathsep}{REPO}"})
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    prefix = tmp_path / "xdg" / "aoti-farm" / "pycache"
+    prefix = tmp_path / "xdg" / "aoti-farm-private" / "pycache"
     assert out.stdout.split() == [str(prefix), "True", "False"]
     assert list(prefix.rglob("here_pkg/mod.*.pyc")) and not (src / "__pycache__").exists()
 

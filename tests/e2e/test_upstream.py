@@ -3,7 +3,7 @@ runtime/upstream.py).
 
 Upstream's C++ holder is real in every test: it runs in a fresh subprocess (registering
 ``Library("aten", "IMPL")._impl_with_aoti_compile`` and compile backends is process-wide).
-Kernels come from the session cache (``kernels``): add(alpha=2), mul and div(floor) --
+Kernels come from the session cache (``kernels``): add(alpha=2), mul and div(trunc) --
 one real compile each per session -- plus one compile by upstream itself (module fixture
 ``upstream_dir``) to check our metadata against what upstream writes.
 
@@ -34,9 +34,9 @@ from conftest import sig_add_alpha, sig_mul
 REPO = Path(__file__).resolve().parents[2]
 
 
-def sig_div_floor(shape=(8, 16)):
+def sig_div_trunc(shape=(8, 16)):
     a, b = torch.empty(shape), torch.empty(shape)
-    return S.from_call(torch.ops.aten.div.Tensor_mode, (a, b), {"rounding_mode": "floor"})
+    return S.from_call(torch.ops.aten.div.Tensor_mode, (a, b), {"rounding_mode": "trunc"})
 
 
 def run_py(code: str, env_extra: dict | None = None, timeout: float = 600) -> dict:
@@ -51,7 +51,7 @@ def run_py(code: str, env_extra: dict | None = None, timeout: float = 600) -> di
 
 @pytest.fixture(scope="module")
 def warmed(kernels):
-    for sig in (sig_add_alpha(), sig_mul(), sig_div_floor()):
+    for sig in (sig_add_alpha(), sig_mul(), sig_div_trunc()):
         out = kernels.ensure(sig)
         assert out.status in ("compiled", "cached"), out
     return kernels
@@ -102,7 +102,7 @@ def test_export_is_served_by_upstream_holder_with_zero_compiles(warmed, tmp_path
     out_dir = tmp_path / "inductor"
     rep = U.export_upstream(cache, out_dir)
     keys = {e["key"] for e in rep["exported"]}
-    assert {sig_add_alpha().key, sig_mul().key, sig_div_floor().key} <= keys, rep
+    assert {sig_add_alpha().key, sig_mul().key, sig_div_trunc().key} <= keys, rep
     assert not rep["bad"]
     item = json.loads((out_dir / "aoti_eager/aten/cpu/add.Tensor.json").read_text())[0]
     assert (out_dir / "aoti_eager/aten/cpu" / item["kernel_path"]).is_file()
@@ -121,11 +121,11 @@ def test_export_is_served_by_upstream_holder_with_zero_compiles(warmed, tmp_path
         g = torch.Generator().manual_seed(7)
         a, b, c = torch.randn(8, 16, generator=g), torch.randn(16, generator=g), torch.randn(8, 16, generator=g)
         ops = torch.ops.aten
-        exp = [ops.add.Tensor(a, b, alpha=2), ops.mul.Tensor(a, c), ops.div.Tensor_mode(a, c, rounding_mode="floor")]
+        exp = [ops.add.Tensor(a, b, alpha=2), ops.mul.Tensor(a, c), ops.div.Tensor_mode(a, c, rounding_mode="trunc")]
         lib = torch.library.Library("aten", "IMPL")
         for name in ("add.Tensor", "mul.Tensor", "div.Tensor_mode"):
             lib._impl_with_aoti_compile(name, "CPU")
-        got = [ops.add.Tensor(a, b, alpha=2), ops.mul.Tensor(a, c), ops.div.Tensor_mode(a, c, rounding_mode="floor")]
+        got = [ops.add.Tensor(a, b, alpha=2), ops.mul.Tensor(a, c), ops.div.Tensor_mode(a, c, rounding_mode="trunc")]
         served_calls = list(calls)
         try:  # a call nobody exported must reach the (refusing) compile: the holder is live
             ops.mul.Tensor(torch.randn(3, 5), torch.randn(3, 5))
@@ -146,7 +146,7 @@ def test_export_is_served_by_upstream_holder_with_zero_compiles(warmed, tmp_path
 
 def test_backend_serves_warm_cache_and_waits_for_fleet_compile(warmed, tmp_path):
     cache = warmed.copy_to(tmp_path / "cache")
-    keep = {sig_add_alpha().key, sig_mul().key, sig_div_floor().key}
+    keep = {sig_add_alpha().key, sig_mul().key, sig_div_trunc().key}
     for key in cache.list_keys(warmed.fp.id) - keep:  # other tests' kernels: not part of this count
         cache.remove(warmed.fp.id, key)
     mul_dir = cache.entry_dir(warmed.fp.id, sig_mul().key)
@@ -187,12 +187,12 @@ def test_backend_serves_warm_cache_and_waits_for_fleet_compile(warmed, tmp_path)
         g = torch.Generator().manual_seed(3)
         a, b, c = torch.randn(8, 16, generator=g), torch.randn(16, generator=g), torch.randn(8, 16, generator=g)
         ops = torch.ops.aten
-        exp = [ops.add.Tensor(a, b, alpha=2), ops.div.Tensor_mode(a, c, rounding_mode="floor"), ops.mul.Tensor(a, c)]
+        exp = [ops.add.Tensor(a, b, alpha=2), ops.div.Tensor_mode(a, c, rounding_mode="trunc"), ops.mul.Tensor(a, c)]
         lib = torch.library.Library("aten", "IMPL")
         for name in ("add.Tensor", "div.Tensor_mode", "mul.Tensor"):
             lib._impl_with_aoti_compile(name, "CPU")
         after_load = backend.stats()
-        got = [ops.add.Tensor(a, b, alpha=2), ops.div.Tensor_mode(a, c, rounding_mode="floor"), ops.mul.Tensor(a, c)]
+        got = [ops.add.Tensor(a, b, alpha=2), ops.div.Tensor_mode(a, c, rounding_mode="trunc"), ops.mul.Tensor(a, c)]
         again = ops.mul.Tensor(a, c)  # now in the holder's memory: no second request
         lib._destroy()
         t.join(5)
@@ -232,7 +232,7 @@ def test_import_reverifies_and_rejects_tampered_kernels(warmed, tmp_path, capsys
     rc = upstream_cmds.import_command(ns)
     rep = json.loads(capsys.readouterr().out)
     assert rc == 1
-    assert {r["key"] for r in rep["adopted"]} >= {sig_add_alpha().key, sig_div_floor().key}
+    assert {r["key"] for r in rep["adopted"]} >= {sig_add_alpha().key, sig_div_trunc().key}
     rejected = {r["key"]: r for r in rep["rejected"]}
     assert list(rejected) == [sig_mul().key]
     assert rejected[sig_mul().key]["reason"] == "kernel disagrees with eager"
@@ -240,7 +240,7 @@ def test_import_reverifies_and_rejects_tampered_kernels(warmed, tmp_path, capsys
     dst = Cache(tmp_path / "dst")
     fp_id, = dst.fingerprint_ids()
     assert sig_mul().key not in dst.list_keys(fp_id)
-    assert dst.open_entry(fp_id, sig_div_floor().key).signature == sig_div_floor()
+    assert dst.open_entry(fp_id, sig_div_trunc().key).signature == sig_div_trunc()
 
 
 def test_import_runs_foreign_constructors_only_in_a_sandboxed_child(warmed, tmp_path, monkeypatch):

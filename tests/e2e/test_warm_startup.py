@@ -70,8 +70,8 @@ def test_warm_starts_ray_while_planning_and_compiles_in_a_forked_copy(tmp_path):
     assert "overwrites attribute" not in out.stderr, out.stderr[-3000:]
     tl = rep["timeline"]
     # an image without bytecode: the farm's processes use the farm's own bytecode cache
-    assert tl["pycache"] == str(tmp_path / "xdg" / "aoti-farm" / "pycache")
-    assert list((tmp_path / "xdg" / "aoti-farm" / "pycache").rglob("*.pyc"))
+    assert tl["pycache"] == str(tmp_path / "xdg" / "aoti-farm-private" / "pycache")
+    assert list((tmp_path / "xdg" / "aoti-farm-private" / "pycache").rglob("*.pyc"))
     # the job surely had work: Ray started while the planner ran, not after it
     assert tl["loaded"] < tl["ray_started"] and tl["ray_imported"] < tl["planned"], tl
     # a fresh host: the planner's ISA probe ran in an exec'd child, and answered
