@@ -62,6 +62,7 @@ def write_output(ns, obj, suffix: str = ".json") -> Path | None:
     path = output_path(ns, suffix)
     if path is None:
         return None
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=1, default=str) + "\n")
     print(f"[bench] wrote {path}", flush=True)
     return path

@@ -114,3 +114,4 @@ def test_benchmark_output_goes_where_named(tmp_path, monkeypatch):
     assert p == tmp_path / "o" / "demo.json" and json.loads(p.read_text()) == {"a": 1}
     assert common.write_output(ns("--out", str(tmp_path / "o")), "text", ".md").read_text() == "text"
     assert common.write_output(ns("--json", str(tmp_path / "r.json")), {"b": 2}) == tmp_path / "r.json"
+    assert common.write_output(ns("--json", str(tmp_path / "new" / "r.json")), {"c": 3}).exists()
