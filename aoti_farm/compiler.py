@@ -271,10 +271,10 @@ class AOTICompiler:
                     loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
             timing["probe"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        args, kwargs = S.materialize(sig, seed=1000)
-        why = adversarial.unverifiable(sig, args, kwargs)
-        if why is not None:
-            raise CompileRefused(why)
+        if sig.device == "cuda":   # compile() refuses these before building; verify() alone too
+            why = adversarial.unverifiable(sig, *S.materialize(sig, seed=1000))
+            if why is not None:
+                raise CompileRefused(why)
         if not loadenv.load_safe() or eager_raises_on_adversarial(sig):
             # also where eager raises on an adversarial case: a kernel's check that throws
             # inside an OpenMP region (every dynamic-threads CPU kernel has one) calls
