@@ -14,7 +14,7 @@ import pytest
 from aoti_farm.cli import main
 from aoti_farm.trace import Trace, TraceEntry, save_trace
 
-from conftest import sig_add_alpha, sig_mul
+from conftest import sig_mul
 
 
 def _cli(capsys, *argv):
@@ -106,23 +106,6 @@ def test_cache_dir_from_environment(tmp_path, capsys, monkeypatch):
     (tmp_path / "empty-ok").mkdir()
     rc, out, _ = _cli(capsys, "cache", "stats", "--cache-dir", str(tmp_path / "empty-ok"), "--json")
     assert rc == 0 and json.loads(out)["entries"] == 0
-
-
-def test_key_prints_fields_key_and_fingerprint(tmp_path, capsys):
-    from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.signature import key_fields
-
-    sig = sig_add_alpha()
-    t = tmp_path / "t.json"
-    save_trace(Trace([TraceEntry(sig_mul(), 1, 0), TraceEntry(sig, 2, 1)]), t)
-    rc, out, _ = _cli(capsys, "key", "--trace", str(t), "--index", "1", "--json")
-    d = json.loads(out)
-    fp = fingerprint("cpu")
-    assert rc == 0 and d["key"] == sig.key and d["fingerprint_id"] == fp.id
-    assert d["key_fields"] == json.loads(json.dumps(key_fields(sig.op, sig.args)))
-    assert d["fingerprint"]["device_type"] == "cpu"
-    rc, out, _ = _cli(capsys, "key", "--trace", str(t), "--index", "1")
-    assert rc == 0 and sig.key in out and fp.id in out and "arg2 (alpha)" in out and '["i", 2]' in out
 
 
 def test_keyboard_interrupt_exits_130(tmp_path, capsys, monkeypatch):
