@@ -21,17 +21,7 @@ from aoti_farm.cache import BadEntry, Cache
 from aoti_farm.fingerprint import fingerprint
 
 
-def T(sizes, strides=None, dt="float32"):
-    if strides is None:
-        strides, acc = [], 1
-        for s in reversed(sizes):
-            strides.insert(0, acc)
-            acc *= s
-    return ("T", dt, tuple(sizes), tuple(strides), "cpu")
-
-
-def add(a, b, alpha=1):
-    return S.Signature("aten::add.Tensor", (a, b, ("i", alpha)))
+from unit.test_shapes import T, add   # the encoded-signature builders the unit tier uses
 
 
 # --- fallback (export only, no Inductor) ------------------------------------------------------------
