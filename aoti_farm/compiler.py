@@ -266,7 +266,7 @@ class AOTICompiler:
             from aoti_farm.speed import GATE_RATIO
 
             speed = dyncompile.gate(cls, samples, GATE_RATIO)
-            speed_samples = [{"at": s["at"], **({"speed": s["speed"]} if "speed" in s else {})} for s in samples]
+            speed_samples = samples   # {at, speed} per sampled shape
             verified_threads = verify_thread_counts(device) or None
         t3 = time.perf_counter()
         return CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,
