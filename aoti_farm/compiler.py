@@ -2,7 +2,8 @@
 
 ``Compiler.compile(sig, workdir)`` returns the files of a kernel that torch's AOTI
 model-container runner loads, *already checked against eager* on fresh random inputs (a
-CPU kernel at every intra-op thread count it may be served at: 1, 2 and the host's cores)
+CPU kernel at every intra-op thread count it may be served at: 1, 2 and the host's cores;
+a shape class's kernel at sampled shapes across its range, :mod:`aoti_farm.dyncompile`)
 and on adversarial inputs (:mod:`aoti_farm.adversarial`: special values, extremes,
 indices eager rejects, where the kernel must raise like eager), or raises
 :class:`CompileRefused` for a deterministic failure (an ineligible op, an Inductor error,
@@ -33,7 +34,8 @@ from typing import Protocol
 
 import torch
 
-from aoti_farm import adversarial, loadenv, splitbuild
+from aoti_farm import adversarial, dyncompile, loadenv, splitbuild
+from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
 from aoti_farm.tolerance import TOLERANCES, compare, flag_tolerance, length_tolerance  # noqa: F401 -- re-exported
@@ -63,6 +65,7 @@ class CompileResult:
     speed: dict | None = None          # kernel against eager on this device (runtime/gate.py)
     threads: str | None = None         # how a CPU kernel threads: "dynamic" or "fixed:N"
     verified_threads: list | None = None   # intra-op thread counts a CPU kernel was verified at
+    speed_samples: list | None = None  # a class kernel's speed at each sampled shape (aoti_farm.dyncompile.gate)
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -101,8 +104,10 @@ class Compiler(Protocol):
     def options(self) -> dict:
         """Inductor options that change the generated code (part of the fingerprint)."""
 
-    def compile(self, sig: S.Signature, workdir: str) -> CompileResult:
-        """Compile and verify ``sig`` into ``workdir``; see the module docstring."""
+    def compile(self, sig: "S.Signature | SH.ShapeClass", workdir: str) -> CompileResult:
+        """Compile and verify ``sig`` into ``workdir``; see the module docstring.  ``sig`` is
+        a signature, or a shape class (one kernel for its range; the job publishes it as
+        the class's entry): every compile, exact or shape-general, comes through here."""
 
 
 def load_runner(kernel_path: str, device: str):
@@ -177,14 +182,23 @@ class AOTICompiler:
     def options(self) -> dict:
         return dict(self._options)
 
-    def compile(self, sig: S.Signature, workdir: str) -> CompileResult:
+    def compile(self, job, workdir: str) -> CompileResult:
+        """Compile and verify ``job``: a Signature (an exact kernel) or a
+        :class:`~aoti_farm.shapes.ShapeClass` (one kernel for the class's range, its varying
+        dims symbolic: :mod:`aoti_farm.dyncompile`).  Both take the same build block and the
+        same verification loop (:meth:`_check`); a class is verified at sampled shapes
+        across its range instead of random inputs of one shape."""
+        cls = job if isinstance(job, SH.ShapeClass) else None
+        sig = job if cls is None else dyncompile.export_signature(cls)
         device = sig.device
-        before_compile(sig.info(), device, workdir, "signature")
-        if not loadenv.load_safe():   # its verification child imports torch while this compiles
+        before_compile(sig.info(), device, workdir, "signature" if cls is None else "class")
+        if cls is None and not loadenv.load_safe():   # its verification child imports torch while this compiles
             from aoti_farm import verifyserver
 
             verifyserver.prestart()
+        refused = CompileRefused if cls is None else dyncompile.DynamicUnsupported
         t0 = time.perf_counter()
+        stage = "export"
         try:
             args, kwargs = S.materialize(sig, seed=0)
             why = adversarial.unverifiable(sig, args, kwargs)
@@ -196,9 +210,12 @@ class AOTICompiler:
                 try:
                     S.resolve_op(sig.op)(*args, **kwargs)
                 except Exception as e:
-                    raise CompileRefused(f"eager rejects the example inputs: {type(e).__name__}: {_first_line(e)}")
+                    what = "the example inputs" if cls is None else "the export's example shape"
+                    raise refused(f"eager rejects {what}: {type(e).__name__}: {_first_line(e)}") from None
                 mod = _OpModule(sig, args, kwargs)
-                ep = torch.export.export(mod, tuple(tensors), strict=False)
+                dynamic = {} if cls is None else {"dynamic_shapes": dyncompile.dynamic_spec(cls)}
+                ep = torch.export.export(mod, tuple(tensors), strict=False, **dynamic)
+                stage = "inductor"
                 t1 = time.perf_counter()
                 build = os.path.join(workdir, "build")
                 opts = {k: v for k, v in self._options.items() if not k.startswith(FARM_OPTION_PREFIX)}
@@ -217,18 +234,20 @@ class AOTICompiler:
         except Exception as e:
             if own_code_error(e) is not None:
                 raise   # a bug of ours: recorded by job.compile_and_publish, never a refusal or a retry
-            if not isinstance(e, _compile_errors()):
+            if cls is None and not isinstance(e, _compile_errors()):
                 raise
             infra = infrastructure_error(e)
             if infra is not None:
                 # the host, not the signature: retried by the farm, never recorded
-                raise CompileInfraError(f"compile failed on this host ({infra}): {type(e).__name__}: "
-                                        f"{_first_line(e)}") from e
-            # Export/Inductor errors are deterministic for a given signature + toolchain.
-            raise CompileRefused(f"compile error: {type(e).__name__}: {_first_line(e)}") from None
+                raise CompileInfraError(f"{'export' if cls is not None and stage == 'export' else 'compile'} failed "
+                                        f"on this host ({infra}): {type(e).__name__}: {_first_line(e)}") from e
+            # Export/Inductor errors are deterministic for a given signature (class) + toolchain.
+            what = ("compile error" if cls is None else "export with symbolic sizes failed" if stage == "export"
+                    else "Inductor failed on symbolic sizes")
+            raise refused(f"{what}: {type(e).__name__}: {_first_line(e)}") from None
         t2 = time.perf_counter()
         if not isinstance(built, str) or not os.path.exists(built):
-            raise CompileRefused(f"AOTInductor produced no library (got {built!r})")
+            raise refused(f"AOTInductor produced no library (got {built!r})")
         if needs_proxy_executor(os.path.dirname(built)):
             shutil.rmtree(build, ignore_errors=True)
             raise CompileRefused(PROXY_EXECUTOR_REFUSAL, {"found": "aoti_torch_proxy_executor_call_function"})
@@ -237,29 +256,33 @@ class AOTICompiler:
         path = os.path.join(workdir, "kernel.so")
         os.replace(built, path)
         shutil.rmtree(build, ignore_errors=True)
-        verification = self.verify(sig, path)
-        speed = verification.pop("speed", None)
-        verified_threads = verification.pop("threads", None)
+        speed_samples = None
+        if cls is None:
+            verification = self.verify(sig, path)
+            speed = verification.pop("speed", None)
+            verified_threads = verification.pop("threads", None)
+        else:
+            samples, verification = self.verify_class(cls, path)
+            from aoti_farm.speed import GATE_RATIO
+
+            speed = dyncompile.gate(cls, samples, GATE_RATIO)
+            speed_samples = samples   # {at, speed} per sampled shape
+            verified_threads = verify_thread_counts(device) or None
         t3 = time.perf_counter()
         return CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,
                              phases={"export": t1 - t0, "inductor": t2 - t1, "verify": t3 - t2},
                              cpu={"inductor_own": round(c2[0] - c1[0], 3), "inductor_compilers": round(c2[1] - c1[1], 3)},
                              build=build_info, speed=speed, threads=thread_mode(self._options, device),
-                             verified_threads=verified_threads)
+                             verified_threads=verified_threads, speed_samples=speed_samples)
 
-    def verify(self, sig: S.Signature, kernel_path: str) -> dict:
-        """Run the kernel and eager on fresh random inputs; raise CompileRefused on any
-        disagreement (shape, dtype, strides, a NaN, a value out of tolerance).
+    def load(self, kernel_path: str, device: str):
+        """The runner the verification checks (a seam for tests)."""
+        return load_runner(kernel_path, "cuda:0" if device == "cuda" else "cpu")
 
-        The first kernel built on a host (per torch build) is first loaded in a child
-        process (:func:`aoti_farm.loadenv.probe`).  Where this process cannot load AOTI
-        libraries safely (the libstdc++ trap), verification runs in a child that has
-        the preload, so a crashing loader costs a failure record, not this worker.
-
-        ``timing`` in the result: seconds of the loader probe (when this call ran it), of
-        the verification child (when one ran), of the checks and of the speed gate."""
+    def _probe(self, device: str, kernel_path: str, timing: dict) -> None:
+        """The first kernel built on a host (per torch build) is first loaded in a child
+        process (:func:`aoti_farm.loadenv.probe`)."""
         t0 = time.perf_counter()
-        timing: dict = {}
         if loadenv.needs_probe():
             # one prober per host: the others wait for its memo -- except a process that has
             # the preload itself, which loads kernels here whatever the memo will say
@@ -268,8 +291,22 @@ class AOTICompiler:
             wait = not loadenv.preloaded()
             with _probe_lock(wait=wait) as held:
                 if held is not False and loadenv.needs_probe():
-                    loadenv.probe(kernel_path, "cuda:0" if sig.device == "cuda" else "cpu")
+                    loadenv.probe(kernel_path, "cuda:0" if device == "cuda" else "cpu")
             timing["probe"] = time.perf_counter() - t0
+
+    def verify(self, sig: S.Signature, kernel_path: str) -> dict:
+        """Run the kernel and eager on fresh random inputs; raise CompileRefused on any
+        disagreement (shape, dtype, strides, a NaN, a value out of tolerance).
+
+        The first kernel built on a host (per torch build) is first loaded in a child
+        process (:meth:`_probe`).  Where this process cannot load AOTI
+        libraries safely (the libstdc++ trap), verification runs in a child that has
+        the preload, so a crashing loader costs a failure record, not this worker.
+
+        ``timing`` in the result: seconds of the loader probe (when this call ran it), of
+        the verification child (when one ran), of the checks and of the speed gate."""
+        timing: dict = {}
+        self._probe(sig.device, kernel_path, timing)
         t1 = time.perf_counter()
         if sig.device == "cuda":   # compile() refuses these before building; verify() alone too
             why = adversarial.unverifiable(sig, *S.materialize(sig, seed=1000))
@@ -286,6 +323,47 @@ class AOTICompiler:
             out = self._verify_here(sig, kernel_path)
         out["timing"] = {**(out.get("timing") or {}), **{k: round(v, 4) for k, v in timing.items()}}
         return out
+
+    def verify_class(self, cls: SH.ShapeClass, kernel_path: str) -> tuple[list[dict], dict]:
+        """A class kernel against eager at every sampled shape of its range
+        (:func:`aoti_farm.dyncompile.verify_points`), by :meth:`_check` as an exact kernel;
+        DynamicUnsupported (or another CompileRefused) naming the first disagreement.
+        Returns (one dict per sample: ``at``, the symbol values, and ``speed`` where
+        measured; the manifest's ``verification``).  It never runs in the verification
+        child: where this process cannot load kernels, or eager raises on an adversarial
+        input, the class is refused and its members are compiled exactly (their
+        verification runs those cases in the child)."""
+        timing: dict = {}
+        self._probe(cls.device, kernel_path, timing)
+        if not loadenv.load_safe():
+            raise dyncompile.DynamicUnsupported("this process cannot load kernels safely (libstdc++ preload): "
+                                                "exact kernels")
+        points = dyncompile.verify_points(cls)
+        if eager_raises_on_adversarial(points[0][0]):
+            raise dyncompile.DynamicUnsupported("eager raises on an adversarial input (an index out of range): "
+                                                "verified per member")
+        t0 = time.perf_counter()
+        runner = self.load(kernel_path, cls.device)
+        n_cases = self._check(points, runner)
+        timing["check"] = time.perf_counter() - t0
+        samples = [{"at": env} for _sig, _seed, env in points]
+        if self.measure_speed:
+            from aoti_farm.speed import time_against_eager
+
+            t1 = time.perf_counter()
+            op = S.resolve_op(cls.op)
+            for one, (sig, seed, _env) in zip(samples, points):
+                args, kwargs = S.materialize(sig, seed=seed)
+                tensors = flat_tensors(sig, args, kwargs)
+                m = time_against_eager(lambda: runner.run(tensors), lambda: op(*args, **kwargs),
+                                       "cuda" if cls.device == "cuda" else "cpu",
+                                       budget_s=dyncompile.SAMPLE_SPEED_BUDGET_S)
+                m.pop("calls", None)
+                one["speed"] = m
+            timing["speed"] = time.perf_counter() - t1
+        verification = {"ok": True, "samples": len(samples), "shapes": [s["at"] for s in samples],
+                        "adversarial_cases": n_cases, "timing": {k: round(v, 4) for k, v in timing.items()}}
+        return samples, verification
 
     def _verify_in_child(self, sig: S.Signature, kernel_path: str) -> dict:
         """In this process's long-lived, preloaded verification child (one torch import
@@ -310,43 +388,9 @@ class AOTICompiler:
     def _verify_here(self, sig: S.Signature, kernel_path: str) -> dict:
         device = sig.device
         t0 = time.perf_counter()
-        runner = load_runner(kernel_path, "cuda:0" if device == "cuda" else "cpu")
-        op = S.resolve_op(sig.op)
+        runner = self.load(kernel_path, device)
         threads = verify_thread_counts(device)
-        saved = torch.get_num_threads()
-        n_cases = 0
-        try:
-            for trial in range(self.verify_trials):
-                args, kwargs = S.materialize(sig, seed=1000 + trial)
-                for t in threads or [None]:
-                    if t is not None:
-                        torch.set_num_threads(t)   # the kernel's and eager's alike
-                    expected, e_err = _raises(lambda: op(*args, **kwargs))
-                    got, k_err = _raises(lambda: runner.run(flat_tensors(sig, args, kwargs)))
-                    if e_err is not None or k_err is not None:
-                        check_case(sig, op, runner, f"random inputs {trial}" + (f" at {t} threads" if t else ""),
-                                   args, kwargs, (expected, e_err), (got, k_err))
-                        continue
-                    extra = _tolerance(sig, args, kwargs, expected)
-                    bad = compare(expected, got, extra)
-                    if bad is not None:
-                        bad["trial"] = trial
-                        if t is not None:
-                            bad["threads"] = t
-                        if extra != (0.0, 0.0):
-                            bad["length_tolerance"] = list(extra)
-                        at = f" at {t} intra-op threads" if t is not None and t != 1 else ""
-                        raise CompileRefused(f"kernel disagrees with eager{at}", bad)
-            # adversarial inputs (aoti_farm.adversarial), at the first verified thread count
-            if threads:
-                torch.set_num_threads(threads[0])
-            args, kwargs = S.materialize(sig, seed=1000)
-            for name, cargs, ckwargs in adversarial.cases(sig, args, kwargs):
-                n_cases += 1
-                check_case(sig, op, runner, name, cargs, ckwargs)
-        finally:
-            if threads:
-                torch.set_num_threads(saved)
+        n_cases = self._check([(sig, 1000 + trial, None) for trial in range(self.verify_trials)], runner)
         out = {"trials": self.verify_trials, "ok": True, "adversarial_cases": n_cases,
                **({"threads": threads} if threads else {}), **({"flags": eager_flags()} if device == "cuda" else {})}
         t1 = time.perf_counter()
@@ -355,6 +399,8 @@ class AOTICompiler:
             # the speed gate's compile-time half: same inputs, interleaved rounds (runtime/gate.py)
             from aoti_farm.speed import time_against_eager
 
+            op = S.resolve_op(sig.op)
+            args, kwargs = S.materialize(sig, seed=1000)
             tensors = flat_tensors(sig, args, kwargs)
             m = time_against_eager(lambda: runner.run(tensors), lambda: op(*args, **kwargs),
                                    "cuda" if device == "cuda" else "cpu")
@@ -362,6 +408,65 @@ class AOTICompiler:
             out["speed"] = m
             out["timing"]["speed"] = round(time.perf_counter() - t1, 4)
         return out
+
+    def _check(self, points: list, runner) -> int:
+        """THE verification loop, of exact and class kernels alike: the kernel against eager
+        on the inputs of every point (``(signature, input seed, at)``: an exact kernel's
+        random trials, with ``at`` None; a class kernel's sampled shapes, ``at`` their
+        symbol values) at every intra-op thread count it may be served at
+        (:func:`verify_thread_counts`, the kernel's and eager's alike), then the
+        adversarial cases (:mod:`aoti_farm.adversarial`) of the first point at the first
+        thread count.  CompileRefused on any disagreement; on random inputs where one side
+        raises, an exact kernel must raise as eager does (:func:`check_case`), and a class
+        kernel is refused (eager and the kernel must both accept every shape of the
+        range).  Returns the number of adversarial cases."""
+        sig0 = points[0][0]
+        op = S.resolve_op(sig0.op)
+        threads = verify_thread_counts(sig0.device)
+        saved = torch.get_num_threads()
+        n_cases = 0
+        try:
+            for i, (sig, seed, at) in enumerate(points):
+                args, kwargs = S.materialize(sig, seed=seed)
+                for t in threads or [None]:
+                    if t is not None:
+                        torch.set_num_threads(t)   # the kernel's and eager's alike
+                    expected, e_err = _raises(lambda: op(*args, **kwargs))
+                    got, k_err = _raises(lambda: runner.run(flat_tensors(sig, args, kwargs)))
+                    if (e_err is not None or k_err is not None) and at is not None:
+                        if e_err is not None:
+                            raise dyncompile.DynamicUnsupported(f"eager rejects the sampled shape {at}: "
+                                                     f"{type(e_err).__name__}: {_first_line(e_err)}")
+                        raise dyncompile.DynamicUnsupported(f"kernel raised at {at}: {_first_line(k_err)}")
+                    if e_err is not None or k_err is not None:
+                        check_case(sig, op, runner, f"random inputs {i}" + (f" at {t} threads" if t else ""),
+                                   args, kwargs, (expected, e_err), (got, k_err))
+                        continue
+                    extra = _tolerance(sig, args, kwargs, expected)
+                    bad = compare(expected, got, extra)
+                    if bad is not None:
+                        if at is None:
+                            bad["trial"] = i
+                        else:
+                            bad["at"] = at
+                        if t is not None:
+                            bad["threads"] = t
+                        if extra != (0.0, 0.0):
+                            bad["length_tolerance"] = list(extra)
+                        where = "" if at is None else f" at {at}"
+                        tat = f" at {t} intra-op threads" if t is not None and t != 1 else ""
+                        raise CompileRefused(f"kernel disagrees with eager{where}{tat}", bad)
+            # adversarial inputs (aoti_farm.adversarial), at the first verified thread count
+            if threads:
+                torch.set_num_threads(threads[0])
+            args, kwargs = S.materialize(sig0, seed=points[0][1])
+            for name, cargs, ckwargs in adversarial.cases(sig0, args, kwargs):
+                n_cases += 1
+                check_case(sig0, op, runner, name, cargs, ckwargs)
+        finally:
+            if threads:
+                torch.set_num_threads(saved)
+        return n_cases
 
 
 def _abort_message(err: str) -> str | None:

@@ -1,7 +1,8 @@
 """``aoti-farm warm --dynamic auto``: what one shape-class compile does, and its report row.
 
 ``auto`` groups the warm's signatures into shape classes (:mod:`aoti_farm.shapes`) and
-compiles one shape-general kernel (:mod:`aoti_farm.dyncompile`) for every class with at
+compiles one shape-general kernel (:mod:`aoti_farm.dyncompile`, on the exact kernels' compile
+path: the ``Compiler`` and :func:`aoti_farm.job.compile_and_publish`) for every class with at
 least two distinct shapes.  The members a published class covers leave the exact warm;
 everything else -- classes of one shape, signatures with no layout class, the members of
 a class that gets no shape-general kernel (export, Inductor or verification refused it,
@@ -10,8 +11,9 @@ compiled exactly, as with ``off``.
 
 The class compiles run on the farm's Ray pool, in the same long-lived compile actors as
 the exact compiles (:mod:`aoti_farm.workers.classtasks`); this module is the part that
-needs no Ray: :func:`compile_class` (one class: memory budget, lease, compile, verify
-across the range, publish) and :func:`class_row` (its report row).
+needs no Ray: :func:`compile_class` (one class through the job: memory budget, lease,
+compile, verify across the range, publish; any failure but the host's is the members'
+fallback) and :func:`class_row` (its report row).
 """
 
 from __future__ import annotations
@@ -30,29 +32,24 @@ def check_mode(v: str, where: str = "dynamic") -> str:
     return v
 
 
-def compile_class(cache, cls: SH.ShapeClass, inductor_options: dict | None, memory_budget, *, owner: str,
-                  lease_ttl: float | None = None) -> dict:
-    """Compile and publish one class in this process; ``Outcome.to_dict()``: status
-    ``compiled``/``cached`` (evidence: ``ranges``, ``serve_range``), ``busy`` (another
-    compiler holds the class's lease) or ``failed`` (no shape-general kernel: the reason
-    is ``error``; the caller compiles the members exactly).  ``CompileInfraError`` (this
-    host could not compile: retried) is raised; nothing else is."""
-    from aoti_farm import budget, leases
+def compile_class(cache, cls: SH.ShapeClass, compiler, fp, memory_budget, *, owner: str,
+                  lease_ttl: float | None = None, on_start=None) -> dict:
+    """Compile and publish one class in this process, on the one compile path
+    (:func:`aoti_farm.job.compile_and_publish` with ``compiler``, the farm's
+    ``Compiler``, and ``fp``, its fingerprint for the class's device);
+    ``Outcome.to_dict()``: status ``compiled``/``cached`` (evidence: ``ranges``,
+    ``serve_range``), ``busy`` (another compiler holds the class's lease) or ``failed`` (no
+    shape-general kernel: the reason is ``error``; the caller compiles the members
+    exactly).  ``CompileInfraError`` (this host could not compile: retried) is raised;
+    nothing else is: whatever else fails a class compile, its members are compiled exactly."""
     from aoti_farm.compiler import CompileInfraError
-    from aoti_farm.dyncompile import ClassCompiler, compile_and_publish_class
-    from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import FAILED, Outcome
+    from aoti_farm.job import FAILED, Outcome, compile_and_publish
 
     t0 = time.perf_counter()
     try:
-        widest = cls.point({n: hi for n, (lo, hi) in cls.symbols.items()})
-        over = budget.refusal(widest, memory_budget)
-        if over is not None:
-            return Outcome(cls.key, FAILED, 0.0, error=f"widest shape: {over[0]}").to_dict()
-        comp = ClassCompiler(inductor_options)
-        fp = fingerprint("cuda:0" if cls.device == "cuda" else "cpu", comp.options())
         kw = {} if lease_ttl is None else {"lease_ttl": lease_ttl}
-        return compile_and_publish_class(cache, comp, fp, cls, owner=owner, **kw).to_dict()
+        return compile_and_publish(cache, compiler, fp, cls, owner=owner, memory_budget=memory_budget,
+                                   on_start=on_start, **kw).to_dict()
     except CompileInfraError:
         raise
     except Exception as e:  # noqa: BLE001 -- a class that cannot be built is compiled exactly

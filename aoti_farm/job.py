@@ -1,7 +1,8 @@
 """One unit of farm work: lease, compile, verify, publish (or record the failure).
 
 Shared by the Ray compile actors, the runtime's background compile worker and
-``aoti-farm compile-one`` so that every path obeys the same rules.
+``aoti-farm compile-one`` so that every path obeys the same rules; a shape class's kernel
+(``warm --dynamic auto``, a widened class) is one such unit too, keyed by its class key.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from aoti_farm import budget, leases
+from aoti_farm import budget, dyncompile, leases
 from aoti_farm.cache import Cache
 from aoti_farm.compiler import Compiler, own_code_error
 from aoti_farm.counters import Counters
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import Fingerprint
+from aoti_farm.shapes import ShapeClass
 from aoti_farm.signature import Signature
 
 #: Compiles of this process that failed on a bug of aoti-farm's own code (own_code_error).
@@ -60,7 +62,7 @@ class Outcome:
         return asdict(self)
 
 
-def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: Signature, *,
+def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: Signature | ShapeClass, *,
                         owner: str, attempts: int = 1, lease_ttl: float = leases.DEFAULT_TTL,
                         workroot: str | None = None, on_start=None, memory_budget: int | None = None) -> Outcome:
     """``memory_budget``: bytes (None: a quarter of
@@ -69,17 +71,26 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
     no failure record (the budget is this host's, another may compile it); see
     :mod:`aoti_farm.budget`.  The inputs alone are checked first; the whole estimate
     (a meta run, whose first one imports torch._dynamo) only under the lease, when this
-    process is about to compile, so a cached or busy answer never pays for it."""
+    process is about to compile, so a cached or busy answer never pays for it.
+
+    ``sig`` may be a :class:`~aoti_farm.shapes.ShapeClass`: the same lease, compile
+    (``compiler.compile(cls, workdir)``) and publish, keyed by the class key, with what is
+    a class's own (:mod:`aoti_farm.dyncompile`): the budget is checked at its widest
+    member (``"widest shape: ..."``), its manifest has ``shape_class`` and
+    ``speed_samples``, the serving hook's hint is written, ``evidence`` has ``ranges`` and
+    ``serve_range``, and a refusal is a ``failed`` outcome without a failure record (the
+    caller compiles the members exactly; they get their own).  Any other exception of a
+    class compile is raised to the caller."""
+    cls = sig if isinstance(sig, ShapeClass) else None
     key = sig.key
     worker = f"{socket.gethostname()}:{os.getpid()}"
     if cache.has_entry(fp.id, key):
-        return Outcome(key, CACHED, worker=worker)
-    if cache.failure(fp.id, key) is not None:
+        return _cached(cache, fp, key, cls, worker)
+    if cls is None and cache.failure(fp.id, key) is not None:
         rec = cache.failure(fp.id, key) or {}
         return Outcome(key, FAILED, worker=worker, error=rec.get("reason"), evidence=rec.get("evidence") or {})
-    over = budget.refusal(sig, memory_budget, outputs=False)
+    over = _over_budget(sig if cls is None else dyncompile.widest(cls), memory_budget, cls, outputs=False)
     if over is not None:
-        budget.COUNTERS.inc("refused")
         return Outcome(key, FAILED, worker=worker, error=over[0], evidence=over[1])
     cache.ensure(fp)
     lease = leases.try_acquire(cache, fp.id, key, owner, lease_ttl)
@@ -90,24 +101,27 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
     try:
         # re-check under the lease: someone may have published while we waited
         if cache.has_entry(fp.id, key):
-            return Outcome(key, CACHED, worker=worker)
-        over = budget.refusal(sig, memory_budget)
+            return _cached(cache, fp, key, cls, worker)
+        over = _over_budget(sig if cls is None else dyncompile.widest(cls), memory_budget, cls)
         if over is not None:
-            budget.COUNTERS.inc("refused")
             return Outcome(key, FAILED, worker=worker, error=over[0], evidence=over[1])
         if on_start is not None:
             on_start()   # the compile begins (the serving hook makes room for it)
         try:
             res = compiler.compile(sig, workdir)
         except CompileRefused as e:
-            cache.record_failure(fp, sig, e.reason, evidence=e.evidence, attempts=attempts)
-            return Outcome(key, FAILED, time.perf_counter() - t0, worker, e.reason, e.evidence)
+            if cls is None:
+                cache.record_failure(fp, sig, e.reason, evidence=e.evidence, attempts=attempts)
+            return Outcome(key, FAILED, time.perf_counter() - t0, worker, e.reason,
+                           e.evidence if cls is None else (e.evidence or {}))
         except Exception as e:
-            bug = own_code_error(e)
+            bug = own_code_error(e) if cls is None else None
             if bug is None:
-                raise   # the host's failure: the farm retries it
+                raise   # the host's failure: the farm retries it (a class's: its caller decides)
             return record_bug(cache, fp, sig, bug, attempts, time.perf_counter() - t0, worker)
-        cache.publish(fp, sig, res.files, {
+        extra = {} if cls is None else {"shape_class": cls.to_obj(), "speed_samples": res.speed_samples or []}
+        cache.publish(fp, sig if cls is None else dyncompile.ClassEntry(cls), res.files, {
+            **extra,
             "compile_seconds": res.seconds, "phases": res.phases, "verification": res.verification,
             "worker": worker, "compiler": compiler.name, "attempts": attempts,
             "build": getattr(res, "build", None) or {},
@@ -119,8 +133,35 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
             **({"verified_threads": sorted(int(t) for t in res.verified_threads)}
                if getattr(res, "verified_threads", None) else {}),
         })
+        ev = {}
+        if cls is not None:
+            dyncompile.write_hint(cache, fp, cls)
+            ev = {"ranges": dyncompile.ranges(cls), "serve_range": (res.speed or {}).get("serve_range")}
         return Outcome(key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases,
-                       build=getattr(res, "build", None) or {})
+                       build=getattr(res, "build", None) or {}, evidence=ev)
     finally:
         lease.release()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _cached(cache: Cache, fp: Fingerprint, key: str, cls: ShapeClass | None, worker: str) -> Outcome:
+    """A published entry's outcome; a class's also (re)writes the serving hook's hint and
+    reports its ranges and serve range."""
+    if cls is None:
+        return Outcome(key, CACHED, worker=worker)
+    dyncompile.write_hint(cache, fp, cls)
+    return Outcome(key, CACHED, worker=worker, evidence={"ranges": dyncompile.ranges(cls),
+                                                             "serve_range": dyncompile.serve_range(cache, fp, cls.key)})
+
+
+def _over_budget(sig: Signature, memory_budget: int | None, cls: ShapeClass | None, outputs: bool = True):
+    """(reason, evidence) when ``sig`` is over the memory budget, else None.  An exact
+    signature's refusal is counted (``budget.COUNTERS``); a class's names its widest shape
+    and is not counted (its members are then checked, and counted, one by one)."""
+    over = budget.refusal(sig, memory_budget) if outputs else budget.refusal(sig, memory_budget, outputs=False)
+    if over is None:
+        return None
+    if cls is not None:
+        return f"widest shape: {over[0]}", over[1]
+    budget.COUNTERS.inc("refused")
+    return over

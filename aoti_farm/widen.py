@@ -111,11 +111,10 @@ def parse_request(obj, sig) -> SH.ShapeClass | None:
     return cls
 
 
-def compile_queued(cache, compiler, fp, sig, widen_obj, *, inductor_options: dict | None, owner: str,
-                   memory_budget=None, **exact_kw):
+def compile_queued(cache, compiler, fp, sig, widen_obj, *, owner: str, memory_budget=None, **exact_kw):
     """Compile a queued miss: the widened class it asks for, else (or also, see module doc)
-    its exact signature with :func:`aoti_farm.job.compile_and_publish` (``exact_kw``: its
-    keyword arguments).  Returns an :class:`aoti_farm.job.Outcome` for the queued key:
+    its exact signature, both with :func:`aoti_farm.job.compile_and_publish` and ``compiler``
+    (``exact_kw``: its keyword arguments).  Returns an :class:`aoti_farm.job.Outcome` for the queued key:
     ``compiled``/``cached`` when the key is now served (by the class or its own kernel),
     ``busy`` when another compiler holds the class's lease (look again later).
     ``evidence["widened"]``: the class key and ranges, when a class was published."""
@@ -126,7 +125,7 @@ def compile_queued(cache, compiler, fp, sig, widen_obj, *, inductor_options: dic
     if cls is not None and cls.key not in _REFUSED:
         if exact_kw.get("on_start") is not None:
             exact_kw["on_start"]()   # the compile begins (the serving hook makes room for it)
-        out = dynwarm.compile_class(cache, cls, inductor_options, memory_budget, owner=owner,
+        out = dynwarm.compile_class(cache, cls, compiler, fp, memory_budget, owner=owner,
                                     **({"lease_ttl": exact_kw["lease_ttl"]} if "lease_ttl" in exact_kw else {}))
         if out["status"] == job.BUSY:
             return job.Outcome(sig.key, job.BUSY, out.get("seconds", 0.0), out.get("worker", ""))

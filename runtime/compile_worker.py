@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 retry_at[key] = time.monotonic() + BAD_ITEM_RETRY
                 continue
             try:
-                out = widen.compile_queued(cache, compiler, fp, sig, wid, inductor_options=opts, owner=owner,
+                out = widen.compile_queued(cache, compiler, fp, sig, wid, owner=owner,
                                            memory_budget=memory_budget,
                                            on_start=lambda k=key: _out({"event": "compile", "key": k}))
             except Exception as e:  # noqa: BLE001 -- infrastructure trouble: retry later

@@ -8,7 +8,7 @@ for that group (``<root>/<fp>/classes/<group key>/<class key>``, see
 range check (:meth:`aoti_farm.shapes.ShapeClass.bind`: fixed dims equal, tied dims
 agree, every symbol in its range).  Under the speed gate (``serve="faster"``) a class
 serves only inside its ``speed["serve_range"]`` (where it beat eager at every sampled
-shape, :meth:`aoti_farm.dyncompile.ClassCompiler.gate`).  A call that a class covers
+shape, :func:`aoti_farm.dyncompile.gate`).  A call that a class covers
 outside that range is a hit the gate declines: :meth:`declined` names the class, the hook
 counts the call ``gated`` (eager, remembered natively) and queues nothing (an exact kernel
 of the same op at a shape where the class lost would lose the same way).  A call outside

@@ -5,8 +5,8 @@ A class compile is one scheduler task (:class:`aoti_farm.workers.scheduler.Task`
 :class:`~aoti_farm.workers.compile_actor.CompileActor`\\ s as the exact compiles, so it gets
 their warm torch and Inductor, and the scheduler's timeouts, retries, busy parking and
 lease breaking.  Its key is the class key: the lease, the entry and the hint are the class's
-(:func:`aoti_farm.dyncompile.compile_and_publish_class`); verification across the range
-and the atomic publish are unchanged.
+(:func:`aoti_farm.dynwarm.compile_class`: the actor's own ``Compiler`` through
+:func:`aoti_farm.job.compile_and_publish`, as for an exact task).
 
 Driver side, :class:`ClassWork`:
 
@@ -120,13 +120,12 @@ def compile_in_actor(actor, obj: dict, attempts: int = 1) -> dict:
             from aoti_farm.widen import compile_queued
 
             sig = S.parse_signature(obj["signature"])
-            out = compile_queued(actor._cache, actor._compiler, actor._fp, sig, obj.get("widen"),
-                                 inductor_options=actor.inductor_options, owner=actor._owner,
+            out = compile_queued(actor._cache, actor._compiler, actor._fp, sig, obj.get("widen"), owner=actor._owner,
                                  memory_budget=actor.memory_budget, lease_ttl=actor.lease_ttl,
                                  attempts=attempts).to_dict()
         else:
             cls = parse_job(obj)
-            out = dynwarm.compile_class(actor._cache, cls, actor.inductor_options, actor.memory_budget,
+            out = dynwarm.compile_class(actor._cache, cls, actor._compiler, actor._fp, actor.memory_budget,
                                         owner=actor._owner, lease_ttl=actor.lease_ttl)
     except Exception as e:  # noqa: BLE001 -- CompileInfraError and anything unexpected: retried
         msg = " ".join(str(e).split())[:300] or type(e).__name__
@@ -158,7 +157,7 @@ class ClassWork:
     # -- 1. planning
     def split(self, sigs: list) -> list:
         """The signatures left for the exact plan; class tasks (or cached classes) for the rest."""
-        from aoti_farm.dyncompile import ClassCompiler
+        from aoti_farm.compiler import AOTICompiler
         from aoti_farm.fingerprint import fingerprint
         from aoti_farm.workers.placement import route
         from aoti_farm.workers.scheduler import Task
@@ -169,7 +168,8 @@ class ClassWork:
             return sigs
         members: set = set()
         cuda_here = None
-        opts = ClassCompiler(self.cfg.inductor_options).options()
+        comp = AOTICompiler(self.cfg.inductor_options)   # for a cached class only: its hint, its serve range
+        opts = comp.options()
         fps: dict = {}
         for c in todo:
             self.classes[c.key] = c
@@ -184,7 +184,7 @@ class ClassWork:
                     fps[dev] = fingerprint(dev, opts)
                 fp_id = fps[dev].id
                 if self.cache.has_entry(fp_id, c.key):
-                    out = dynwarm.compile_class(self.cache, c, self.cfg.inductor_options, self.cfg.memory_budget,
+                    out = dynwarm.compile_class(self.cache, c, comp, fps[dev], self.cfg.memory_budget,
                                                 owner="warm-dynamic")   # cached: the hint, the serve range
                     if out["status"] == "cached":
                         self._finish_class(c, out)

@@ -18,7 +18,9 @@ import torch
 
 from aoti_farm import dyncompile, shapes as SH, signature as S
 from aoti_farm.cache import BadEntry, Cache
+from aoti_farm.compiler import AOTICompiler
 from aoti_farm.fingerprint import fingerprint
+from aoti_farm.job import compile_and_publish
 
 
 from unit.test_shapes import T, add   # the encoded-signature builders the unit tier uses
@@ -36,8 +38,9 @@ def test_a_class_that_cannot_be_exported_dynamically_falls_back_to_exact(tmp_pat
     sigs = [S.Signature("aten::_unsafe_view", (T((n, 16)), ("il", (-1, 64)))) for n in (4, 8, 12)]
     cls = SH.classes(sigs)[0][0]
     cache = Cache(tmp_path / "c")
-    fp = fingerprint("cpu", dyncompile.ClassCompiler().options())
-    out = dynwarm.compile_class(cache, cls, {}, None, owner="pytest")     # what the pool's actor runs
+    comp = AOTICompiler()
+    fp = fingerprint("cpu", comp.options())
+    out = dynwarm.compile_class(cache, cls, comp, fp, None, owner="pytest")     # what the pool's actor runs
     assert out["status"] == "failed" and "export with symbolic sizes failed" in out["error"]
     assert not cache.has_entry(fp.id, cls.key)
 
@@ -142,8 +145,6 @@ def test_unseen_length_inside_the_range_is_a_hit_equal_to_eager(warmed, tmp_path
 
 
 def test_exact_kernel_wins_over_the_class(warmed, tmp_path):
-    from aoti_farm.compiler import AOTICompiler
-    from aoti_farm.job import compile_and_publish
     from aoti_farm.runtime import install
 
     cache, fp, _ = warmed
@@ -173,7 +174,7 @@ def test_tampered_class_manifest_is_refused(warmed, tmp_path):
     assert e.value.kind == "corrupt"
 
 
-class _WrongAt(dyncompile.ClassCompiler):
+class _WrongAt(AOTICompiler):
     """Test double of the build step only: reuses a verified kernel's bytes, and its runner
     returns a wrong value at one shape (the verification is the real one)."""
 
@@ -184,7 +185,7 @@ class _WrongAt(dyncompile.ClassCompiler):
     def compile(self, cls, workdir):
         path = os.path.join(workdir, "kernel.so")
         shutil.copyfile(self.kernel, path)
-        self.verify(cls, path)
+        self.verify_class(cls, path)
         raise AssertionError("verification passed a wrong kernel")
 
     def load(self, kernel_path, device):
@@ -208,8 +209,8 @@ def test_a_kernel_wrong_at_one_sampled_shape_is_refused(warmed, tmp_path):
     odd = next(p["s0"] for p in SH.sample_points(cls) if p["s0"] % 2 and p["s0"] not in (8, 40))
     c2 = Cache(tmp_path / "c")
     # the right kernel passes every sample; wrong at an odd interior size: refused
-    dyncompile.ClassCompiler(measure_speed=False).verify(cls, entry.kernel_path)
-    out = dyncompile.compile_and_publish_class(c2, _WrongAt(entry.kernel_path, odd), fp, cls, owner="pytest")
+    AOTICompiler(measure_speed=False).verify_class(cls, entry.kernel_path)
+    out = compile_and_publish(c2, _WrongAt(entry.kernel_path, odd), fp, cls, owner="pytest")
     assert out.status == "failed" and f"'s0': {odd}" in out.error
     assert out.evidence["problem"] == "values"
     assert not c2.has_entry(fp.id, cls.key)
@@ -265,7 +266,6 @@ def test_cache_ls_shows_ranges_and_export_upstream_skips_class_entries(warmed, t
 
 def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed, tmp_path):
     from aoti_farm import missq, widen
-    from aoti_farm.compiler import AOTICompiler
     from aoti_farm.runtime import install
 
     cache, fp, _ = warmed
@@ -285,7 +285,7 @@ def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed
     assert missq.read_item(c2, fp.id, s200.key) == (s200, None)
 
     # what the drainers run (the hook's compile worker, serve's actors): a real class compile
-    out = widen.compile_queued(c2, AOTICompiler(), fp, sig, w, inductor_options={}, owner="pytest")
+    out = widen.compile_queued(c2, AOTICompiler(), fp, sig, w, owner="pytest")
     wkey = SH.parse_class(w).key
     assert out.status == "compiled" and out.evidence["widened"] == {
         "key": wkey, "ranges": {"s0": [8, 64]}, "status": "compiled",
@@ -309,7 +309,6 @@ def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed
 
 def test_a_refused_widened_class_falls_back_to_the_exact_signature(warmed, tmp_path):
     from aoti_farm import widen
-    from aoti_farm.compiler import AOTICompiler
 
     cache, fp, _ = warmed
     cls = SH.parse_class(cache.open_entry(fp, _class_key(cache, fp)).manifest["shape_class"])
@@ -318,7 +317,7 @@ def test_a_refused_widened_class_falls_back_to_the_exact_signature(warmed, tmp_p
     assert w.ranges == (("s0", 8, 1024),)
     c2 = Cache(tmp_path / "c")
     # a budget nothing fits: the class is refused (its widest shape), then the exact signature is tried
-    out = widen.compile_queued(c2, AOTICompiler(), fp, sig, w.to_obj(), inductor_options={}, owner="pytest",
+    out = widen.compile_queued(c2, AOTICompiler(), fp, sig, w.to_obj(), owner="pytest",
                                memory_budget=1)
     assert out.status == "failed" and out.key == sig.key
     assert out.evidence["widen_refused"]["key"] == w.key and "budget" in out.evidence["widen_refused"]["error"]

@@ -162,3 +162,75 @@ def test_outcome_to_dict_is_plain(tmp_path, fp):
     d = w.run(s).to_dict()
     assert d["status"] == "compiled" and d["key"] == s.key
     json.dumps(d)
+
+
+# --- shape classes: the same job, the same Compiler -------------------------------------------------
+
+
+def a_class():
+    """The class of ``add`` on [n, 16] for n = 4, 8, 12 (s0 = 4..12)."""
+    from aoti_farm import shapes as SH
+    from unit.test_shapes import T, add
+
+    return SH.classes([add(T((n, 16)), T((n, 16))) for n in (4, 8, 12)])[0][0]
+
+
+def test_a_class_task_is_compiled_by_the_actors_compiler_through_the_job(tmp_path, monkeypatch):
+    """On the pool, a class task (``CompileActor.compile_class``) is compiled by the actor's
+    own ``Compiler`` (here the scheduler's double) through ``job.compile_and_publish``:
+    one compile path, not a second one that builds its own compiler."""
+    from aoti_farm import dyncompile, shapes as SH
+    from aoti_farm.workers.classtasks import ClassJob
+    from aoti_farm.workers.compile_actor import CompileActor
+
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")   # the actor sets it: restored after the test
+    script = tmp_path / "script.json"
+    script.write_text("{}")
+    cls = a_class()
+    actor = CompileActor(str(tmp_path / "c"), compiler_factory=lambda o: ScriptedCompiler(o, script=str(script)))
+    out = actor.compile_class(ClassJob(cls).to_obj())
+    assert out["status"] == "compiled" and out["key"] == cls.key, out
+    log = (tmp_path / "script.json.log").read_text().split()
+    assert log[:2] == ["start", cls.key]                      # the double received the class itself
+    cache, fp = actor._cache, actor._fp
+    m = cache.open_entry(fp, cls.key).manifest
+    assert m["compiler"] == ScriptedCompiler.name and SH.parse_class(m["shape_class"]) == cls
+    assert m["signature"] == cls.example.to_obj() and m["speed_samples"] == []
+    assert cls.key in dyncompile.hinted_keys(cache, fp.id, cls.group_key)   # the serving hook's hint
+    assert out["evidence"] == {"ranges": {"s0": [4, 12]}, "serve_range": None}
+    assert leases.list_leases(cache, fp.id) == []
+    again = actor.compile_class(ClassJob(cls).to_obj())
+    assert again["status"] == "cached" and again["evidence"]["ranges"] == {"s0": [4, 12]}
+    assert (tmp_path / "script.json.log").read_text().split().count("start") == 1
+
+
+def test_a_refused_class_leaves_no_failure_record(tmp_path, fp):
+    """A class the compiler refuses falls back to its members (who get their own records);
+    a failure the compiler raises otherwise is the caller's (dynwarm: the fallback), never
+    a record of the class key."""
+    from aoti_farm import dynwarm
+
+    cls = a_class()
+    w = World(tmp_path, fp, {cls.key: "refuse"})
+    out = w.run(cls)
+    assert out.status == job.FAILED and out.key == cls.key and out.error == "scripted refusal"
+    assert w.cache.failure(fp.id, cls.key) is None and not w.cache.has_entry(fp.id, cls.key)
+    assert w.run(cls).status == job.FAILED and w.starts(cls.key) == 2          # no record answered
+    w.script.write_text(json.dumps({cls.key: "crash"}))
+    with pytest.raises(RuntimeError, match="scripted crash"):
+        w.run(cls)
+    d = dynwarm.compile_class(w.cache, cls, w.compiler, fp, None, owner="test-job")
+    assert d["status"] == "failed" and "scripted crash" in d["error"]
+    assert w.cache.failure(fp.id, cls.key) is None
+    assert leases.list_leases(w.cache, fp.id) == [] and os.listdir(w.workroot) == []
+
+
+def test_a_class_over_the_memory_budget_at_its_widest_shape_is_not_compiled(tmp_path, fp):
+    cls = a_class()
+    w = World(tmp_path, fp)
+    before = budget.COUNTERS.get("refused")
+    # the widest member's inputs (2 x 12 x 16 floats, 1536 bytes) are over 1024; the narrowest's (512) are not
+    out = w.run(cls, memory_budget=1024)
+    assert out.status == job.FAILED and out.error.startswith("widest shape: ") and w.starts() == 0
+    assert budget.COUNTERS.get("refused") == before                 # its members are counted, one by one
+    assert w.cache.failure(fp.id, cls.key) is None
