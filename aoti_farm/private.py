@@ -50,6 +50,29 @@ def _insecure(msg: str) -> UnsafeFile:
     return UnsafeFile("insecure", msg)
 
 
+#: What a refusal tells the user to do about a directory (owner, mode); a file's refusal
+#: names the file only (its directory is the farm's own).
+_DIR_FIXES = ("; remove it or point the farm elsewhere", "; chmod 700 it or point the farm elsewhere")
+
+
+def _check_stat(st: os.stat_result, what: str, *, directory: bool) -> None:
+    """The rule for one path, from its ``lstat`` (or the ``fstat`` of an ``O_NOFOLLOW``
+    descriptor): not a link, a directory (``directory``) or a regular file, owned by this
+    user, writable by no one else.  The one place it is checked (:func:`check_dir`,
+    :func:`check_file`, :func:`open_append`), so the three cannot drift apart."""
+    owner_fix, mode_fix = _DIR_FIXES if directory else ("", "")
+    if stat.S_ISLNK(st.st_mode):
+        raise _insecure(f"{what}: is a symbolic link" + ("; a private directory must not be one" if directory else ""))
+    if directory and not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFile("not_regular", f"{what}: not a directory")
+    if not directory and not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile("not_regular", f"{what}: not a regular file")
+    if st.st_uid != os.getuid():
+        raise _insecure(f"{what}: owned by uid {st.st_uid}, not this user ({os.getuid()}){owner_fix}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _insecure(f"{what}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o}){mode_fix}")
+
+
 def check_dir(path: str | os.PathLike, *, what: str | None = None) -> str:
     """Check an existing directory against the rule; returns its absolute path.  Raises
     :class:`UnsafeFile` (``insecure``, or ``missing``)."""
@@ -61,16 +84,7 @@ def check_dir(path: str | os.PathLike, *, what: str | None = None) -> str:
         raise UnsafeFile("missing", f"{what}: missing") from None
     except OSError as e:
         raise UnsafeFile("unreadable", f"{what}: {e.strerror or e}") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise _insecure(f"{what}: is a symbolic link; a private directory must not be one")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeFile("not_regular", f"{what}: not a directory")
-    if st.st_uid != os.getuid():
-        raise _insecure(f"{what}: owned by uid {st.st_uid}, not this user ({os.getuid()}); "
-                        f"remove it or point the farm elsewhere")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _insecure(f"{what}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-                        f"chmod 700 it or point the farm elsewhere")
+    _check_stat(st, what, directory=True)
     check_ancestors(p)
     return p
 
@@ -106,14 +120,7 @@ def check_file(path: str | os.PathLike, *, what: str | None = None) -> os.stat_r
         st = os.lstat(p)
     except FileNotFoundError:
         raise UnsafeFile("missing", f"{what}: missing") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise _insecure(f"{what}: is a symbolic link")
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFile("not_regular", f"{what}: not a regular file")
-    if st.st_uid != os.getuid():
-        raise _insecure(f"{what}: owned by uid {st.st_uid}, not this user ({os.getuid()})")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _insecure(f"{what}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+    _check_stat(st, what, directory=False)
     return st
 
 
@@ -178,13 +185,7 @@ def open_append(path: str | os.PathLike) -> int:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
                  | getattr(os, "O_NOCTTY", 0) | os.O_NONBLOCK, 0o600)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile("not_regular", f"{path}: not a regular file")
-        if st.st_uid != os.getuid():
-            raise _insecure(f"{path}: owned by uid {st.st_uid}, not this user")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise _insecure(f"{path}: writable by group or others")
+        _check_stat(os.fstat(fd), str(path), directory=False)
     except BaseException:
         os.close(fd)
         raise
