@@ -132,7 +132,9 @@ def test_worker_ends_when_its_parent_is_killed(tmp_path, fp_id):
 
 def test_one_worker_per_host_device_and_namespace(tmp_path, fp_id):
     """A second worker for the same cache and device finds the first one's lock and exits
-    at once (0, ``already-running``); the supervisor's probe sees the live one."""
+    at once (0, ``already-running``); the supervisor's probe sees the live one.  The second
+    worker is asked first, with a short idle time: without the lock it would start, idle
+    and exit (``idle-exit``), which the test tells apart from ``already-running``."""
     from aoti_farm.runtime.compile_worker import worker_lock_path
     from aoti_farm.runtime.supervisor import worker_alive
 
@@ -143,10 +145,11 @@ def test_one_worker_per_host_device_and_namespace(tmp_path, fp_id):
                          stderr=subprocess.STDOUT, start_new_session=True)
     try:
         assert _wait_for(log, b'"ready"'), log.read_text()[-2000:]
-        assert worker_alive(worker_lock_path("cpu", str(cache.root), fp_id))
-        b = subprocess.run(_worker_cmd(str(cache.root), fp_id, os.getpid()), capture_output=True, text=True,
-                           timeout=300)
+        b = subprocess.run(_worker_cmd(str(cache.root), fp_id, os.getpid(), idle=2), capture_output=True,
+                           text=True, timeout=300)
         assert b.returncode == 0 and '"already-running"' in b.stdout, b.stdout + b.stderr
+        assert '"start"' not in b.stdout, b.stdout
+        assert worker_alive(worker_lock_path("cpu", str(cache.root), fp_id))
         assert a.poll() is None
     finally:
         a.kill()
