@@ -142,8 +142,8 @@ def serve_http(registry, port: int, *, addr: str = LOOPBACK, span: int = DEFAULT
 _TCP_LISTEN = "0A"
 
 
-def parse_proc_net_tcp(text: str) -> list[tuple[str, int, int]]:
-    """``(address, port, uid)`` of every listening socket in the text of
+def parse_proc_net_tcp(text: str) -> list[tuple[str, int, int, int]]:
+    """``(address, port, uid, inode)`` of every listening socket in the text of
     ``/proc/net/tcp`` or ``/proc/net/tcp6`` (address in the kernel's hex form; a line
     that does not parse is skipped)."""
     out = []
@@ -153,7 +153,7 @@ def parse_proc_net_tcp(text: str) -> list[tuple[str, int, int]]:
             continue
         addr, _, hexport = f[1].rpartition(":")
         try:
-            out.append((addr, int(hexport, 16), int(f[7])))
+            out.append((addr, int(hexport, 16), int(f[7]), int(f[9]) if len(f) > 9 else 0))
         except ValueError:
             continue
     return out
@@ -172,7 +172,7 @@ def foreign_listeners(ports, *, uid: int | None = None, proc: str = "/proc/net")
                 text = f.read()
         except OSError:
             continue
-        found.update((p, u) for _, p, u in parse_proc_net_tcp(text) if p in want and u != uid)
+        found.update((p, u) for _, p, u, _ in parse_proc_net_tcp(text) if p in want and u != uid)
     return sorted(found)
 
 

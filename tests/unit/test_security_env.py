@@ -30,8 +30,8 @@ TCP6 = """\
 
 
 def test_proc_net_tcp_lists_listening_sockets_with_their_owner():
-    assert exposition.parse_proc_net_tcp(TCP) == [("0100007F", 0x24B8, 1001), ("00000000", 0x24B9, 0)]
-    assert exposition.parse_proc_net_tcp(TCP6) == [("00000000000000000000000001000000", 0x24BB, 1004)]
+    assert exposition.parse_proc_net_tcp(TCP) == [("0100007F", 0x24B8, 1001, 1577), ("00000000", 0x24B9, 0, 1578)]
+    assert exposition.parse_proc_net_tcp(TCP6) == [("00000000000000000000000001000000", 0x24BB, 1004, 1)]
     assert exposition.parse_proc_net_tcp("") == []
 
 
