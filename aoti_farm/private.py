@@ -255,8 +255,8 @@ def use_inductor_cache() -> str:
     (``$TMPDIR/torchinductor_<user>``) in ``torch._inductor.runtime.cache_dir_utils`` /
     ``runtime_utils`` is used for precompiled headers (``codecache._HEADER_DIR``, computed
     when ``codecache`` is imported) and some on-disk caches; a ``.gch`` there is used by
-    every compile.  They are patched here, the one place, when present; no upstream issue
-    covers it yet, and the patch can go once torch keeps these under ``cache_dir()``.
+    every compile.  They are patched here, the one place (:func:`_patch_torch_cache_dirs`:
+    versions, upstream issues, removal condition and its differential test).
     ``tests/e2e/test_drills_env_attacks.py`` drills the squatted-cache attack it closes."""
     d = inductor_cache_dir()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
@@ -283,6 +283,23 @@ def inductor_cache_scope():
 
 
 def _patch_torch_cache_dirs(d: str) -> None:
+    """The one patch of a torch internal here: Inductor's ``default_cache_dir()`` (in
+    ``torch._inductor.runtime.cache_dir_utils``, ``runtime_utils`` and ``codecache``) returns
+    ``$TORCHINDUCTOR_CACHE_DIR`` (else ``d``) instead of ``$TMPDIR/torchinductor_<user>``,
+    and ``codecache._HEADER_DIR`` / ``_HEADER_LOCK_DIR`` (precompiled headers, computed at
+    import) move under ``d``.  Each is patched only when present.
+
+    * Versions checked: torch 2.6 to 2.13 (the names above; 2.13.0 in CI).  Other callers of
+      ``default_cache_dir`` (``torch._inductor.cache``, ``runtime/caching``) import it from
+      ``runtime_utils`` when called, so they see the patch too.
+    * Upstream: pytorch/pytorch#121122 (open: the default under the shared temp directory)
+      and the deliberate choice in pytorch/pytorch#144002 to keep precompiled headers in
+      ``default_cache_dir()``, outside ``TORCHINDUCTOR_CACHE_DIR``.
+    * It can go when torch's default is a per-user private directory (#121122) and the
+      precompiled headers follow ``cache_dir()``.
+    * Differential test: ``tests/e2e/test_private_patch_differential.py`` compiles the same
+      signatures through the farm's compile path with and without it: bitwise-identical
+      kernel outputs; only these directories differ."""
     import sys
 
     def private_cache_dir() -> str:
