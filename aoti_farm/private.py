@@ -289,7 +289,8 @@ def _patch_torch_cache_dirs(d: str) -> None:
     and ``codecache._HEADER_DIR`` / ``_HEADER_LOCK_DIR`` (precompiled headers, computed at
     import) move under ``d``.  Each is patched only when present.
 
-    * Versions checked: torch 2.6 to 2.13 (the names above; 2.13.0 in CI).  Other callers of
+    * Versions: the names above are those of torch 2.6 to 2.13; the differential test below
+      runs on the installed torch (2.13.0 when written).  Other callers of
       ``default_cache_dir`` (``torch._inductor.cache``, ``runtime/caching``) import it from
       ``runtime_utils`` when called, so they see the patch too.
     * Upstream: pytorch/pytorch#121122 (open: the default under the shared temp directory)
