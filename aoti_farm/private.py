@@ -283,7 +283,7 @@ def inductor_cache_scope():
 
 
 def _patch_torch_cache_dirs(d: str) -> None:
-    """The one patch of a torch internal here: Inductor's ``default_cache_dir()`` (in
+    """The one patch of a torch internal here: Inductor's ``default_cache_dir`` (in
     ``torch._inductor.runtime.cache_dir_utils``, ``runtime_utils`` and ``codecache``) returns
     ``$TORCHINDUCTOR_CACHE_DIR`` (else ``d``) instead of ``$TMPDIR/torchinductor_<user>``,
     and ``codecache._HEADER_DIR`` / ``_HEADER_LOCK_DIR`` (precompiled headers, computed at
@@ -295,7 +295,7 @@ def _patch_torch_cache_dirs(d: str) -> None:
       ``runtime_utils`` when called, so they see the patch too.
     * Upstream: pytorch/pytorch#121122 (open: the default under the shared temp directory)
       and the deliberate choice in pytorch/pytorch#144002 to keep precompiled headers in
-      ``default_cache_dir()``, outside ``TORCHINDUCTOR_CACHE_DIR``.
+      ``default_cache_dir``, outside ``TORCHINDUCTOR_CACHE_DIR``.
     * It can go when torch's default is a per-user private directory (#121122) and the
       precompiled headers follow ``cache_dir()``.
     * Differential test: ``tests/e2e/test_private_patch_differential.py`` compiles the same

@@ -104,6 +104,7 @@ class HookCollector:
                           ("queue_dedup", "signatures already in the miss queue"),
                           ("queue_dropped", "misses dropped: the in-process pending queue was full"),
                           ("queue_errors", "misses the queue could not be written for"),
+                          ("queue_overflow", "misses not queued: this process reached queue_cap or queue_cap_per_op"),
                           ("served_after_miss", "signatures missed earlier in this process, now hits"),
                           ("workers_started", "background compile workers started"),
                           ("worker_errors", "compile workers that could not be started")):
