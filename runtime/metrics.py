@@ -158,10 +158,11 @@ def register(hook, registry=None):
 from aoti_farm.exposition import Exporter, serve_http  # noqa: E402 -- shared with `serve`
 
 
-def start_for_hook(hook, endpoint) -> Exporter | None:
+def start_for_hook(hook, endpoint) -> "Exporter | NotExposed":
     """The hook's own endpoint (``install(metrics_port=...)``; ``endpoint`` a
-    :class:`aoti_farm.exposition.Endpoint`); never raises: a port that
-    cannot be had is logged and the hook serves without metrics."""
+    :class:`aoti_farm.exposition.Endpoint`); never raises: a port that cannot be had is
+    logged and the hook serves without metrics (a :class:`NotExposed`, which still counts
+    the ports another user held)."""
     try:
         from prometheus_client import CollectorRegistry
 
