@@ -144,6 +144,8 @@ class HookConfig:
     memory_budget: int | None = None      # the compile worker's budget per compile; None: budget.py's default
     widen: str = "auto"                   # a miss outside every shape class's range queues: auto | always | off (widen.py)
     install_trial: float = 5.0            # seconds install() may time kernels here before routing (runtime/pretrial.py); 0: off
+    queue_cap: int = 1024                 # most signatures one serving process writes to the miss queue (runtime/misswriter.py)
+    queue_cap_per_op: int = 128           # ... of them for one op
 
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
@@ -521,6 +523,10 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
         check_serve(cfg.serve)
         check_widen(cfg.widen)
         check_install_trial(cfg.install_trial)
+        for n in ("queue_cap", "queue_cap_per_op"):
+            if getattr(cfg, n) < 1:
+                raise UserError(f"{n}: {getattr(cfg, n)} must be at least 1 (on_miss='ignore' queues nothing); "
+                                f"fix install({n}=...) or [hook] {n}")
     if isinstance(cfg, FarmConfig) and cfg.dynamic not in ("auto", "off"):
         raise UserError(f"dynamic: {cfg.dynamic!r} is not one of auto, off; fix --dynamic, AOTI_FARM_DYNAMIC or [farm] dynamic")
     if isinstance(cfg, FarmConfig) and cfg.lease_ttl > 3600:   # leases.MAX_TTL: a longer one reads as expired

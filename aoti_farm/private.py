@@ -50,6 +50,29 @@ def _insecure(msg: str) -> UnsafeFile:
     return UnsafeFile("insecure", msg)
 
 
+#: What a refusal tells the user to do about a directory (owner, mode); a file's refusal
+#: names the file only (its directory is the farm's own).
+_DIR_FIXES = ("; remove it or point the farm elsewhere", "; chmod 700 it or point the farm elsewhere")
+
+
+def _check_stat(st: os.stat_result, what: str, *, directory: bool) -> None:
+    """The rule for one path, from its ``lstat`` (or the ``fstat`` of an ``O_NOFOLLOW``
+    descriptor): not a link, a directory (``directory``) or a regular file, owned by this
+    user, writable by no one else.  The one place it is checked (:func:`check_dir`,
+    :func:`check_file`, :func:`open_append`), so the three cannot drift apart."""
+    owner_fix, mode_fix = _DIR_FIXES if directory else ("", "")
+    if stat.S_ISLNK(st.st_mode):
+        raise _insecure(f"{what}: is a symbolic link" + ("; a private directory must not be one" if directory else ""))
+    if directory and not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFile("not_regular", f"{what}: not a directory")
+    if not directory and not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile("not_regular", f"{what}: not a regular file")
+    if st.st_uid != os.getuid():
+        raise _insecure(f"{what}: owned by uid {st.st_uid}, not this user ({os.getuid()}){owner_fix}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _insecure(f"{what}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o}){mode_fix}")
+
+
 def check_dir(path: str | os.PathLike, *, what: str | None = None) -> str:
     """Check an existing directory against the rule; returns its absolute path.  Raises
     :class:`UnsafeFile` (``insecure``, or ``missing``)."""
@@ -61,16 +84,7 @@ def check_dir(path: str | os.PathLike, *, what: str | None = None) -> str:
         raise UnsafeFile("missing", f"{what}: missing") from None
     except OSError as e:
         raise UnsafeFile("unreadable", f"{what}: {e.strerror or e}") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise _insecure(f"{what}: is a symbolic link; a private directory must not be one")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeFile("not_regular", f"{what}: not a directory")
-    if st.st_uid != os.getuid():
-        raise _insecure(f"{what}: owned by uid {st.st_uid}, not this user ({os.getuid()}); "
-                        f"remove it or point the farm elsewhere")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _insecure(f"{what}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-                        f"chmod 700 it or point the farm elsewhere")
+    _check_stat(st, what, directory=True)
     check_ancestors(p)
     return p
 
@@ -106,14 +120,7 @@ def check_file(path: str | os.PathLike, *, what: str | None = None) -> os.stat_r
         st = os.lstat(p)
     except FileNotFoundError:
         raise UnsafeFile("missing", f"{what}: missing") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise _insecure(f"{what}: is a symbolic link")
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFile("not_regular", f"{what}: not a regular file")
-    if st.st_uid != os.getuid():
-        raise _insecure(f"{what}: owned by uid {st.st_uid}, not this user ({os.getuid()})")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _insecure(f"{what}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+    _check_stat(st, what, directory=False)
     return st
 
 
@@ -178,13 +185,7 @@ def open_append(path: str | os.PathLike) -> int:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
                  | getattr(os, "O_NOCTTY", 0) | os.O_NONBLOCK, 0o600)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile("not_regular", f"{path}: not a regular file")
-        if st.st_uid != os.getuid():
-            raise _insecure(f"{path}: owned by uid {st.st_uid}, not this user")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise _insecure(f"{path}: writable by group or others")
+        _check_stat(os.fstat(fd), str(path), directory=False)
     except BaseException:
         os.close(fd)
         raise
@@ -254,8 +255,8 @@ def use_inductor_cache() -> str:
     (``$TMPDIR/torchinductor_<user>``) in ``torch._inductor.runtime.cache_dir_utils`` /
     ``runtime_utils`` is used for precompiled headers (``codecache._HEADER_DIR``, computed
     when ``codecache`` is imported) and some on-disk caches; a ``.gch`` there is used by
-    every compile.  They are patched here, the one place, when present; no upstream issue
-    covers it yet, and the patch can go once torch keeps these under ``cache_dir()``.
+    every compile.  They are patched here, the one place (:func:`_patch_torch_cache_dirs`:
+    versions, upstream issues, removal condition and its differential test).
     ``tests/e2e/test_drills_env_attacks.py`` drills the squatted-cache attack it closes."""
     d = inductor_cache_dir()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
@@ -282,6 +283,24 @@ def inductor_cache_scope():
 
 
 def _patch_torch_cache_dirs(d: str) -> None:
+    """The one patch of a torch internal here: Inductor's ``default_cache_dir`` (in
+    ``torch._inductor.runtime.cache_dir_utils``, ``runtime_utils`` and ``codecache``) returns
+    ``$TORCHINDUCTOR_CACHE_DIR`` (else ``d``) instead of ``$TMPDIR/torchinductor_<user>``,
+    and ``codecache._HEADER_DIR`` / ``_HEADER_LOCK_DIR`` (precompiled headers, computed at
+    import) move under ``d``.  Each is patched only when present.
+
+    * Versions: the names above are those of torch 2.6 to 2.13; the differential test below
+      runs on the installed torch (2.13.0 when written).  Other callers of
+      ``default_cache_dir`` (``torch._inductor.cache``, ``runtime/caching``) import it from
+      ``runtime_utils`` when called, so they see the patch too.
+    * Upstream: pytorch/pytorch#121122 (open: the default under the shared temp directory)
+      and the deliberate choice in pytorch/pytorch#144002 to keep precompiled headers in
+      ``default_cache_dir``, outside ``TORCHINDUCTOR_CACHE_DIR``.
+    * It can go when torch's default is a per-user private directory (#121122) and the
+      precompiled headers follow ``cache_dir()``.
+    * Differential test: ``tests/e2e/test_private_patch_differential.py`` compiles the same
+      signatures through the farm's compile path with and without it: bitwise-identical
+      kernel outputs; only these directories differ."""
     import sys
 
     def private_cache_dir() -> str:

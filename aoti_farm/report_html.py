@@ -155,6 +155,14 @@ def _rect(lay: _Layout, y: float, a: float, b: float, colour: str, title: str, c
             f'height="{h:.1f}" fill="{colour}"><title>{html.escape(title)}</title></rect>')
 
 
+def _tick_step(total: float) -> float:
+    """Seconds between the axis's ticks: a round step, and never fewer seconds than spread
+    MAX_TICKS ticks over the whole span (the first of the two bounds on the ticks; the
+    drawing loop's count is the second)."""
+    step = next((s for s in (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600) if total / s <= 12), 7200)
+    return max(step, total / (MAX_TICKS - 1))
+
+
 def render(doc: dict, source: str = "") -> str:
     """The whole page as a string."""
     sigs = [s for s in doc["signatures"] if isinstance(s, dict)]
@@ -187,10 +195,9 @@ def render(doc: dict, source: str = "") -> str:
            f'role="img" aria-label="warm timeline">']
     # axis
     total = t1 - t0
-    step = next((s for s in (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600) if total / s <= 12), 7200)
-    step = max(step, total / (MAX_TICKS - 1))   # never more than MAX_TICKS ticks, whatever the span
+    step = _tick_step(total)
     k = 0
-    while k * step <= total + 1e-9 and k < MAX_TICKS:
+    while k * step <= total + 1e-9 and k < MAX_TICKS:   # the second bound: MAX_TICKS whatever the step
         x = lay.x(t0 + k * step)
         svg.append(f'<line x1="{x:.1f}" y1="30" x2="{x:.1f}" y2="{height - 20}" class="grid"/>'
                    f'<text x="{x:.1f}" y="22" class="tick">{k * step:g}s</text>')

@@ -104,6 +104,7 @@ class HookCollector:
                           ("queue_dedup", "signatures already in the miss queue"),
                           ("queue_dropped", "misses dropped: the in-process pending queue was full"),
                           ("queue_errors", "misses the queue could not be written for"),
+                          ("queue_overflow", "misses not queued: this process reached queue_cap or queue_cap_per_op"),
                           ("served_after_miss", "signatures missed earlier in this process, now hits"),
                           ("workers_started", "background compile workers started"),
                           ("worker_errors", "compile workers that could not be started")):
@@ -123,6 +124,11 @@ class HookCollector:
                               "wall seconds signatures were served by eager between their first miss and "
                               "their first hit, summed (still-waiting queued ones up to now)")
         g.add_metric([], float(s.get("eager_while_pending_seconds", 0.0)))
+        yield g
+        g = GaugeMetricFamily(f"{PREFIX}_metrics_ports_held_by_others",
+                              "ports of the metrics span another user listened on at start (scrapes there "
+                              "do not reach aoti-farm)")
+        g.add_metric([], (s.get("metrics") or {}).get("ports_held_by_others", 0))
         yield g
         g = GaugeMetricFamily(f"{PREFIX}_native_active", "1 when the native hit path serves")
         g.add_metric([], 1.0 if (s.get("native") or {}).get("active") else 0.0)
@@ -152,10 +158,11 @@ def register(hook, registry=None):
 from aoti_farm.exposition import Exporter, serve_http  # noqa: E402 -- shared with `serve`
 
 
-def start_for_hook(hook, endpoint) -> Exporter | None:
+def start_for_hook(hook, endpoint) -> "Exporter | NotExposed":
     """The hook's own endpoint (``install(metrics_port=...)``; ``endpoint`` a
-    :class:`aoti_farm.exposition.Endpoint`); never raises: a port that
-    cannot be had is logged and the hook serves without metrics."""
+    :class:`aoti_farm.exposition.Endpoint`); never raises: a port that cannot be had is
+    logged and the hook serves without metrics (a :class:`NotExposed`, which still counts
+    the ports another user held)."""
     try:
         from prometheus_client import CollectorRegistry
 
@@ -167,7 +174,21 @@ def start_for_hook(hook, endpoint) -> Exporter | None:
         return ex
     except Exception as e:  # noqa: BLE001 -- metrics never stop serving
         log.warning("aoti-farm metrics not exposed: %s", e)
-        return None
+        return NotExposed(getattr(e, "held", ()))
+
+
+class NotExposed:
+    """The hook's endpoint when no port could be had: no port, but the ports another user
+    held still count (``stats()["metrics"]``)."""
+
+    port = None
+    port_file = None
+
+    def __init__(self, held=()):
+        self.held = list(held)
+
+    def close(self) -> None:
+        pass
 
 
 # --- what the hook calls (never raising into a serving process) ---------------------------------
@@ -175,10 +196,13 @@ def start_for_hook(hook, endpoint) -> Exporter | None:
 
 def with_miss_reasons(s: dict, exporter: Exporter | None) -> dict:
     """Adds ``miss_reasons`` (calls that ran eager, by the outcome `aoti-farm explain`
-    names) and ``metrics`` (the endpoint's port) to a ``stats()`` dict."""
+    names) and ``metrics`` (the endpoint's port, the ports of its span another user held
+    at start, the private file naming the port) to a ``stats()`` dict."""
     s["miss_reasons"] = {"missing": s["misses"], "failed": s["failed_signatures"],
                          "gated": s.get("gated", 0), "ineligible": sum(s["fallbacks"].values())}
-    s["metrics"] = {"port": exporter.port if exporter is not None else None}
+    s["metrics"] = {"port": getattr(exporter, "port", None),
+                    "ports_held_by_others": len(getattr(exporter, "held", ())),   # exposition.py: squatted ports
+                    "port_file": getattr(exporter, "port_file", None)}
     return s
 
 

@@ -9,8 +9,9 @@ recorded as failing (:meth:`prune`), and hands it to ``on_queued`` (the hook sta
 compile worker there).  The same thread runs other background jobs in order
 (:meth:`submit`: kernel loads, a worker start), so a flush sees everything before it.
 
-The shared queue is bounded per serving process: at most :data:`QUEUE_CAP` signatures
-written by one process, and :data:`QUEUE_CAP_PER_OP` per op; a miss beyond either is not
+The shared queue is bounded per serving process: at most ``queue_cap`` signatures
+written by one process, and ``queue_cap_per_op`` per op (settings of ``[hook]`` /
+``install()``, defaults :data:`QUEUE_CAP`, :data:`QUEUE_CAP_PER_OP`); a miss beyond either is not
 written and is counted (``queue_overflow``), so a caller choosing shapes cannot flood the
 queue that ``serve`` and the workers compile.  A miss that a shape class covers is queued
 as a request to widen that class (:mod:`aoti_farm.widen`), once per class and process
@@ -42,9 +43,10 @@ WATCH_SHARDS = 32
 #: For how long after this process last queued a miss its shards are watched so.
 WATCH_QUEUED_SECONDS = 300.0
 #: Most signatures one serving process writes to the shared miss queue (beyond: counted
-#: as ``queue_overflow``, not written).
+#: as ``queue_overflow``, not written): the default of the setting ``queue_cap``
+#: (``aoti_farm/config.py``, ``HookConfig``).
 QUEUE_CAP = 1024
-#: Most of them for one op.
+#: Most of them for one op: the default of ``queue_cap_per_op``.
 QUEUE_CAP_PER_OP = 128
 
 
@@ -56,8 +58,10 @@ class _Flush:
 class MissWriter:
     """``report(call)`` from the request path; everything else from background threads."""
 
-    def __init__(self, cache: Cache, fps: dict, enabled: bool, on_queued: Callable):
+    def __init__(self, cache: Cache, fps: dict, enabled: bool, on_queued: Callable, *,
+                 cap: int = QUEUE_CAP, cap_per_op: int = QUEUE_CAP_PER_OP):
         self.cache, self.fps = cache, fps
+        self.cap, self.cap_per_op = cap, cap_per_op   # resolved settings queue_cap, queue_cap_per_op
         self.enabled = enabled                  # on_miss != "ignore"
         self._on_queued = on_queued             # (call) -> None, in the writer thread
         self.widen_of: Callable = lambda call: None   # (call) -> a widened class to queue or None (aoti_farm/widen.py)
@@ -70,8 +74,8 @@ class MissWriter:
         self._hist = LatencyHistogram()
         self._pending_done_s = 0.0              # closed first-miss -> first-hit windows
         self.wake = threading.Event()           # a miss was queued: the poller looks now
-        self._written = 0                       # queue items this process wrote (QUEUE_CAP)
-        self._written_op: dict[str, int] = {}   # per op (QUEUE_CAP_PER_OP)
+        self._written = 0                       # queue items this process wrote (cap)
+        self._written_op: dict[str, int] = {}   # per op (cap_per_op)
         self._widened: set[str] = set()         # shape classes this process asked to widen
         self.counters = Counters("queued", "queue_dedup", "queue_dropped", "queue_errors", "queue_overflow",
                                  "queue_widened_dedup")
@@ -146,7 +150,7 @@ class MissWriter:
             if wid in self._widened:   # this class is asked for already: its kernel covers this call
                 self.counters.inc("queue_widened_dedup")
                 return
-        if self._written >= QUEUE_CAP or self._written_op.get(op, 0) >= QUEUE_CAP_PER_OP:
+        if self._written >= self.cap or self._written_op.get(op, 0) >= self.cap_per_op:
             self.counters.inc("queue_overflow")   # stays reported: not retried in this process
             return
         try:

@@ -142,10 +142,13 @@ def _loopback_node(ray) -> None:
     is turned into the host's routable address by ``services.resolve_ip_for_localhost``
     unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false (its macOS/Windows default,
     github.com/ray-project/ray/issues/18730).  So: the variable for Ray's processes started
-    from here, the constant for this one (read at import).  Ray's C++ gRPC servers (GCS, raylet, core workers) still
-    listen on every interface in this Ray (no setting binds them to one address); its
-    token authentication guards them.  It can go when Ray offers a loopback-only local
-    cluster.  ``tests/e2e/test_drills_env.py`` checks the node's address."""
+    from here, the constant for this one (read at import).  The node address is also what
+    binds Ray's listeners: its C++ gRPC servers (GCS, raylet, core workers) listen on
+    127.0.0.1 exactly when the node address is 127.0.0.1 (``GrpcServer``'s
+    ``listen_to_localhost_only``, set from ``node_ip_address == "127.0.0.1"``), and so do
+    its Python agents; there is no separate setting.  It can go when Ray offers a
+    loopback-only local cluster.  ``tests/e2e/test_drills_env.py::test_drill_8_*`` checks
+    the node's address and that every TCP port Ray's processes listen on is loopback."""
     os.environ[RAY_LOOPBACK_VAR] = "0"
     try:
         ray._private.ray_constants.ENABLE_RAY_CLUSTER = False

@@ -53,9 +53,64 @@ def _workers_of(cache_root: str) -> list[int]:
 # --- 8. the embedded Ray ------------------------------------------------------------------------
 
 
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    out = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                out.add(int(link[8:-1]))
+    except OSError:
+        pass
+    return out
+
+
+def _listening(inodes: set[int]) -> list[tuple[str, int]]:
+    """(address, port) of the TCP listeners among ``inodes`` (/proc/net/tcp and tcp6)."""
+    import ipaddress
+
+    from aoti_farm.exposition import parse_proc_net_tcp
+
+    out = []
+    for name in ("tcp", "tcp6"):
+        with open(f"/proc/net/{name}") as f:
+            for hexaddr, port, _uid, inode in parse_proc_net_tcp(f.read()):
+                if inode in inodes:
+                    raw = b"".join(bytes.fromhex(hexaddr[i:i + 8])[::-1] for i in range(0, len(hexaddr), 8))
+                    addr = ipaddress.ip_address(raw)
+                    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+                        addr = addr.ipv4_mapped
+                    out.append((str(addr), port))
+    return out
+
+
 def test_drill_8_embedded_ray_is_private_and_on_loopback():
     """Its temp tree sits in a 0700 mkdtemp directory of ours (Ray makes its own 0777), not
-    /tmp/ray; its node address is 127.0.0.1; both go when it stops."""
+    /tmp/ray; its node address is 127.0.0.1, and so every TCP port its processes listen on
+    (GCS, raylet, workers, agents: Ray's gRPC servers bind 127.0.0.1 exactly when the node
+    address is 127.0.0.1) is on loopback; both go when it stops."""
     import ray
 
     from aoti_farm.config import FarmConfig
@@ -63,9 +118,25 @@ def test_drill_8_embedded_ray_is_private_and_on_loopback():
 
     if ray.is_initialized():
         pytest.skip("a Ray is already initialised in this process")
+    mine_before = _socket_inodes(os.getpid())
     r, started = raysetup.start_ray(FarmConfig(), num_cpus=1)
     try:
         assert started
+
+        @r.remote
+        def pid():
+            return os.getpid()
+
+        worker = r.get(pid.remote())   # a worker process exists and serves
+        procs = _descendants(os.getpid())
+        assert worker in procs
+        inodes = (_socket_inodes(os.getpid()) - mine_before).union(*(_socket_inodes(p) for p in procs))
+        listeners = _listening(inodes)
+        names = {open(f"/proc/{p}/comm").read().strip() for p in procs if os.path.exists(f"/proc/{p}/comm")}
+        assert {"gcs_server", "raylet"} <= names, names
+        assert len(listeners) >= 3, listeners   # GCS, raylet, the worker's own server at least
+        wide = [(a, p) for a, p in listeners if not a.startswith("127.")]
+        assert wide == [], f"the embedded Ray listens beyond loopback: {wide}"
         tmp = raysetup._RAY_TMP
         top = os.path.dirname(tmp)
         st = os.stat(top)
@@ -132,7 +203,9 @@ def test_worker_ends_when_its_parent_is_killed(tmp_path, fp_id):
 
 def test_one_worker_per_host_device_and_namespace(tmp_path, fp_id):
     """A second worker for the same cache and device finds the first one's lock and exits
-    at once (0, ``already-running``); the supervisor's probe sees the live one."""
+    at once (0, ``already-running``); the supervisor's probe sees the live one.  The second
+    worker is asked first, with a short idle time: without the lock it would start, idle
+    and exit (``idle-exit``), which the test tells apart from ``already-running``."""
     from aoti_farm.runtime.compile_worker import worker_lock_path
     from aoti_farm.runtime.supervisor import worker_alive
 
@@ -143,10 +216,11 @@ def test_one_worker_per_host_device_and_namespace(tmp_path, fp_id):
                          stderr=subprocess.STDOUT, start_new_session=True)
     try:
         assert _wait_for(log, b'"ready"'), log.read_text()[-2000:]
-        assert worker_alive(worker_lock_path("cpu", str(cache.root), fp_id))
-        b = subprocess.run(_worker_cmd(str(cache.root), fp_id, os.getpid()), capture_output=True, text=True,
-                           timeout=300)
+        b = subprocess.run(_worker_cmd(str(cache.root), fp_id, os.getpid(), idle=2), capture_output=True,
+                           text=True, timeout=300)
         assert b.returncode == 0 and '"already-running"' in b.stdout, b.stdout + b.stderr
+        assert '"start"' not in b.stdout, b.stdout
+        assert worker_alive(worker_lock_path("cpu", str(cache.root), fp_id))
         assert a.poll() is None
     finally:
         a.kill()

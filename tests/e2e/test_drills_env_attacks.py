@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -348,23 +349,118 @@ def test_drill_6_metrics_listen_on_loopback_by_default():
     assert metrics_endpoint(0, env={"AOTI_FARM_METRICS_ADDR": "0.0.0.0"}).addr == "0.0.0.0"
 
 
+def _free_span(n: int) -> int:
+    """The first port of ``n`` consecutive ports no one listens on (checked by binding)."""
+    import socket
+
+    for base in range(20000, 60000, 97):
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    pytest.skip("no free span of ports")
+
+
+def _listen_as(pw, ports) -> subprocess.Popen:
+    """The attacker listens on ``ports`` (all addresses) until killed; returns when they listen."""
+    code = ("import socket, sys, time\n"
+            "ss = []\n"
+            f"for p in {list(ports)!r}:\n"
+            "    s = socket.socket(); s.bind(('0.0.0.0', p)); s.listen(); ss.append(s)\n"
+            "print('listening', flush=True)\n"
+            "time.sleep(600)\n")
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    proc = subprocess.Popen(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
+                             py, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "listening"
+    return proc
+
+
+def test_drill_6_squatted_metrics_ports_are_named_counted_and_avoided(attacker, tmp_path, monkeypatch, caplog):
+    """The attacker listens first on two ports of a hook's span and would answer scrapes
+    there: the hook binds the next free one, a warning names each squatted port and its
+    owner's uid, ``stats()`` and the scrape count them, and the port really bound is in a
+    file of the private directory (0700), which only this user can write."""
+    import json
+    import urllib.request
+
+    from aoti_farm.exposition import Endpoint
+    from aoti_farm.runtime import metrics as rt_metrics
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    base = _free_span(4)
+    squatter = _listen_as(attacker, [base, base + 2])
+
+    class Hook:   # the collector reads stats(); a real hook's are built the same way (with_miss_reasons)
+        exporter = None
+
+        def stats(self):
+            s = {"calls": 0, "hits": 0, "misses": 0, "failed_signatures": 0, "fallbacks": {},
+                 "kernels_loaded": 0, "kernels_dropped": 0, "load_errors": 0, "kernel_errors": 0, "per_op": {}}
+            return rt_metrics.with_miss_reasons(s, self.exporter)
+
+    hook = Hook()
+    try:
+        with caplog.at_level(logging.WARNING, logger="aoti_farm.metrics"):
+            ex = rt_metrics.start_for_hook(hook, Endpoint(base, span=4))
+        hook.exporter = ex
+        try:
+            assert ex.port == base + 1, ex.port
+            assert ex.held == [(base, attacker.pw_uid), (base + 2, attacker.pw_uid)]
+            warn = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert len(warn) == 1, warn
+            assert f"{base}, {base + 2}" in warn[0] and f"uid {attacker.pw_uid}" in warn[0], warn
+            assert str(base + 1) in warn[0]
+            st = hook.stats()["metrics"]
+            assert st["port"] == base + 1 and st["ports_held_by_others"] == 2
+            doc = json.loads(open(st["port_file"]).read())
+            assert doc["port"] == base + 1 and doc["pid"] == os.getpid()
+            assert [(h["port"], h["uid"]) for h in doc["held_by_others"]] == ex.held
+            d = os.path.dirname(st["port_file"])
+            assert d.startswith(private.root() + "/")
+            private.check_file(st["port_file"])   # ours, in a 0700 directory of ours
+            assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+            body = urllib.request.urlopen(f"http://127.0.0.1:{ex.port}/metrics", timeout=10).read().decode()
+            assert "aoti_farm_hook_metrics_ports_held_by_others 2.0" in body
+        finally:
+            ex.close()
+        assert not os.path.exists(st["port_file"])
+        # every port of the span taken: nothing exposed, still named and counted
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aoti_farm.metrics"):
+            none = rt_metrics.start_for_hook(hook, Endpoint(base, span=1))
+        hook.exporter = none
+        assert none.port is None and hook.stats()["metrics"]["ports_held_by_others"] == 1
+        assert any(f"uid {attacker.pw_uid}" in r.getMessage() and str(base) in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
 # --- 7. the miss queue's cap --------------------------------------------------------------------
 
 
-def test_drill_7_a_caller_choosing_shapes_cannot_flood_the_queue(tmp_path, monkeypatch):
+def test_drill_7_a_caller_choosing_shapes_cannot_flood_the_queue(tmp_path):
     from aoti_farm.cache import Cache
     from aoti_farm.runtime import misswriter
     from aoti_farm.runtime.calls import Call
 
-    monkeypatch.setattr(misswriter, "QUEUE_CAP", 24)
-    monkeypatch.setattr(misswriter, "QUEUE_CAP_PER_OP", 10)
     cache = Cache(tmp_path / "c")
     cache.ensure()
 
     class Fp:
         id = "f" * 24
 
-    w = misswriter.MissWriter(cache, {"cpu": Fp()}, True, lambda call: None)
+    w = misswriter.MissWriter(cache, {"cpu": Fp()}, True, lambda call: None, cap=24, cap_per_op=10)
     w.start()
     try:
         for op in (torch.ops.aten.relu.default, torch.ops.aten.neg.default, torch.ops.aten.abs.default):
@@ -378,6 +474,25 @@ def test_drill_7_a_caller_choosing_shapes_cannot_flood_the_queue(tmp_path, monke
     st = w.counters.snapshot()
     assert len(items) == 24 and st["queued"] == 24
     assert st["queue_overflow"] == 3 * 40 - 24
+
+
+def test_drill_7_the_caps_are_install_settings(tmp_path, monkeypatch):
+    """``install(queue_cap=..., queue_cap_per_op=...)`` (or ``[hook]`` keys) bound what a
+    real hook writes to the shared queue."""
+    from aoti_farm.runtime import install
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    with install(cache_dir=str(tmp_path / "c"), ops=["aten::relu", "aten::neg"], devices=["cpu"], on_miss="queue",
+                 route="all", install_trial=0, queue_cap=5, queue_cap_per_op=3) as hook:
+        for n in range(1, 7):
+            torch.relu(torch.randn(n, 3))
+            torch.neg(torch.randn(n, 3))
+        hook.flush()
+        st = hook.stats()
+        queue = hook.cache.ns(hook.fps["cpu"].id) / "queue"
+        items = os.listdir(queue)
+    assert st["queued"] == 5 and len(items) == 5, st
+    assert st["queue_overflow"] == 12 - 5
 
 
 def test_drill_7_a_covering_class_is_queued_once_not_per_shape(tmp_path):
