@@ -105,6 +105,12 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
     except ConnectionError as e:
         raise UserError(f"--address {address}: no Ray cluster there ({' '.join(str(e).split())[:160]}); "
                         f"start one with `ray start --head` or leave --address/RAY_ADDRESS unset") from None
+    except OSError as e:   # the embedded Ray could not start here: one line, not Ray's traceback
+        _stop_fork_server()
+        if address is not None:
+            raise
+        raise UserError(f"cannot start the embedded Ray ({' '.join(str(e).split())[:200]}); "
+                        "free the resource it names, or point --address at a running Ray cluster") from None
     except BaseException:
         _stop_fork_server()
         raise
@@ -156,14 +162,25 @@ def _loopback_node(ray) -> None:
         pass
 
 
-def private_ray_tmp() -> str:
+#: Bytes Ray appends to the directory that holds its temp tree, for its longest socket:
+#: ``/aoti-farm-ray-XXXXXXXX/r/session_YYYY-MM-DD_HH-MM-SS_ffffff_<pid, up to 7 digits>/sockets/plasma_store``.
+RAY_SOCKET_TAIL = 23 + 2 + 43 + 21
+#: A Unix socket's path has at most this many bytes (``sun_path`` less its NUL).
+SOCKET_PATH_MAX = 107
+
+
+def private_ray_tmp(base: str | None = None) -> str:
     """A fresh directory for an embedded Ray's temp tree, inside a ``mkdtemp`` directory
     (0700, an unpredictable name): Ray makes its own temp directory mode 0777, so only the
-    private one above it keeps other users out.  Short (a Unix socket's path has at most
-    107 bytes), so under ``$TMPDIR``."""
+    private one above it keeps other users out.  Under ``$TMPDIR`` (``base``) where Ray's
+    socket paths fit there (at most 107 bytes), else under ``/tmp``: a deep ``$TMPDIR``
+    would stop Ray from starting at all.  ``mkdtemp`` keeps either private."""
     import tempfile
 
-    return os.path.join(tempfile.mkdtemp(prefix="aoti-farm-ray-"), "r")
+    base = base or tempfile.gettempdir()
+    if len(base) + RAY_SOCKET_TAIL > SOCKET_PATH_MAX and os.path.isdir("/tmp"):
+        base = "/tmp"
+    return os.path.join(tempfile.mkdtemp(prefix="aoti-farm-ray-", dir=base), "r")
 
 
 #: The fork server of the embedded Ray started by :func:`start_ray` (None: none).

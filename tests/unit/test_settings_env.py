@@ -37,7 +37,6 @@ ALLOWED = {
     ("runtime/launch.py", "_child_env"): CHILD + " (`aoti-farm run`'s program)",
     ("aoti_farm/loadenv.py", "forced"): "switch AOTI_FARM_PRELOAD_LIBSTDCXX",
     ("aoti_farm/loadenv.py", "preloaded"): "switch LD_PRELOAD",
-    ("aoti_farm/isaload.py", "check_call"): CHILD + " (an ISA load check)",
     ("workers/forkclient.py", "inherited_socket"): "where an embedded Ray's workers find the fork server (set by start_ray)",
     ("workers/forkclient.py", "attach"): "the actor hands its environment to its forked copy",
     ("workers/forkserver.py", "_copy"): "a forked copy takes its actor's environment",
