@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aoti_farm import adversarial, leases, loadenv, splitbuild
+from aoti_farm import adversarial, leases, loadenv, splitbuild, stridesym
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.cache import Cache
@@ -128,18 +128,25 @@ class ClassCompiler:
             except Exception as e:  # noqa: BLE001
                 raise DynamicUnsupported(f"eager rejects the export's example shape: {type(e).__name__}: "
                                          f"{_first_line(e)}") from None
-            dims = {n: torch.export.Dim(n, min=lo, max=hi) for n, (lo, hi) in cls.symbols.items()}
-            spec = tuple({d: dims[p] for d, p in enumerate(pat) if isinstance(p, str)} or None
-                         for pat in cls.dims)
-            try:
-                ep = torch.export.export(_OpModule(sig, args, kwargs), tuple(tensors), dynamic_shapes=(spec,),
-                                         strict=False)
-            except Exception as e:  # noqa: BLE001 -- a constraint violation, a guard on a size, ...
-                infra = infrastructure_error(e)
-                if infra is not None:
-                    raise CompileInfraError(f"export failed on this host ({infra})") from e
-                raise DynamicUnsupported(f"export with symbolic sizes failed: {type(e).__name__}: "
-                                         f"{_first_line(e)}") from None
+            if cls.stride_symbols:   # a stride no size implies: symbolic input strides (aoti_farm/stridesym.py)
+                try:
+                    graph, inputs = stridesym.trace(cls, _OpModule(sig, args, kwargs), tensors)
+                except stridesym.Unsupported as e:
+                    raise DynamicUnsupported(f"symbolic strides: {e}") from None
+            else:
+                dims = {n: torch.export.Dim(n, min=lo, max=hi) for n, (lo, hi) in cls.symbols.items()}
+                spec = tuple({d: dims[p] for d, p in enumerate(pat) if isinstance(p, str)} or None
+                             for pat in cls.dims)
+                try:
+                    ep = torch.export.export(_OpModule(sig, args, kwargs), tuple(tensors), dynamic_shapes=(spec,),
+                                             strict=False)
+                except Exception as e:  # noqa: BLE001 -- a constraint violation, a guard on a size, ...
+                    infra = infrastructure_error(e)
+                    if infra is not None:
+                        raise CompileInfraError(f"export failed on this host ({infra})") from e
+                    raise DynamicUnsupported(f"export with symbolic sizes failed: {type(e).__name__}: "
+                                             f"{_first_line(e)}") from None
+                graph, inputs = ep.module(), tuple(tensors)
             t1 = time.perf_counter()
             build = os.path.join(workdir, "build")
             opts = {k: v for k, v in self._options.items() if not k.startswith(FARM_OPTION_PREFIX)}
@@ -148,7 +155,7 @@ class ClassCompiler:
                 opts.setdefault("aot_inductor.embed_kernel_binary", True)
             try:
                 with splitbuild.active():
-                    built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
+                    built = torch._inductor.aot_compile(graph, inputs, options=opts)
                     build_info = splitbuild.last_build()
             except Exception as e:  # noqa: BLE001
                 infra = infrastructure_error(e)
