@@ -157,6 +157,10 @@ class ClassCompiler:
                 with splitbuild.active():
                     built = torch._inductor.aot_compile(graph, inputs, options=opts)
                     build_info = splitbuild.last_build()
+                if cls.stride_symbols:   # what Inductor assumed of them, too
+                    stridesym.check(cls, inputs)
+            except stridesym.Unsupported as e:
+                raise DynamicUnsupported(f"symbolic strides: {e}") from None
             except Exception as e:  # noqa: BLE001
                 infra = infrastructure_error(e)
                 if infra is not None:

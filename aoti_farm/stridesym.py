@@ -38,13 +38,12 @@ def trace(cls: SH.ShapeClass, module: torch.nn.Module, tensors: list) -> tuple[t
     """(graph, fake inputs) of ``module`` (the op with its non-tensor arguments baked in)
     at the class's pattern: ``tensors`` are real inputs at one point of the class (the
     symbols' hints).  Raises :class:`Unsupported`."""
-    import sympy
     from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv, StatelessSymbolicContext,
                                                        StrictMinMaxConstraint)
-    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+    from torch.utils._sympy.value_ranges import ValueRanges
 
     ranges = cls.symbols
     if len(tensors) != len(cls.dims):
@@ -56,7 +55,7 @@ def trace(cls: SH.ShapeClass, module: torch.nn.Module, tensors: list) -> tuple[t
         lo, hi = ranges[p]
         return StrictMinMaxConstraint(vr=ValueRanges(lo, hi), warn_only=False)
 
-    fakes, names = [], {}    # names: sympy symbol -> the class's symbol name
+    fakes = []
     for i, (t, pat, strided) in enumerate(zip(tensors, cls.dims, cls.strided)):
         rank = t.dim()
         sizes, strides = pat[:rank], (pat[rank:] if strided else (None,) * rank)
@@ -66,15 +65,6 @@ def trace(cls: SH.ShapeClass, module: torch.nn.Module, tensors: list) -> tuple[t
             dynamic_strides=[DimDynamic.DYNAMIC if isinstance(p, str) else DimDynamic.INFER_STRIDE for p in strides],
             constraint_strides=[constraint(p) if isinstance(p, str) else None for p in strides])
         f = mode.from_tensor(t, source=LocalSource(f"t{i}"), symbolic_context=ctx)
-        got = tuple(f.size()) + (tuple(f.stride()) if strided else ())
-        for p, v in zip(pat, got):
-            e = v.node.expr if isinstance(v, torch.SymInt) else sympy.Integer(v)
-            if isinstance(p, str):
-                if not isinstance(e, sympy.Symbol):
-                    raise Unsupported(f"symbol {p} became {e}")
-                names[e] = p
-            elif e != p:   # INFER_STRIDE made a fixed stride of a tensor of symbolic sizes a symbol
-                raise Unsupported(f"the fixed size or stride {p} became {e}")
         fakes.append(f)
     with mode:
         try:
@@ -82,28 +72,48 @@ def trace(cls: SH.ShapeClass, module: torch.nn.Module, tensors: list) -> tuple[t
         except Exception as e:  # noqa: BLE001 -- a meta function that needs a concrete stride, ...
             raise Unsupported(f"tracing with symbolic strides failed: {type(e).__name__}: "
                               f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
-    # what the trace assumed must hold across the class: ties the class makes are allowed
-    rep: dict = {}
-    first: dict = {}
-    for sym, p in names.items():
-        rep[sym] = first.setdefault(p, sym)
-    for sym, to in env.replacements.items():
-        if sym in names and to.xreplace(rep) != rep[sym]:
-            raise Unsupported(f"the trace specialised {names[sym]} to {to}")
-    bounds = {s: env.var_to_range[s] for s in env.var_to_range}
+    check(cls, fakes)
+    return gm, tuple(fakes)
+
+
+def check(cls: SH.ShapeClass, fakes) -> None:
+    """Raise :class:`Unsupported` unless the fakes still have the class's pattern and
+    everything the trace (and, called again after the compile, Inductor) assumed of the
+    symbols holds across the class: each symbol still a free symbol of its own (positions
+    the class ties may share one), each fixed size or stride its constant, every guard
+    and deferred runtime assertion provable from the class's ranges."""
+    import sympy
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    env = fakes[0].fake_mode.shape_env
+    names: dict = {}     # sympy symbol (as ShapeEnv now has it) -> the class's symbol name
+    for f, pat, strided in zip(fakes, cls.dims, cls.strided):
+        got = tuple(f.size()) + (tuple(f.stride()) if strided else ())
+        for p, v in zip(pat, got):
+            e = v.node.expr if isinstance(v, torch.SymInt) else sympy.Integer(v)   # replacements applied
+            if isinstance(p, int):
+                if e != p:   # INFER_STRIDE made a fixed stride of a tensor of symbolic sizes a symbol
+                    raise Unsupported(f"the fixed size or stride {p} became {e}")
+            elif not isinstance(e, sympy.Symbol):
+                raise Unsupported(f"the trace specialised {p} to {e}")
+            elif names.setdefault(e, p) != p:
+                raise Unsupported(f"the trace made {names[e]} and {p} one")
+    # the class's own ranges: a guard narrows ShapeEnv's (a branch on ``stride > 20``
+    # taken at the hint leaves [8, 20] there), and the proof is of the whole class
+    ranges = cls.symbols
+    bounds = {sym: ValueRanges(*ranges[p]) for sym, p in names.items()}
     facts = [g.expr for g in env.guards]
     for ras in env.deferred_runtime_asserts.values():
         facts.extend(ra.expr for ra in ras)
     for expr in facts:
-        e = env.replace(expr).xreplace(rep)
+        e = env.replace(expr)
         if e is sympy.true:
             continue
-        if not e.free_symbols <= set(rep.values()):
+        if not e.free_symbols <= set(names):
             raise Unsupported(f"the trace assumed {expr} of a symbol that is not the class's")
         vr = bound_sympy(e, bounds)
         if not (vr.is_bool and vr.lower is sympy.true):
             raise Unsupported(f"the trace assumed {expr}, which does not hold across the class's ranges")
-    return gm, tuple(fakes)
 
 
 def _outputs(out) -> tuple:
@@ -117,4 +127,4 @@ def _outputs(out) -> tuple:
     return tuple(flat)
 
 
-__all__ = ["trace", "Unsupported"]
+__all__ = ["trace", "check", "Unsupported"]
