@@ -98,13 +98,26 @@ def stride_order(sizes: tuple, strides: tuple) -> tuple:
     return tuple(sorted(range(len(sizes)), key=lambda d: (-strides[d], -d)))
 
 
+def overlaps(sizes: tuple, strides: tuple) -> bool:
+    """Whether two elements of a tensor of these sizes and strides may share memory (every
+    stride >= 1 of a dim of size >= 2 must pass the extent of the dims inside it; stride-0
+    dims are in the group already)."""
+    extent = 1
+    for st, sz in sorted((st, sz) for st, sz in zip(strides, sizes) if sz > 1 and st > 0):
+        if st < extent:
+            return True
+        extent = max(extent, st * (sz - 1) + 1)
+    return False
+
+
 def _group_arg(a: tuple) -> tuple | None:
     if a[0] == "T":
         lay = tensor_layout(a[2], a[3])
-        if lay is None:   # strided: the order of its strides, its strides 0/1 and its size-0/1 dims
+        if lay is None:   # strided: the order of its strides, its strides 0/1, its size-0/1 dims,
+            # and whether its elements overlap (an in-place op raises on that where eager does)
             return ("T", a[1], len(a[2]), a[4], STRIDED, stride_order(a[2], a[3]),
                     tuple((d, st) for d, st in enumerate(a[3]) if st <= 1),
-                    tuple((d, s) for d, s in enumerate(a[2]) if s <= 1))
+                    tuple((d, s) for d, s in enumerate(a[2]) if s <= 1), overlaps(a[2], a[3]))
         return ("T", a[1], len(a[2]), a[4], *lay)
     if a[0] == "TL":
         items = tuple(("N",) if t[0] == "N" else _group_arg(t) for t in a[1])
@@ -464,4 +477,4 @@ def export_point(cls: ShapeClass) -> dict[str, int]:
 
 
 __all__ = ["ShapeClass", "classes", "group_of", "group_key", "parse_class", "sample_points", "export_point",
-           "tensor_layout", "dense_strides", "stride_order", "distinct_shapes", "CLASS_VERSION", "STRIDED"]
+           "tensor_layout", "dense_strides", "stride_order", "overlaps", "distinct_shapes", "CLASS_VERSION", "STRIDED"]

@@ -92,6 +92,19 @@ def test_gpt2_decode_add_on_a_column_of_a_growing_buffer_is_one_class():
     assert c.bind(add(T((1, 1), dt="int64"), T((2, 1), (0, 1), dt="int64")).args) is None
 
 
+def test_a_call_whose_elements_overlap_is_not_in_a_class_of_non_overlapping_members():
+    """Sizes and strides varying apart: [2, n] rows of stride st.  Inside both ranges, n > st
+    makes rows overlap (eager refuses to write to such a tensor, and a kernel would not):
+    another group, not served by the class."""
+    (c,), _ = SH.classes([add(T((2, n), (st, 1)), T((2, n))) for n, st in ((4, 20), (8, 30), (12, 40))])
+    assert c.ranges == (("s0", 4, 12), ("s1", 20, 40))
+    assert SH.overlaps((2, 12), (11, 1)) and not SH.overlaps((2, 12), (12, 1)) and not SH.overlaps((2, 1), (8, 1))
+    assert c.bind(add(T((2, 10), (25, 1)), T((2, 10))).args) == {"s0": 10, "s1": 25}
+    c2 = SH.classes([add(T((2, n), (st, 1)), T((2, n))) for n, st in ((4, 5), (30, 40))])[0][0]
+    assert c2.ranges == (("s0", 4, 30), ("s1", 5, 40))
+    assert c2.bind(add(T((2, 20), (10, 1)), T((2, 20))).args) is None     # rows overlap
+
+
 def test_a_stride_always_equal_to_a_size_is_tied_to_it():
     """cat([ids [2,n], column [2,1] of a [2,n] buffer]): the column's stride is n in every
     member, so it shares n's symbol; a call where they differ is outside the class."""
