@@ -19,8 +19,11 @@ else raises :class:`Unsupported` (the class's members are then compiled exactly)
 verification across the range (:meth:`aoti_farm.dyncompile.ClassCompiler.verify`) then
 checks the kernel against eager at both ends of every range, as for any class.
 
-Only public-facing ShapeEnv/FakeTensorMode constructors are used (the ones
-``torch._dynamo`` uses); no torch internal is patched.
+This uses torch internals the way ``torch._dynamo`` does (``ShapeEnv``,
+``StatelessSymbolicContext`` with ``dynamic_strides``/``constraint_strides``,
+``FakeTensorMode.from_tensor``, ``make_fx``; tested with torch 2.13) and patches none:
+where they are missing or refuse the pattern, the class is :class:`Unsupported` (the
+reason names the exception) and its members are compiled exactly.
 """
 
 from __future__ import annotations
@@ -38,11 +41,9 @@ def trace(cls: SH.ShapeClass, module: torch.nn.Module, tensors: list) -> tuple[t
     """(graph, fake inputs) of ``module`` (the op with its non-tensor arguments baked in)
     at the class's pattern: ``tensors`` are real inputs at one point of the class (the
     symbols' hints).  Raises :class:`Unsupported`."""
-    from torch._dynamo.source import LocalSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv, StatelessSymbolicContext,
-                                                       StrictMinMaxConstraint)
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv, StrictMinMaxConstraint
     from torch.utils._sympy.value_ranges import ValueRanges
 
     ranges = cls.symbols
@@ -55,6 +56,26 @@ def trace(cls: SH.ShapeClass, module: torch.nn.Module, tensors: list) -> tuple[t
         lo, hi = ranges[p]
         return StrictMinMaxConstraint(vr=ValueRanges(lo, hi), warn_only=False)
 
+    try:
+        fakes = _fakes(cls, tensors, mode, constraint)
+    except Exception as e:  # noqa: BLE001 -- another torch's ShapeEnv, a pattern it refuses
+        raise Unsupported(f"fake inputs with symbolic strides failed: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
+    with mode:
+        try:
+            gm = make_fx(lambda *ts: _outputs(module(*ts)), tracing_mode="real")(*fakes)
+        except Exception as e:  # noqa: BLE001 -- a meta function that needs a concrete stride, ...
+            raise Unsupported(f"tracing with symbolic strides failed: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
+    check(cls, fakes)
+    return gm, tuple(fakes)
+
+
+def _fakes(cls: SH.ShapeClass, tensors: list, mode, constraint) -> list:
+    """Fake tensors of ``tensors`` with a ShapeEnv symbol per symbolic size and stride."""
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
     fakes = []
     for i, (t, pat, strided) in enumerate(zip(tensors, cls.dims, cls.strided)):
         rank = t.dim()
@@ -66,14 +87,7 @@ def trace(cls: SH.ShapeClass, module: torch.nn.Module, tensors: list) -> tuple[t
             constraint_strides=[constraint(p) if isinstance(p, str) else None for p in strides])
         f = mode.from_tensor(t, source=LocalSource(f"t{i}"), symbolic_context=ctx)
         fakes.append(f)
-    with mode:
-        try:
-            gm = make_fx(lambda *ts: _outputs(module(*ts)), tracing_mode="real")(*fakes)
-        except Exception as e:  # noqa: BLE001 -- a meta function that needs a concrete stride, ...
-            raise Unsupported(f"tracing with symbolic strides failed: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
-    check(cls, fakes)
-    return gm, tuple(fakes)
+    return fakes
 
 
 def check(cls: SH.ShapeClass, fakes) -> None:
