@@ -89,7 +89,7 @@ def _tensors(args: tuple) -> list[tuple[int, int | None, tuple]]:
     return out
 
 
-#: The layout tag of a tensor that is not dense in its stride order (fixed strides).
+#: The layout tag of a tensor that is not dense in its stride order (its strides are in the pattern).
 STRIDED = "strided"
 
 
