@@ -34,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from aoti_farm import adversarial, dyncompile, loadenv, splitbuild
+from aoti_farm import adversarial, dyncompile, loadenv, splitbuild, stridesym
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
@@ -213,8 +213,16 @@ class AOTICompiler:
                     what = "the example inputs" if cls is None else "the export's example shape"
                     raise refused(f"eager rejects {what}: {type(e).__name__}: {_first_line(e)}") from None
                 mod = _OpModule(sig, args, kwargs)
-                dynamic = {} if cls is None else {"dynamic_shapes": dyncompile.dynamic_spec(cls)}
-                ep = torch.export.export(mod, tuple(tensors), strict=False, **dynamic)
+                if cls is not None and cls.stride_symbols:
+                    # a stride no size implies: symbolic input strides (aoti_farm/stridesym.py)
+                    try:
+                        graph, inputs = stridesym.trace(cls, mod, tensors)
+                    except stridesym.Unsupported as e:
+                        raise dyncompile.DynamicUnsupported(f"symbolic strides: {e}") from None
+                else:
+                    dynamic = {} if cls is None else {"dynamic_shapes": dyncompile.dynamic_spec(cls)}
+                    ep = torch.export.export(mod, tuple(tensors), strict=False, **dynamic)
+                    graph, inputs = ep.module(), tuple(tensors)
                 stage = "inductor"
                 t1 = time.perf_counter()
                 build = os.path.join(workdir, "build")
@@ -226,9 +234,14 @@ class AOTICompiler:
                     opts.setdefault("aot_inductor.embed_kernel_binary", True)
                 c1 = cpu_seconds()
                 with splitbuild.active():
-                    built = torch._inductor.aot_compile(ep.module(), tuple(tensors), options=opts)
+                    built = torch._inductor.aot_compile(graph, inputs, options=opts)
                     build_info = splitbuild.last_build()
                 c2 = cpu_seconds()
+                if cls is not None and cls.stride_symbols:   # what Inductor assumed of them, too
+                    try:
+                        stridesym.check(cls, inputs)
+                    except stridesym.Unsupported as e:
+                        raise dyncompile.DynamicUnsupported(f"symbolic strides: {e}") from None
         except CompileRefused:
             raise
         except Exception as e:

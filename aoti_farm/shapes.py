@@ -5,17 +5,21 @@ arguments (exact values), and per tensor argument the same dtype, device, rank a
 class: the stride order of its dense dims, its broadcast (stride-0) dims, and its dims of
 size 0 or 1 (with their sizes).  A tensor that is not dense in its stride order (a slice
 of a larger buffer: a KV cache's ``[B, H, n, D]`` view of ``[B, H, N, D]``, one of q/k/v
-split from a fused projection) has the *strided* layout class: its exact strides, and its
-dims of size 0 or 1.  Its sizes may still vary while its strides stay fixed (the strides
-are the buffer's, not the slice's), which AOTInductor compiles as symbolic sizes with
-constant strides.  A tensor whose strides change with the sizes of another tensor (a
-column of a growing ``[2, n]`` tensor has stride ``n``) is in another group at each
-length: served exactly only.
+split from a fused projection, a column of a growing ``[2, n]`` buffer) has the *strided*
+layout class: the order of its strides, its strides of 0 or 1 (with their values) and its
+dims of size 0 or 1.  Its sizes and its strides of >= 2 may vary: the class learns them
+like sizes.  A stride that stays the same (the buffer's, while the slice grows: a KV
+cache) is fixed, and AOTInductor compiles symbolic sizes with constant strides; a stride
+that changes from call to call (a ``[2, 1]`` column of a ``[2, n]`` buffer has stride
+``n``: GPT-2 decode's int64 ``add``) is a symbol with its observed range, compiled as a
+symbolic input stride (:mod:`aoti_farm.stridesym`).
 
 A *class* is a group plus a size pattern learnt from a trace: each tensor dim of size
->= 2 is either fixed (the same size in every member) or a symbol ``s0, s1, ...``; dims
-that are equal in every member share a symbol.  Each symbol has the observed range
-``[lo, hi]``.  The class key is the sha256 of the canonical named fields (op, per
+>= 2 (and each stride >= 2 of a strided tensor) is either fixed (the same in every
+member) or a symbol ``s0, s1, ...``; positions that are equal in every member share a
+symbol (a stride always equal to a size is tied to it).  Each symbol has the observed
+range ``[lo, hi]``.  ``dims`` holds per tensor its sizes' pattern, followed, for a
+strided tensor, by its strides' pattern (so a dense class's key is what it was).  The class key is the sha256 of the canonical named fields (op, per
 argument the pattern, the ranges) under a field ``class_version``, so it can never equal
 a signature key (whose fields start with ``key_version``).
 
@@ -85,15 +89,35 @@ def _tensors(args: tuple) -> list[tuple[int, int | None, tuple]]:
     return out
 
 
-#: The layout tag of a tensor that is not dense in its stride order (fixed strides).
+#: The layout tag of a tensor that is not dense in its stride order (its strides are in the pattern).
 STRIDED = "strided"
+
+
+def stride_order(sizes: tuple, strides: tuple) -> tuple:
+    """Every dim, the largest stride first (ties: the later dim first)."""
+    return tuple(sorted(range(len(sizes)), key=lambda d: (-strides[d], -d)))
+
+
+def overlaps(sizes: tuple, strides: tuple) -> bool:
+    """Whether two elements of a tensor of these sizes and strides may share memory (every
+    stride >= 1 of a dim of size >= 2 must pass the extent of the dims inside it; stride-0
+    dims are in the group already)."""
+    extent = 1
+    for st, sz in sorted((st, sz) for st, sz in zip(strides, sizes) if sz > 1 and st > 0):
+        if st < extent:
+            return True
+        extent = max(extent, st * (sz - 1) + 1)
+    return False
 
 
 def _group_arg(a: tuple) -> tuple | None:
     if a[0] == "T":
         lay = tensor_layout(a[2], a[3])
-        if lay is None:   # fixed strides; the size-0/1 dims as in the dense form
-            return ("T", a[1], len(a[2]), a[4], STRIDED, tuple(a[3]), tuple((d, s) for d, s in enumerate(a[2]) if s <= 1))
+        if lay is None:   # strided: the order of its strides, its strides 0/1, its size-0/1 dims,
+            # and whether its elements overlap (an in-place op raises on that where eager does)
+            return ("T", a[1], len(a[2]), a[4], STRIDED, stride_order(a[2], a[3]),
+                    tuple((d, st) for d, st in enumerate(a[3]) if st <= 1),
+                    tuple((d, s) for d, s in enumerate(a[2]) if s <= 1), overlaps(a[2], a[3]))
         return ("T", a[1], len(a[2]), a[4], *lay)
     if a[0] == "TL":
         items = tuple(("N",) if t[0] == "N" else _group_arg(t) for t in a[1])
@@ -101,9 +125,30 @@ def _group_arg(a: tuple) -> tuple | None:
     return a
 
 
+def _is_strided(g: tuple) -> bool:
+    return g[0] == "T" and len(g) > 4 and g[4] == STRIDED
+
+
+def _tensor_groups(gargs: tuple) -> list[tuple]:
+    """The group entry of every tensor argument, in :func:`_tensors` order."""
+    out = []
+    for g in gargs:
+        if g[0] == "T":
+            out.append(g)
+        elif g[0] == "TL":
+            out.extend(x for x in g[1] if x[0] == "T")
+    return out
+
+
+def _values(t: tuple, strided: bool) -> tuple:
+    """What a class's pattern describes of an encoded tensor: its sizes, and its strides
+    when it is strided."""
+    return tuple(t[2]) + tuple(t[3]) if strided else tuple(t[2])
+
+
 def group_of(op: str, args: tuple) -> tuple | None:
-    """The group (everything but the sizes of dims >= 2) of an encoded call, or None when
-    a tensor is not dense (no class)."""
+    """The group (everything but the sizes of dims >= 2 and a strided tensor's strides
+    >= 2) of an encoded call, or None when an argument has no layout class."""
     out = []
     for a in args:
         g = _group_arg(a)
@@ -155,6 +200,21 @@ class ShapeClass:
         return {n: (lo, hi) for n, lo, hi in self.ranges}
 
     @property
+    def strided(self) -> tuple:
+        """Per tensor (in :func:`_tensors` order): whether it is strided (its pattern in
+        ``dims`` is its sizes followed by its strides)."""
+        return tuple(_is_strided(g) for g in _tensor_groups(self.group))
+
+    @property
+    def stride_symbols(self) -> set:
+        """The symbols that stand for a stride (compiled as symbolic input strides)."""
+        out = set()
+        for pat, strided, g in zip(self.dims, self.strided, _tensor_groups(self.group)):
+            if strided:
+                out.update(p for p in pat[g[2]:] if isinstance(p, str))
+        return out
+
+    @property
     def varies(self) -> bool:
         return any(lo != hi for _, lo, hi in self.ranges)
 
@@ -170,11 +230,11 @@ class ShapeClass:
         if len(tens) != len(self.dims):
             return None
         env: dict[str, int] = {}
-        for (_, _, t), pat in zip(tens, self.dims):
-            sizes = t[2]
-            if len(sizes) != len(pat):
+        for (_, _, t), pat, strided in zip(tens, self.dims, self.strided):
+            vals = _values(t, strided)
+            if len(vals) != len(pat):
                 return None
-            for v, p in zip(sizes, pat):
+            for v, p in zip(vals, pat):
                 if isinstance(p, int):
                     if v != p:
                         return None
@@ -192,7 +252,7 @@ class ShapeClass:
 
     def point(self, env: dict[str, int], hints: dict | None = None) -> S.Signature:
         """The member signature with symbol values ``env`` (dense strides; a strided
-        tensor keeps the class's strides)."""
+        tensor takes the strides of the class's pattern)."""
         tens = iter(zip(_tensors(self.example.args), self.dims))
         args = []
         for a in self.example.args:
@@ -227,10 +287,12 @@ class ShapeClass:
 
     @staticmethod
     def _sized(t: tuple, pat: tuple, env: dict) -> tuple:
-        sizes = tuple(p if isinstance(p, int) else env[p] for p in pat)
+        vals = tuple(p if isinstance(p, int) else env[p] for p in pat)
+        rank = len(t[2])
+        sizes = vals[:rank]
         lay = tensor_layout(t[2], t[3])
-        if lay is None:   # the strided layout class: the strides are the class's own
-            return ("T", t[1], sizes, tuple(t[3]), t[4])
+        if lay is None:   # the strided layout class: the strides are the pattern's
+            return ("T", t[1], sizes, vals[rank:], t[4])
         order, bcast, _ = lay
         return ("T", t[1], sizes, dense_strides(sizes, order, bcast), t[4])
 
@@ -242,8 +304,12 @@ class ShapeClass:
 
     def describe(self) -> str:
         parts = []
-        for pat in self.dims:
-            parts.append("[" + ",".join(str(p) for p in pat) + "]")
+        for pat, g in zip(self.dims, _tensor_groups(self.group)):
+            rank = g[2]
+            one = "[" + ",".join(str(p) for p in pat[:rank]) + "]"
+            if _is_strided(g):   # a strided tensor: its strides too
+                one += ":(" + ",".join(str(p) for p in pat[rank:]) + ")"
+            parts.append(one)
         rng = " ".join(f"{n}={lo}..{hi}" for n, lo, hi in self.ranges)
         return f"{self.op}({', '.join(parts)}) {rng}".rstrip()
 
@@ -289,7 +355,7 @@ def parse_class(obj: Any, where: str = "shape_class") -> ShapeClass:
                 raise ValueError(f"{where}.dims: {str(p)[:40]} is neither a size nor a symbol of ranges")
     g = group_of(op, ex.args)
     if g is None:
-        raise ValueError(f"{where}.example: a tensor is not dense")
+        raise ValueError(f"{where}.example: an argument has no layout class")
     cls = ShapeClass(op, g[1], _tup(dims), tuple(rs), ex)
     if _plain(cls.group) != obj.get("group"):
         raise ValueError(f"{where}.group: does not match the example's")
@@ -303,7 +369,7 @@ def parse_class(obj: Any, where: str = "shape_class") -> ShapeClass:
 
 def classes(sigs: Iterable[S.Signature]) -> tuple[list[ShapeClass], list[S.Signature]]:
     """Group ``sigs`` into classes.  Returns (classes, loose): ``loose`` are signatures
-    with no layout class (a non-dense tensor).  A class of one member has no symbols."""
+    with no layout class.  A class of one member has no symbols."""
     groups: dict[tuple, list[S.Signature]] = {}
     loose = []
     for s in sigs:
@@ -320,7 +386,8 @@ def classes(sigs: Iterable[S.Signature]) -> tuple[list[ShapeClass], list[S.Signa
 
 def _learn(op: str, gargs: tuple, members: list[S.Signature]) -> ShapeClass:
     members = list({m.key: m for m in members}.values())
-    shapes = [[t[2] for _, _, t in _tensors(m.args)] for m in members]
+    strided = [_is_strided(g) for g in _tensor_groups(gargs)]
+    shapes = [[_values(t, st) for (_, _, t), st in zip(_tensors(m.args), strided)] for m in members]
     # each dim position of size >= 2: its vector of values over the members
     pos = [(ti, d) for ti, sz in enumerate(shapes[0]) for d in range(len(sz))]
     vec = {p: tuple(sh[p[0]][p[1]] for sh in shapes) for p in pos}
@@ -329,7 +396,7 @@ def _learn(op: str, gargs: tuple, members: list[S.Signature]) -> ShapeClass:
     for p in pos:
         v = vec[p]
         if v[0] <= 1 or len(set(v)) == 1:
-            continue   # fixed (size-0/1 dims are in the group, so the same in all members)
+            continue   # fixed (sizes and strides of 0/1 are in the group, so the same in all members)
         if v not in names:
             names[v] = f"s{len(names)}"
         dims[p[0]][p[1]] = names[v]
@@ -355,7 +422,10 @@ def _union_hints(members: list[S.Signature]) -> dict:
 
 
 def distinct_shapes(cls: ShapeClass) -> int:
-    return len({tuple(t[2] for _, _, t in _tensors(m.args)) for m in cls.members}) if cls.members else 1
+    """Distinct sizes (and strides, of strided tensors) among the members."""
+    if not cls.members:
+        return 1
+    return len({tuple(_values(t, st) for (_, _, t), st in zip(_tensors(m.args), cls.strided)) for m in cls.members})
 
 
 # --- sample points for verification -------------------------------------------------------------
@@ -407,4 +477,4 @@ def export_point(cls: ShapeClass) -> dict[str, int]:
 
 
 __all__ = ["ShapeClass", "classes", "group_of", "group_key", "parse_class", "sample_points", "export_point",
-           "tensor_layout", "dense_strides", "distinct_shapes", "CLASS_VERSION"]
+           "tensor_layout", "dense_strides", "stride_order", "overlaps", "distinct_shapes", "CLASS_VERSION", "STRIDED"]

@@ -220,14 +220,14 @@ def _show_classes(trace, as_json: bool = False) -> int:
                  "ranges": {n: [lo, hi] for n, lo, hi in c.ranges}, "pattern": c.describe(),
                  "member_keys": [m.key for m in c.members]} for c in cls]
         rows += [{"key": s.key, "op": s.op, "members": 1, "shapes": 1, "ranges": {},
-                  "pattern": describe(s), "no_class": "a tensor is not dense in its stride order"} for s in loose]
+                  "pattern": describe(s), "no_class": "an argument has no layout class"} for s in loose]
         print(json.dumps(rows, indent=1))
         return 0
     print(f"{'key':16}  {'sigs':>4}  class")
     for c in cls:
         print(f"{c.key[:16]}  {len(c.members):>4}  {c.describe()}")
     for s in loose:
-        print(f"{s.key[:16]}  {1:>4}  {describe(s)}  (no class: a tensor is not dense)")
+        print(f"{s.key[:16]}  {1:>4}  {describe(s)}  (no class: an argument has no layout class)")
     n_var = sum(1 for c in cls if c.varies)
     print(f"{len(trace)} signatures in {len(cls)} classes ({n_var} with varying sizes), {len(loose)} without a class")
     return 0

@@ -214,3 +214,98 @@ def test_bert_at_unseen_lengths_served_or_gated_under_the_defaults(bert_dynamic)
     assert again["first_pending"] == 0, again
     assert set(again["routed"]) <= routed
     assert again["delta"]["hits"] == dl["hits"] and again["delta"]["gate_pending"] == 0, (again["delta"], dl)
+
+
+# --- GPT-2 decode's strided int64 add, shape-general (issue 34 item 6) ----------------------------
+
+
+def _gpt2_one_layer():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_head=4, n_embd=128, vocab_size=1000, bos_token_id=0, eos_token_id=None)
+    m = GPT2LMHeadModel(cfg).eval()
+    m.generation_config.eos_token_id = None
+    m.generation_config.pad_token_id = 0
+    return m
+
+
+def _generate(m, n: int, new: int):
+    import torch
+
+    ids = torch.randint(1, 1000, (2, n), generator=torch.Generator().manual_seed(n))
+    with torch.no_grad():
+        return m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
+
+
+def _strided_int64_add(sig) -> bool:
+    """GPT-2 decode's ``add([1,1], ids[:, -1:])``: an int64 add on a column of the growing
+    [2, n] ids buffer (strides (n, 1), not implied by its sizes)."""
+    from aoti_farm import shapes as SH
+
+    return (sig.op == "aten::add.Tensor" and sig.args[1][1] == "int64"
+            and SH.tensor_layout(sig.args[1][2], sig.args[1][3]) is None)
+
+
+def test_gpt2_decode_ops_at_an_unseen_prompt_length_are_class_hits(tmp_path):
+    """GPT-2 (1 layer) generation recorded at prompt length 8 and warmed with ``--dynamic
+    auto`` (only its decode ops: the int64 add on the ids buffer's last column, whose
+    stride grows every step, and the cats): the add's steps are one class whose stride is
+    a symbol (one kernel, not one per step); at the unseen prompt length 11 every such add
+    and every cat is a hit of a class kernel, and the tokens equal eager's."""
+    import aoti_farm
+    from aoti_farm import shapes as SH
+    from aoti_farm.cache import Cache
+    from aoti_farm.cli import main
+    from aoti_farm.fingerprint import fingerprint
+    from aoti_farm.runtime import install
+    from aoti_farm.trace import Trace, load_trace, save_trace
+
+    m = _gpt2_one_layer()
+    full, unseen = tmp_path / "full.json", tmp_path / "unseen.json"
+    with aoti_farm.record(str(full)):
+        _generate(m, 8, 8)
+    ref = _generate(m, 11, 4)
+    with aoti_farm.record(str(unseen)):           # what the served run will call (eager)
+        assert torch_equal(_generate(m, 11, 4), ref)
+    part = Trace([e for e in load_trace(full) if _strided_int64_add(e.sig) or e.sig.op == "aten::cat"])
+    adds = [s for s in part.signatures if _strided_int64_add(s)]
+    assert len(adds) == 8                         # one exact signature per step: strides (8, 1) .. (15, 1)
+    save_trace(part, tmp_path / "part.json")
+    rc = main(["warm", "--model", str(tmp_path / "part.json"), "--dynamic", "auto", "--cache-dir",
+               str(tmp_path / "cache"), "--cpu-workers", "1"])
+    assert rc == 0
+    cache = Cache(tmp_path / "cache")
+    fp = fingerprint("cpu")
+    classes = {}
+    for k in cache.list_keys(fp.id):
+        sc = cache.open_entry(fp, k).manifest.get("shape_class")
+        if sc is not None:
+            classes[k] = SH.parse_class(sc)
+    (add_cls,) = [c for c in classes.values() if c.stride_symbols]
+    assert add_cls.ranges == (("s0", 8, 15),) and not any(cache.has_entry(fp.id, s.key) for s in adds)
+
+    # at length 11: every strided add in the add's class; the decode steps' cats in theirs
+    seen11 = load_trace(unseen)
+    want_add = [e for e in seen11 if _strided_int64_add(e.sig)]
+    assert want_add and all(add_cls.bind(e.sig.args) is not None for e in want_add)
+    want_cat = [e for e in seen11 if e.sig.op == "aten::cat"
+                and any(c.varies and c.bind(e.sig.args) is not None for c in classes.values())]
+    assert len(want_cat) >= 2                     # the KV cache's and the ids' appends
+    want = want_add + want_cat
+    with install(cache.root, ops=["aten::add.Tensor", "aten::cat"], on_miss="ignore", route="all",
+                 serve="always") as h:
+        got = _generate(m, 11, 4)
+        st = h.stats()
+    assert torch_equal(got, ref)
+    per_op = st["per_op"]
+    assert per_op["aten::cat"]["hits"] == sum(e.count for e in want_cat), st
+    assert per_op["aten::add.Tensor"]["hits"] == sum(e.count for e in want_add), st
+    assert st["shape_classes"]["matched"] == len({e.sig.key for e in want}), st
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.shape == b.shape and torch.equal(a, b)

@@ -58,12 +58,62 @@ def test_layout_and_argument_classes_never_merge(other, why):
     assert big.bind(other.args) is None, why
 
 
-def test_a_non_dense_tensor_has_its_strides_as_layout_class():
-    """A slice of a wider buffer is in the strided layout class: its exact strides.  It
-    never merges with a dense tensor of the same sizes, nor with other strides."""
-    sliced = add(T((8, 16), (32, 1)), T((8, 16)))      # rows of a wider buffer
-    cls, loose = SH.classes([sliced, add(T((4, 16)), T((4, 16))), add(T((8, 16), (64, 1)), T((8, 16)))])
-    assert loose == [] and len(cls) == 3
+def test_a_non_dense_tensor_is_in_the_strided_layout_class():
+    """A slice of a wider buffer is in the strided layout class.  It never merges with a
+    dense tensor of the same sizes; slices whose strides differ are one class, the stride
+    that varies a symbol."""
+    sliced = [add(T((8, 16), (st, 1)), T((8, 16))) for st in (32, 64)]     # rows of wider buffers
+    cls, loose = SH.classes(sliced + [add(T((4, 16)), T((4, 16)))])
+    assert loose == [] and len(cls) == 2
+    c = next(c for c in cls if len(c.members) == 2)
+    assert c.dims[0] == (8, 16, "s0", 1) and c.ranges == (("s0", 32, 64),) and c.stride_symbols == {"s0"}
+    assert c.bind(add(T((8, 16)), T((8, 16))).args) is None               # dense: another group
+
+
+def test_gpt2_decode_add_on_a_column_of_a_growing_buffer_is_one_class():
+    """GPT-2 decode's int64 ``add([1,1], [2,1])``: the [2,1] operand is the last column of
+    the growing [2, n] ids buffer, strides (n, 1), a new stride every step.  The steps form
+    one class whose stride is a symbol with the recorded range; an unseen step inside it
+    binds (and its point is exactly that call), one outside does not; the sample points
+    take the stride to both ends of its range."""
+    def step(n):
+        return add(T((1, 1), dt="int64"), T((2, 1), (n, 1), dt="int64"))
+    (c,), loose = SH.classes([step(n) for n in range(8, 40)])
+    assert loose == [] and c.ranges == (("s0", 8, 39),) and c.stride_symbols == {"s0"}
+    assert c.dims == ((1, 1), (2, 1, "s0", 1)) and c.strided == (False, True)
+    assert c.describe() == "aten::add.Tensor([1,1], [2,1]:(s0,1)) s0=8..39"
+    assert c.bind(step(23).args) == {"s0": 23} and c.point({"s0": 23}).key == step(23).key
+    assert c.bind(step(40).args) is None and c.bind(step(7).args) is None
+    pts = [p["s0"] for p in SH.sample_points(c)]
+    assert pts[:2] == [8, 39]
+    assert SH.parse_class(json.loads(json.dumps(c.to_obj()))).key == c.key
+    # a stride of 0 or 1, or another order of the strides, is another group
+    assert c.bind(add(T((1, 1), dt="int64"), T((2, 1), (1, 16), dt="int64")).args) is None
+    assert c.bind(add(T((1, 1), dt="int64"), T((2, 1), (0, 1), dt="int64")).args) is None
+
+
+def test_a_call_whose_elements_overlap_is_not_in_a_class_of_non_overlapping_members():
+    """Sizes and strides varying apart: [2, n] rows of stride st.  Inside both ranges, n > st
+    makes rows overlap (eager refuses to write to such a tensor, and a kernel would not):
+    another group, not served by the class."""
+    (c,), _ = SH.classes([add(T((2, n), (st, 1)), T((2, n))) for n, st in ((4, 20), (8, 30), (12, 40))])
+    assert c.ranges == (("s0", 4, 12), ("s1", 20, 40))
+    assert SH.overlaps((2, 12), (11, 1)) and not SH.overlaps((2, 12), (12, 1)) and not SH.overlaps((2, 1), (8, 1))
+    assert c.bind(add(T((2, 10), (25, 1)), T((2, 10))).args) == {"s0": 10, "s1": 25}
+    c2 = SH.classes([add(T((2, n), (st, 1)), T((2, n))) for n, st in ((4, 5), (30, 40))])[0][0]
+    assert c2.ranges == (("s0", 4, 30), ("s1", 5, 40))
+    assert c2.bind(add(T((2, 20), (10, 1)), T((2, 20))).args) is None     # rows overlap
+
+
+def test_a_stride_always_equal_to_a_size_is_tied_to_it():
+    """cat([ids [2,n], column [2,1] of a [2,n] buffer]): the column's stride is n in every
+    member, so it shares n's symbol; a call where they differ is outside the class."""
+    def step(n, st=None):
+        return cat([T((2, n), dt="int64"), T((2, 1), (n if st is None else st, 1), dt="int64")], dim=1)
+    (c,), _ = SH.classes([step(n) for n in (8, 9, 12)])
+    assert c.dims == ((2, "s0"), (2, 1, "s0", 1)) and c.ranges == (("s0", 8, 12),)
+    assert c.bind(step(10).args) == {"s0": 10}
+    assert c.bind(step(10, 11).args) is None
 
 
 def cat(tensors, dim=2):
@@ -78,11 +128,12 @@ def test_kv_cache_decode_steps_form_one_class_with_fixed_strides():
     new = T((2, 4, 1, 32), (384, 32, 128, 1))
     steps = [cat([T((2, 4, n, 32)), new]) for n in (8, 9, 10, 12)]
     (c,), loose = SH.classes(steps)
-    assert loose == [] and c.ranges == (("s0", 8, 12),) and c.dims == ((2, 4, "s0", 32), (2, 4, 1, 32))
+    assert loose == [] and c.ranges == (("s0", 8, 12),) and c.dims == ((2, 4, "s0", 32), (2, 4, 1, 32, 384, 32, 128, 1))
+    assert not c.stride_symbols                          # compiled with constant strides
     unseen = cat([T((2, 4, 11, 32)), new])
     assert c.bind(unseen.args) == {"s0": 11}
     assert c.point({"s0": 11}).key == unseen.key
-    # another stride of the new key (another fused width) is another group
+    # another stride of the new key (another fused width): a fixed stride differs
     assert c.bind(cat([T((2, 4, 11, 32)), T((2, 4, 1, 32), (768, 32, 256, 1))]).args) is None
     buf = (8192, 2048, 32, 1)                           # [2,4,64,32] contiguous
     sl = [add(T((2, 4, n, 32), buf), T((2, 4, n, 32))) for n in (8, 16, 24)]

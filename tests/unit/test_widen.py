@@ -41,6 +41,18 @@ def test_auto_widens_a_near_miss_to_powers_of_two_and_queues_exact_far_ones():
     assert W.request("auto", [CLS], gelu(80)).ranges == (("s0", 8, 128),)
 
 
+def test_a_decode_step_past_a_stride_range_widens_the_stride():
+    """GPT-2 decode at a longer prompt: the int64 add's column stride passes the recorded
+    range; the request widens the stride symbol, and the widened class keeps the pattern."""
+    def step(n):
+        return S.Signature("aten::add.Tensor", (T((1, 1), "int64"), ("T", "int64", (2, 1), (n, 1), "cpu"), ("i", 1)))
+    cls = SH.classes([step(n) for n in range(8, 40)])[0][0]
+    w = W.request("auto", [cls], step(42))
+    assert w is not None and w.ranges == (("s0", 8, 64),) and w.stride_symbols == {"s0"}
+    assert w.contains(step(42)) and w.point({"s0": 64}).args[1][3] == (64, 1)
+    assert W.parse_request(w.to_obj(), step(42)).key == w.key
+
+
 def test_always_widens_whatever_the_distance_and_off_never():
     assert W.request("always", [CLS], gelu(1000)).ranges == (("s0", 8, 1024),)
     assert W.request("off", [CLS], gelu(60)) is None
