@@ -7,29 +7,18 @@ The unit tests of this module (no compile, no Ray, no subprocess) are in tests/u
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache import Cache
-from aoti_farm.cli import main
 from aoti_farm.compiler import AOTICompiler
 from aoti_farm.errors import CompileRefused
 from aoti_farm.trace import Trace, TraceEntry, load_trace, save_trace
 
 from conftest import sig_add_alpha
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXAMPLE = os.path.join(ROOT, "configs", "examples", "mlp_trace.json")
-
-
-def _cli(capsys, *argv):
-    capsys.readouterr()
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+from unit.test_compiler import EXAMPLE, _cli   # the unit tier's example trace and CLI runner
 
 
 def test_a_kernel_of_another_op_is_refused(kernels):

@@ -13,9 +13,10 @@ from aoti_farm.errors import UserError
 from aoti_farm.runtime import launch
 
 
-def _ns(argv):
+def _ns(add, argv):
+    """``argv`` parsed by the arguments ``add`` declares (``launch.add_run_args``, ``add_record_args``)."""
     p = argparse.ArgumentParser()
-    launch.add_run_args(p)
+    add(p)
     return p.parse_args(argv)
 
 
@@ -24,9 +25,10 @@ def test_run_refuses_a_stats_folder_that_does_not_exist(tmp_path, monkeypatch):
     missing = tmp_path / "no-such-dir"
     monkeypatch.setenv("AOTI_FARM_HOOK_STATS", str(missing))
     marker = tmp_path / "ran"
-    ns = _ns(["--cache-dir", str(tmp_path / "c"), "--on-miss", "ignore", "--", sys.executable, "-c",
-              f"open({str(marker)!r}, 'w').close()"])
+    ns = _ns(launch.add_run_args, ["--cache-dir", str(tmp_path / "c"), "--on-miss", "ignore", "--", sys.executable,
+                                   "-c", f"open({str(marker)!r}, 'w').close()"])
     with pytest.raises(UserError, match="AOTI_FARM_HOOK_STATS") as e:
         launch.run_command(ns)
     assert str(missing) in str(e.value) and "\n" not in str(e.value)
     assert not marker.exists()
+
