@@ -2,7 +2,8 @@
 
 Both run the command as a child whose PYTHONPATH starts with ``runtime/_site``, whose
 ``sitecustomize.py`` calls :func:`boot` in every Python process of the program (children
-included) that sees the variables below:
+included) that sees the variables below, once it has imported torch (not in processes
+that never do, nor in those torch starts for itself: see that module):
 
 * ``aoti-farm run [--cache-dir D] [--on-miss M] [--serve S] [--config F] -- python serve.py ARGS``:
   the hook's settings are resolved once here by :func:`hook_config`, the resolver

@@ -6,6 +6,7 @@ The unit tests of this module (no compile, no Ray, no subprocess) are in tests/u
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -58,3 +59,54 @@ def test_hook_that_cannot_load_kernels_intercepts_nothing(kernels, monkeypatch):
     assert st["calls"] == 0 and st["hits"] == 0 and st["kernels_loaded"] == 0, st
     with pytest.raises(UserError, match="ops"):
         install(cache_dir=kernels.cache.root, ops=["aten::no_such_op"], on_miss="ignore", route="all")
+
+
+# --- which processes of the program boot the hook -------------------------------------------------
+
+#: Under `aoti-farm run`/`record`: the program imports torch, runs torch's own ISA load check
+#: (torch's code, command and environment), then one child of its own that imports torch and
+#: one that does not.  It prints the pids that should boot the hook.
+_CHILDREN = r"""
+import os, subprocess, sys
+import torch
+from torch._inductor import cpu_vec_isa
+
+torch.relu(torch.ones(3))
+isa = cpu_vec_isa.VecISA
+if hasattr(isa, "_probe_load"):                       # torch >= 2.13
+    loaded = isa._probe_load(isa, "libc.so.6")
+else:
+    loaded = subprocess.run([sys.executable, "-c", isa._avx_py_load.replace("__lib_path__", "libc.so.6")],
+                            timeout=60).returncode == 0
+print("isa-check-loaded", loaded)
+mine = subprocess.run([sys.executable, "-c", "import os, torch; torch.neg(torch.ones(2)); print(os.getpid())"],
+                      capture_output=True, text=True, check=True).stdout.split()[-1]
+subprocess.run([sys.executable, "-c", "print('no torch here')"], check=True)
+print("booting", os.getpid(), mine)
+"""
+
+
+def test_only_the_programs_torch_processes_boot_the_hook(tmp_path):
+    """The hook boots in the program and in its own children that import torch, not in a
+    child that never imports torch, nor in torch's ISA load check: there a hook of its own
+    made each check wait for the ISA lock its parent held, into the check's 60 s bound
+    (and the ISA was then taken as unsupported).  The stats written at exit (one file per
+    booted process) and `record`'s process count say which processes booted."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(_CHILDREN)
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    exe = os.path.join(os.path.dirname(sys.executable), "aoti-farm")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AOTI_FARM_")}
+    env.update({"AOTI_FARM_HOOK_STATS": str(stats), "AOTI_FARM_ON_MISS": "ignore", "PYTHONWARNINGS": "ignore"})
+    r = subprocess.run([exe, "run", "--cache-dir", str(tmp_path / "c"), "--", sys.executable, str(prog)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "isa-check-loaded True" in r.stdout, r.stdout + r.stderr[-3000:]
+    [line] = [x for x in r.stdout.splitlines() if x.startswith("booting ")]
+    assert sorted(os.listdir(stats)) == sorted(f"stats-{pid}.json" for pid in line.split()[1:]), r.stderr[-3000:]
+    env.pop("AOTI_FARM_HOOK_STATS")
+    r = subprocess.run([exe, "record", "--out", str(tmp_path / "t.json"), "--", sys.executable, str(prog)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "isa-check-loaded True" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "from 2 process(es)" in r.stderr, r.stderr[-3000:]

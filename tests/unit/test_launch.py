@@ -5,6 +5,7 @@ start processes."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import pytest
@@ -32,3 +33,34 @@ def test_run_refuses_a_stats_folder_that_does_not_exist(tmp_path, monkeypatch):
     assert str(missing) in str(e.value) and "\n" not in str(e.value)
     assert not marker.exists()
 
+
+def _site():
+    """The launcher's sitecustomize, loaded as a module of its own (with no launcher
+    variable set it only defines its functions)."""
+    import importlib.util
+
+    path = os.path.join(launch.SITE_DIR, "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location("aoti_farm_site_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv, orig, expected", [
+    # torch's own scripts: Inductor's compile-worker pool, torchrun (as run by `-m`)
+    (["/v/site-packages/torch/_inductor/compile_worker/__main__.py", "--workers=2"], None, True),
+    (["/v/site-packages/torch/distributed/run.py", "train.py"], None, True),
+    # Inductor's ISA load check, before and after torch 2.13
+    (["-c"], ["py", "-c", 'import torch\nfrom ctypes import cdll\ncdll.LoadLibrary("/t/a.so")\n'], True),
+    (["-c"], ["py", "-c", 'import sys\nif sys.platform != "linux":\n    import torch  # noqa: F401\n'
+                          'from ctypes import cdll\ncdll.LoadLibrary("/t/a.so")\n'], True),
+    # the program's own: a script, `-c` code that does more than load a library, `-m`'s package
+    (["/home/u/serve.py"], None, False),
+    (["-c"], ["py", "-c", "import torch; print(torch.relu(torch.ones(2)))"], False),
+    (["-c"], ["py", "-c", 'from ctypes import cdll\nlib = cdll.LoadLibrary("x.so")\nlib.run()\n'], False),
+    (["/v/site-packages/torchvision/x.py"], None, False),
+])
+def test_torch_helpers_are_told_from_the_programs_processes(argv, orig, expected):
+    site = _site()
+    torch_file = "/v/site-packages/torch/__init__.py"
+    assert site._torch_helper(argv=argv, orig_argv=orig or ["py"] + argv, torch_file=torch_file) is expected
