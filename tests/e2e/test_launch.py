@@ -17,6 +17,7 @@ from aoti_farm import loadenv
 from aoti_farm.errors import UserError
 from aoti_farm.runtime import install, launch
 
+from _procs import group, wait_all_gone, workers_of
 from conftest import sig_add_alpha
 
 
@@ -110,3 +111,54 @@ def test_only_the_programs_torch_processes_boot_the_hook(tmp_path):
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "isa-check-loaded True" in r.stdout, r.stdout + r.stderr[-3000:]
     assert "from 2 process(es)" in r.stderr, r.stderr[-3000:]
+
+
+# --- no compile worker left behind ---------------------------------------------------------------
+
+#: Misses at 40 shapes nobody compiled (more than a worker compiles in 90 s), then waits
+#: until its compile worker runs a compiler child (compiling, its queue still long), and
+#: exits the ordinary way (the hook's atexit shutdown leaves the worker running).
+_MISSES = r"""
+import os, sys, time, torch
+sys.path.insert(0, sys.argv[1])
+from _procs import group, workers_of
+
+for n in range(40):
+    torch.tanh(torch.randn(n + 3, 7))
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    mine = workers_of(str(os.getpid()))
+    if mine and len(group(mine[0])) > 1:
+        print("compiling", mine[0], flush=True)
+        break
+    time.sleep(0.2)
+"""
+
+
+def test_no_compile_worker_outlives_a_program_that_missed(tmp_path):
+    """`aoti-farm run` of a program that misses (shapes the cache never saw) exits while its
+    compile worker is compiling with a long queue: within 90 s of the exit neither the
+    worker nor a compiler child of it runs.  It ends with its parent (parent-death signal
+    and a parent watch), whatever its queue holds; the queue stays for `serve`."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(_MISSES)
+    exe = os.path.join(os.path.dirname(sys.executable), "aoti-farm")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AOTI_FARM_")}
+    env["PYTHONWARNINGS"] = "ignore"
+    cache = tmp_path / "c"
+    r = subprocess.run([exe, "run", "--cache-dir", str(cache), "--", sys.executable, str(prog),
+                        os.path.dirname(os.path.abspath(__file__))], env=env, capture_output=True, text=True,
+                       timeout=600)
+    try:
+        assert r.returncode == 0, r.stderr[-3000:]
+        [line] = [x for x in r.stdout.splitlines() if x.startswith("compiling ")]
+        worker = int(line.split()[1])
+        left = wait_all_gone(sorted({worker, *group(worker)}), 90)
+        assert left == [], f"compile worker {worker} (or its compiler) still runs 90 s after its program exited"
+    finally:
+        for pid in workers_of(str(cache)):
+            for p in [*group(pid), pid]:
+                try:
+                    os.kill(p, 9)
+                except ProcessLookupError:
+                    pass
