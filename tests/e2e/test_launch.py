@@ -16,6 +16,7 @@ import torch
 from aoti_farm import loadenv
 from aoti_farm.errors import UserError
 from aoti_farm.runtime import install, launch
+from aoti_farm.trace import load_trace
 
 from _procs import group, wait_all_gone, workers_of
 from conftest import sig_add_alpha
@@ -107,10 +108,13 @@ def test_only_the_programs_torch_processes_boot_the_hook(tmp_path):
     [line] = [x for x in r.stdout.splitlines() if x.startswith("booting ")]
     assert sorted(os.listdir(stats)) == sorted(f"stats-{pid}.json" for pid in line.split()[1:]), r.stderr[-3000:]
     env.pop("AOTI_FARM_HOOK_STATS")
-    r = subprocess.run([exe, "record", "--out", str(tmp_path / "t.json"), "--", sys.executable, str(prog)],
+    # `record` boots its recorder in the same processes; `--ops` keeps only the ops named
+    trace = tmp_path / "t.json"
+    r = subprocess.run([exe, "record", "--ops", "aten::neg", "--out", str(trace), "--", sys.executable, str(prog)],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "isa-check-loaded True" in r.stdout, r.stdout + r.stderr[-3000:]
     assert "from 2 process(es)" in r.stderr, r.stderr[-3000:]
+    assert [(e.sig.op, e.count) for e in load_trace(trace)] == [("aten::neg", 1)]
 
 
 # --- no compile worker left behind ---------------------------------------------------------------

@@ -64,3 +64,14 @@ def test_torch_helpers_are_told_from_the_programs_processes(argv, orig, expected
     site = _site()
     torch_file = "/v/site-packages/torch/__init__.py"
     assert site._torch_helper(argv=argv, orig_argv=orig or ["py"] + argv, torch_file=torch_file) is expected
+
+
+def test_record_ops_are_checked_before_the_program_starts():
+    """``aoti-farm record --ops``: names are split and stripped; an unknown op, or none at
+    all, is a one-line UserError naming the input."""
+    assert launch.record_ops(None) is None
+    assert launch.record_ops(" aten::addmm, aten::tanh,") == ["aten::addmm", "aten::tanh"]
+    for bad, named in (("aten::addmm,aten::no_such_op", "aten::no_such_op"), (" , ", "--ops")):
+        with pytest.raises(UserError, match=named) as e:
+            launch.record_ops(bad)
+        assert "\n" not in str(e.value)
