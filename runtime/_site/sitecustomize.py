@@ -33,13 +33,15 @@ _real_import = builtins.__import__
 _local = threading.local()
 _torch_done = False   # torch's module has run to its end
 _booted = False
+_boot_lock = threading.Lock()
 
 
 def _boot() -> None:
     global _booted
-    if _booted:
-        return
-    _booted = True
+    with _boot_lock:   # two threads' outermost imports may return at once
+        if _booted:
+            return
+        _booted = True
     if builtins.__import__ is _import:   # every later import at full speed
         builtins.__import__ = _real_import
     if _torch_helper():
