@@ -13,7 +13,8 @@ a hook of its own, whose fingerprint waited for the ISA lock that its parent hel
 check ran into its 60 s bound, and the ISA was then taken as unsupported.  A process that
 never imports torch has nothing to serve or record.  Torch's own scripts that do import
 torch (Inductor's compile-worker pool, ``torchrun``) and the load check of a torch whose
-check still imports torch are skipped (:func:`_torch_helper`).
+check still imports torch are skipped (:func:`_torch_helper`), and so are the children
+the farm starts for itself from the program (:func:`_farm_helper`).
 
 When: after the import *statement* that brought torch in has returned (the outermost
 ``import`` of this thread, seen through ``builtins.__import__``), not inside torch's own
@@ -44,7 +45,7 @@ def _boot() -> None:
         _booted = True
     if builtins.__import__ is _import:   # every later import at full speed
         builtins.__import__ = _real_import
-    if _torch_helper():
+    if _torch_helper() or _farm_helper():
         return
     try:
         from aoti_farm.runtime import launch as _aoti_farm_launch
@@ -62,6 +63,8 @@ def _torch_helper(argv=None, orig_argv=None, torch_file=None) -> bool:
     orig_argv = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv
     torch_file = getattr(sys.modules.get("torch"), "__file__", None) if torch_file is None else torch_file
     main = argv[0] if argv else ""
+    if _module(orig_argv).split(".")[0] == "torch":   # `-m` before runpy names its file
+        return True
     if torch_file and main not in ("", "-c", "-m"):
         here = os.path.dirname(os.path.abspath(torch_file))
         if os.path.abspath(main).startswith(here + os.sep):
@@ -72,6 +75,54 @@ def _torch_helper(argv=None, orig_argv=None, torch_file=None) -> bool:
         return bool(lines) and lines[-1].startswith("cdll.LoadLibrary(") and all(
             x.startswith(("import ", "from ", "if sys.platform")) for x in lines[:-1])
     return False
+
+
+def _module(orig_argv) -> str:
+    """The module ``python -m MODULE`` runs ('' for a script or ``-c``)."""
+    args = iter(orig_argv[1:])
+    for a in args:
+        if a == "-m":
+            return next(args, "")
+        if a in ("-W", "-X"):   # the options that take the next word
+            next(args, None)
+        elif a == "-c" or a == "-" or not a.startswith("-"):
+            return ""
+    return ""
+
+
+def _farm_helper(argv=None, orig_argv=None, farm_dirs=None, probe=None) -> bool:
+    """Whether this process is one the farm started for itself from the program (its
+    verification child and server, host preparation, the loader probe, the ``aoti-farm``
+    command): a hook there would route the eager reference that a kernel is checked
+    against.  Its main script is in the farm's packages, or it runs ``aoti-farm``, or
+    its ``-c`` code is the loader probe (``aoti_farm.loadenv``)."""
+    argv = sys.argv if argv is None else argv
+    orig_argv = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv
+    main = argv[0] if argv else ""
+    if main == "-c":
+        if probe is None:
+            try:
+                from aoti_farm.loadenv import _PROBE as probe
+            except Exception:  # noqa: BLE001 -- no farm to ask: not its probe
+                return False
+        return "-c" in orig_argv[:-1] and orig_argv[orig_argv.index("-c") + 1] == probe
+    if _module(orig_argv).split(".")[0] == "aoti_farm":   # `-m` before runpy names its file
+        return True
+    if main in ("", "-m"):
+        return False
+    if os.path.basename(main) == "aoti-farm":
+        return True
+    if farm_dirs is None:
+        import importlib.util
+
+        farm_dirs = []
+        for name in ("aoti_farm", "aoti_farm.runtime", "aoti_farm.workers"):
+            try:
+                farm_dirs += list(importlib.util.find_spec(name).submodule_search_locations or [])
+            except Exception:  # noqa: BLE001 -- not importable: nothing of it runs here
+                pass
+    path = os.path.abspath(main)
+    return any(path.startswith(os.path.abspath(d) + os.sep) for d in farm_dirs)
 
 
 def _import(name, globals=None, locals=None, fromlist=(), level=0):

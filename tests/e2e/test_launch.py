@@ -66,8 +66,9 @@ def test_hook_that_cannot_load_kernels_intercepts_nothing(kernels, monkeypatch):
 # --- which processes of the program boot the hook -------------------------------------------------
 
 #: Under `aoti-farm run`/`record`: the program imports torch, runs torch's own ISA load check
-#: (torch's code, command and environment), then one child of its own that imports torch and
-#: one that does not.  It prints the pids that should boot the hook.
+#: (torch's code, command and environment), one child of its own that imports torch, one
+#: that does not, and two the farm starts for itself.  It prints the pids that should boot
+#: the hook.
 _CHILDREN = r"""
 import os, subprocess, sys
 import torch
@@ -84,13 +85,19 @@ print("isa-check-loaded", loaded)
 mine = subprocess.run([sys.executable, "-c", "import os, torch; torch.neg(torch.ones(2)); print(os.getpid())"],
                       capture_output=True, text=True, check=True).stdout.split()[-1]
 subprocess.run([sys.executable, "-c", "print('no torch here')"], check=True)
+# two children the farm starts for itself: its loader probe and its verification child
+from aoti_farm.loadenv import _PROBE
+subprocess.run([sys.executable, "-c", _PROBE, "/no/such/kernel.so", "cpu"], capture_output=True)
+subprocess.run([sys.executable, "-m", "aoti_farm.compiler"], input=b"{}", capture_output=True)
 print("booting", os.getpid(), mine)
 """
 
 
 def test_only_the_programs_torch_processes_boot_the_hook(tmp_path):
     """The hook boots in the program and in its own children that import torch, not in a
-    child that never imports torch, nor in torch's ISA load check: there a hook of its own
+    child that never imports torch, nor in the children the farm starts for itself (a hook
+    would route the eager reference a kernel is checked against), nor in torch's ISA load
+    check: there a hook of its own
     made each check wait for the ISA lock its parent held, into the check's 60 s bound
     (and the ISA was then taken as unsupported).  The stats written at exit (one file per
     booted process) and `record`'s process count say which processes booted."""

@@ -75,3 +75,32 @@ def test_record_ops_are_checked_before_the_program_starts():
         with pytest.raises(UserError, match=named) as e:
             launch.record_ops(bad)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("argv, orig, expected", [
+    # the farm's own children: verification child and server, host preparation, the command
+    (["/src/aoti_farm/compiler.py", "--serve"], None, True),
+    (["-m"], ["py", "-m", "aoti_farm.compiler", "--serve"], True),        # before runpy names the file
+    (["-m"], ["py", "-W", "ignore", "-m", "aoti_farm.hostprep", "{}"], True),
+    (["/src/runtime/compile_worker.py"], None, True),
+    (["/v/bin/aoti-farm", "warm"], None, True),
+    (["-c"], ["py", "-c", "PROBE", "/k/kernel.so", "cpu"], True),         # the loader probe
+    # the program's own
+    (["/home/u/serve.py"], None, False),
+    (["-m"], ["py", "-m", "mypkg.serve"], False),
+    (["-c"], ["py", "-c", "import torch; print(1)"], False),
+    (["/src/aoti_farm_extras/x.py"], None, False),
+])
+def test_the_farms_own_children_are_told_from_the_programs(argv, orig, expected):
+    site = _site()
+    got = site._farm_helper(argv=argv, orig_argv=orig or ["py"] + argv, farm_dirs=["/src/aoti_farm", "/src/runtime"],
+                            probe="PROBE")
+    assert got is expected
+
+
+def test_python_dash_m_is_read_from_the_interpreters_arguments():
+    site = _site()
+    assert site._module(["py", "-m", "torch.distributed.run", "x.py"]) == "torch.distributed.run"
+    assert site._module(["py", "-X", "dev", "-Wignore", "-m", "a.b"]) == "a.b"
+    assert site._module(["py", "script.py", "-m", "a"]) == "" and site._module(["py", "-c", "x", "-m"]) == ""
+    assert site._torch_helper(argv=["-m"], orig_argv=["py", "-m", "torch.distributed.run"], torch_file=None)
