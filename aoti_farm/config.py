@@ -169,7 +169,7 @@ ENV_VARS = {
 }
 
 #: Set by the farm for its own children, never by a user.
-INTERNAL_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR", "AOTI_FARM_FORK_SOCKET")
+INTERNAL_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR", "AOTI_FARM_RECORD_OPS", "AOTI_FARM_FORK_SOCKET")
 
 #: The [farm] fields `warm` / `serve` take as flags (aoti_farm/cli/farm_cmds.py).
 _FARM_FLAGS = {"cpu_workers", "gpu_workers", "gpus_per_worker", "timeout", "retries", "max_in_flight", "lease_ttl",

@@ -2,7 +2,8 @@
 
 Both run the command as a child whose PYTHONPATH starts with ``runtime/_site``, whose
 ``sitecustomize.py`` calls :func:`boot` in every Python process of the program (children
-included) that sees the variables below:
+included) that sees the variables below, once it has imported torch (not in processes
+that never do, nor in those torch starts for itself: see that module):
 
 * ``aoti-farm run [--cache-dir D] [--on-miss M] [--serve S] [--config F] -- python serve.py ARGS``:
   the hook's settings are resolved once here by :func:`hook_config`, the resolver
@@ -12,9 +13,11 @@ included) that sees the variables below:
   resolves from its environment as ``install()`` would).  The signing key goes by its
   file's path, never itself.  ``AOTI_FARM_HOOK_STATS=DIR`` makes each process write its
   ``hook.stats()`` to ``DIR/stats-<pid>.json`` at exit.
-* ``aoti-farm record --out trace.json -- python script.py ARGS``: ``AOTI_FARM_RECORD_DIR``
+* ``aoti-farm record [--ops OPS] --out trace.json -- python script.py ARGS``: ``AOTI_FARM_RECORD_DIR``
   names a temporary directory; each process writes ``trace-<pid>.json`` at exit and this
-  process merges them (``aoti_farm.trace.merge``) into ``--out``.
+  process merges them (``aoti_farm.trace.merge``) into ``--out``.  ``--ops`` (checked here)
+  reaches the recorders as ``AOTI_FARM_RECORD_OPS`` (internal): a trace of a few ops is
+  warmed in a fraction of the time.
 
 The exit status is the program's (128+N when killed by signal N); a command that cannot
 be started is a UserError (exit 2).
@@ -42,7 +45,7 @@ from aoti_farm import loadenv
 from aoti_farm.errors import UserError
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
-_CHILD_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR", "AOTI_FARM_HOOK_STATS")
+_CHILD_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR", "AOTI_FARM_RECORD_OPS", "AOTI_FARM_HOOK_STATS")
 
 
 # --- the parent side ---------------------------------------------------------------------------
@@ -120,6 +123,8 @@ def run_command(ns) -> int:
 
 def add_record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="the trace to write (JSON)")
+    p.add_argument("--ops", help="record only these ops, comma-separated (aten::addmm,aten::tanh); "
+                                 "default: every op the hook can serve")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the program and its arguments")
 
 
@@ -131,9 +136,13 @@ def record_command(ns) -> int:
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise UserError(f"--out {out}: directory {parent} does not exist; create it or pass another path")
+    ops = record_ops(getattr(ns, "ops", None))
     tmp = tempfile.mkdtemp(prefix="aoti-farm-record-")
     try:
-        rc = _run(cmd, _child_env({"AOTI_FARM_RECORD_DIR": tmp}))
+        extra = {"AOTI_FARM_RECORD_DIR": tmp}
+        if ops:
+            extra["AOTI_FARM_RECORD_OPS"] = ",".join(ops)
+        rc = _run(cmd, _child_env(extra))
         parts = sorted(glob.glob(os.path.join(tmp, "trace-*.json")))
         trace = merge(load_trace(p) for p in parts) if parts else Trace([])
         save_trace(trace, out)
@@ -146,6 +155,25 @@ def record_command(ns) -> int:
         return rc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def record_ops(raw: str | None) -> list[str] | None:
+    """``--ops``' names, each checked here (an op the recorder cannot record is a one-line
+    UserError before the program starts); None: every op."""
+    if raw is None:
+        return None
+    names = [x.strip() for x in raw.split(",") if x.strip()]
+    if not names:
+        raise UserError("--ops: no op named; pass names like aten::addmm,aten::tanh or leave --ops out")
+    from aoti_farm.runtime.dispatch import resolve_ops
+
+    for name in names:
+        try:
+            resolve_ops([name])
+        except ValueError as e:
+            raise UserError(f"--ops {name}: {e}; `aoti-farm trace show` of a full recording lists the ops called") \
+                from None
+    return names
 
 
 # --- the child side (called by sitecustomize) ----------------------------------------------------
@@ -161,7 +189,8 @@ def boot() -> None:
         from aoti_farm.runtime.recorder import Recorder
         from aoti_farm.trace import save_trace
 
-        rec = Recorder()
+        ops = os.environ.get("AOTI_FARM_RECORD_OPS")
+        rec = Recorder(ops.split(",") if ops else None)
 
         def _write() -> None:
             rec.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -22,3 +23,44 @@ def wait_gone(pid: int, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def wait_all_gone(pids, timeout: float) -> list[int]:
+    """The pids of ``pids`` still running after ``timeout`` s (polled; [] as soon as all are gone)."""
+    end = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if alive(p)]
+        if not left or time.monotonic() >= end:
+            return left
+        time.sleep(0.2)
+
+
+def workers_of(marker: str) -> list[int]:
+    """The running compile workers (``aoti_farm.runtime.compile_worker``) whose command line
+    has ``marker`` as one of its arguments (a cache directory, ``--parent-pid``'s value)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"aoti_farm.runtime.compile_worker" in cmd and marker.encode() in cmd and alive(int(d)):
+                out.append(int(d))
+    return out
+
+
+def group(pgid: int) -> list[int]:
+    """The running processes of process group ``pgid`` (a worker and its compiler children)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                out.append(int(d))
+    return out

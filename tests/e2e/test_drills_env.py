@@ -16,38 +16,9 @@ import pytest
 
 from aoti_farm.cache import Cache
 
+from _procs import alive as _alive, wait_all_gone as _wait_gone, workers_of as _workers_of
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pids, timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return []
-        time.sleep(0.2)
-    return [p for p in pids if _alive(p)]
-
-
-def _workers_of(cache_root: str) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if b"aoti_farm.runtime.compile_worker" in cmd and cache_root.encode() in cmd and _alive(int(d)):
-                out.append(int(d))
-    return out
 
 
 # --- 8. the embedded Ray ------------------------------------------------------------------------

@@ -12,7 +12,6 @@ The unit tests of this module (no compile, no Ray, no subprocess) are in tests/u
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import pytest
@@ -24,6 +23,7 @@ from aoti_farm.runtime import install, launch
 from aoti_farm.trace import load_trace
 
 from _runtime_helpers import same
+from unit.test_launch import _ns   # argv parsed by a launcher's arguments
 
 
 class MLP(torch.nn.Module):
@@ -71,12 +71,6 @@ def test_record_mlp_warm_then_serve_all_hits(kernels, tmp_path):
         assert same(g, e), (g - e).abs().max()
     print(f"MLP replay: {sum(c['hits'] for c in per_op.values())} hits, 0 misses on served ops; "
           f"outputs equal eager")
-
-
-def _ns(add, argv):
-    p = argparse.ArgumentParser()
-    add(p)
-    return p.parse_args(argv)
 
 
 def test_record_command_merges_processes(tmp_path):

@@ -10,7 +10,6 @@ The unit tests of this module (no compile, no Ray, no subprocess) are in tests/u
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from aoti_farm.runtime import install, launch
 from _counters import assert_delta
 from _runtime_helpers import run_threads, same, wait_until
 from conftest import sig_add_alpha
+from unit.test_launch import _ns   # argv parsed by a launcher's arguments
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/: _runtime_helpers.py
 
@@ -280,12 +280,6 @@ def test_two_processes_miss_queue_once_compile_once_then_hit(tmp_path):
 
 
 # --- aoti-farm run ------------------------------------------------------------------------------------
-
-def _ns(add, argv):
-    p = argparse.ArgumentParser()
-    add(p)
-    return p.parse_args(argv)
-
 
 def test_run_command_hooks_an_unmodified_program(kernels, tmp_path, monkeypatch):
     kernels.ensure(sig_add_alpha())

@@ -15,10 +15,8 @@ import os
 
 import pytest
 import ray
-import torch
 
 from aoti_farm import leases
-from aoti_farm import signature as S
 from aoti_farm.cache import Cache
 from aoti_farm.config import FarmConfig
 from aoti_farm.fingerprint import fingerprint
@@ -26,21 +24,10 @@ from aoti_farm.fingerprint import fingerprint
 import doubles
 from doubles import ScriptedCompiler
 from _counters import assert_delta
+from unit.test_scheduler import cpu_sig, cuda_sig   # the unit tier's signature builders
 
 # tests/ is not on the actors' path: the double travels by value, not by module name
 ray.cloudpickle.register_pickle_by_value(doubles)
-
-
-def cpu_sig(n: int) -> S.Signature:
-    return S.from_call(torch.ops.aten.mul.Tensor, (torch.empty(n, 3), torch.empty(n, 3)), {})
-
-
-def cuda_sig(n: int) -> S.Signature:
-    obj = cpu_sig(n).to_obj()
-    for a in obj["args"]:
-        if a.get("kind") == "tensor":
-            a["device"] = "cuda:0"
-    return S.parse_signature(obj)
 
 
 # --- on Ray ---------------------------------------------------------------------------------------

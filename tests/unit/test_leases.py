@@ -49,6 +49,26 @@ def _plant(cache, body: bytes | str, key=KEY):
     return p
 
 
+def _contend_for_a_stale_lease(cache, n: int) -> list:
+    """A stale lease planted, then ``n`` threads ask for it at the same moment: the leases they got."""
+    _plant(cache, json.dumps({"owner": "dead", "host": "h", "pid": 1, "taken": 0.0, "ttl": 5.0}))
+    _age(cache, 60)
+    got, start = [], threading.Barrier(n)
+
+    def contend(i):
+        start.wait()
+        lease = leases.try_acquire(cache, FP, KEY, f"w{i}", ttl=30)
+        if lease is not None:
+            got.append(lease)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
 def test_exclusive_while_held_and_free_after_release(cache):
     a = leases.try_acquire(cache, FP, KEY, "a", ttl=30)
     assert a is not None
@@ -103,21 +123,7 @@ def test_exactly_one_contender_takes_over_a_stale_lease(cache, n):
     others are told it is busy (50 rounds).  With a bare rename aside instead of the
     breaker, 8 contenders got two holders in about 7 of 50 rounds."""
     for round_ in range(50):
-        _plant(cache, json.dumps({"owner": "dead", "host": "h", "pid": 1, "taken": 0.0, "ttl": 5.0}))
-        _age(cache, 60)
-        got, start = [], threading.Barrier(n)
-
-        def contend(i):
-            start.wait()
-            lease = leases.try_acquire(cache, FP, KEY, f"w{i}", ttl=30)
-            if lease is not None:
-                got.append(lease)
-
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got = _contend_for_a_stale_lease(cache, n)
         try:
             assert len(got) == 1, (round_, [g.owner for g in got])
             assert leases.holder_info(cache, FP, KEY)["owner"] == got[0].owner
@@ -288,21 +294,7 @@ def test_a_fresh_lease_is_never_removed_as_the_stale_one_it_replaced(cache, monk
     monkeypatch.setattr(leases.records, "remove_name", slow_remove)
     n = 8
     for round_ in range(60):
-        _plant(cache, json.dumps({"owner": "dead", "host": "h", "pid": 1, "taken": 0.0, "ttl": 5.0}))
-        _age(cache, 60)
-        got, start = [], threading.Barrier(n)
-
-        def contend(i):
-            start.wait()
-            lease = leases.try_acquire(cache, FP, KEY, f"w{i}", ttl=30)
-            if lease is not None:
-                got.append(lease)
-
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got = _contend_for_a_stale_lease(cache, n)
         try:
             assert len(got) == 1, (round_, [g.owner for g in got])
         finally:
