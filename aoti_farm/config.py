@@ -28,7 +28,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from aoti_farm import safeio
+from aoti_farm.cache import safeio
 from aoti_farm.errors import UserError
 
 #: Low-level switches: environment variables read where they act (not settings of a config

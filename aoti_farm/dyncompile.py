@@ -59,7 +59,7 @@ class DynamicUnsupported(CompileRefused):
 
 @dataclass(frozen=True)
 class ClassEntry:
-    """What :meth:`aoti_farm.cache.Cache.publish` needs: the class key, and as the
+    """What :meth:`aoti_farm.cache.store.Cache.publish` needs: the class key, and as the
     manifest's ``signature`` the class's example (a member; ``shape_class`` carries the
     class itself)."""
 

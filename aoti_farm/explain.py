@@ -25,7 +25,7 @@ Outcomes (one per signature):
   [2,16,64]``, ``alpha 2 vs 1``); an entry of the very key under another fingerprint is
   named with the fingerprint fields that differ (``cpu_isa avx2 vs avx512``).
 
-Speed: the cache is indexed once (:class:`aoti_farm.keyindex.CacheIndex`): every namespace's entry and
+Speed: the cache is indexed once (:class:`aoti_farm.cache.index.CacheIndex`): every namespace's entry and
 failure keys are listed, and manifests are read (bounded, never hashed) only for hits and,
 when something is missing, once per entry of this host's namespace to group them by op.
 A signature's key is the hash of its signature, so what is read about a key is memoised
@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Iterable
 
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.errors import UserError
-from aoti_farm.keyindex import CacheIndex, Namespace, category, field_diff, fingerprint_diff, flatten_args
+from aoti_farm.cache.index import CacheIndex, Namespace, category, field_diff, fingerprint_diff, flatten_args
 from aoti_farm.signature import Signature, describe, op_info, resolve_op
 
 OUTCOMES = ("hit", "gated here", "gated", "failed", "ineligible", "refused", "missing")

@@ -17,7 +17,7 @@ import os
 
 def memo_dir() -> str:
     """The directory of this host's memos: private, created 0700 or checked (an unsafe one
-    raises :class:`aoti_farm.safeio.UnsafeFile`; see :mod:`aoti_farm.private`)."""
+    raises :class:`aoti_farm.cache.safeio.UnsafeFile`; see :mod:`aoti_farm.private`)."""
     from aoti_farm import private
 
     return private.root()

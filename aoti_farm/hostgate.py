@@ -35,7 +35,7 @@ import os
 import stat
 import time
 
-from aoti_farm import safeio
+from aoti_farm.cache import safeio
 from aoti_farm.fsutil import atomic_write, memo_dir
 
 VERSION = 1

@@ -14,8 +14,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from aoti_farm import budget, dyncompile, leases
-from aoti_farm.cache import Cache
+from aoti_farm import budget, dyncompile
+from aoti_farm.cache import leases
+from aoti_farm.cache.store import Cache
 from aoti_farm.compiler import Compiler, own_code_error
 from aoti_farm.counters import Counters
 from aoti_farm.errors import CompileRefused

@@ -1,6 +1,6 @@
 """The one rule for everything outside the shared cache: private, or refused.
 
-The shared cache has its own checks (:mod:`aoti_farm.safeio`, :mod:`aoti_farm.manifest`:
+The shared cache has its own checks (:mod:`aoti_farm.cache.safeio`, :mod:`aoti_farm.cache.manifest`:
 owner, mode, links, signatures).  Everything *else* the farm creates, reads, loads or
 trusts on a host -- Inductor's cache (the split build's common object and its digest,
 precompiled headers), memos (ISA, loader probe, op list), the native hit path's library,
@@ -40,7 +40,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from aoti_farm.safeio import UnsafeFile, check_ancestors
+from aoti_farm.cache.safeio import UnsafeFile, check_ancestors
 
 _lock = threading.Lock()
 _fallback_root: str | None = None

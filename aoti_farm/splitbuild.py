@@ -169,7 +169,7 @@ def _compiler_version(compiler: str) -> str:
 
 def common_dir() -> str:
     """``<private Inductor cache>/aoti_farm_common``, created 0700 or checked (raises
-    :class:`aoti_farm.safeio.UnsafeFile` for an unsafe one)."""
+    :class:`aoti_farm.cache.safeio.UnsafeFile` for an unsafe one)."""
     from aoti_farm import private
 
     return private.ensure_dir(os.path.join(private.use_inductor_cache(), "aoti_farm_common"))

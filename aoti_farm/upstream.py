@@ -18,7 +18,7 @@ import torch
 
 from aoti_farm import sandbox
 from aoti_farm import signature as S
-from aoti_farm.cache import KERNEL, BadEntry, Cache, sha256_file
+from aoti_farm.cache.store import KERNEL, BadEntry, Cache, sha256_file
 from aoti_farm.fsutil import atomic_write
 from aoti_farm.errors import CompileRefused, FarmError, Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
@@ -39,7 +39,7 @@ def _current_fps(cache: Cache, fp: Fingerprint | None) -> list[Fingerprint]:
     out = []
     for fp_id in cache.fingerprint_ids():
         try:
-            from aoti_farm.records import read_fingerprint   # bounded, schema-checked
+            from aoti_farm.cache.records import read_fingerprint   # bounded, schema-checked
 
             d = read_fingerprint(cache, fp_id)
             opts = dict(tuple(kv) for kv in d.get("inductor_options") or [])

@@ -22,7 +22,7 @@ The widened class is the class's pattern with each range stretched to cover the 
 rounded outwards to powers of two (:func:`widened`), so that processes missing at 100 and
 at 120 ask for the same class ``[lo, 128]`` and one compile serves both (the class key is
 the lease).  The request rides in the exact signature's queue item as the optional field
-``widen`` (:func:`aoti_farm.missq.enqueue`): the item keeps its key, so deduplication,
+``widen`` (:func:`aoti_farm.cache.queue.enqueue`): the item keeps its key, so deduplication,
 ``cache verify`` and a drainer that ignores the field (it compiles the exact signature)
 work as before.
 

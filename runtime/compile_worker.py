@@ -11,7 +11,7 @@ Every event is printed as one JSON line on stdout with the worker's pid (the hoo
 to its worker log and follows it with :func:`read_events`): ``start``, ``ready`` (warm-up
 done), ``compile`` (a compile begins), ``outcome`` / ``error`` (it ended), ``bad-item``,
 ``idle-exit``, ``terminated`` (SIGTERM: its parent ended), ``already-running``.  A bad queue item (unsafe, oversized, garbage, wrong schema; see
-:mod:`aoti_farm.missq`) is one ``bad-item`` event, skipped, never fatal.  Exit status: 0
+:mod:`aoti_farm.cache.queue`) is one ``bad-item`` event, skipped, never fatal.  Exit status: 0
 when idle, 2 on bad arguments (an empty signing key too) or a fingerprint that is not
 this host's.  Exit status 0 also when another worker already holds this host's lock for
 the same device and namespace (``already-running``: one worker per host, shared;
@@ -176,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    from aoti_farm import job, leases, missq, records, widen
+    from aoti_farm import job, widen
+    from aoti_farm.cache import leases, queue as missq, records
     from aoti_farm.budget import parse_size
-    from aoti_farm.cache import Cache, load_signing_key
+    from aoti_farm.cache.store import Cache, load_signing_key
     from aoti_farm.compiler import AOTICompiler
     from aoti_farm.errors import FarmError, UserError
     from aoti_farm.fingerprint import fingerprint

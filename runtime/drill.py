@@ -707,7 +707,7 @@ def compile_all(sigs: dict, plan: Plan, cache_dir: str, workdir: str) -> dict:
             out[k] = None if r.get("status") in ("compiled", "cached") else (
                 f"attempts {r.get('attempts', '?')}: {err[:100]}")
         return out
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.job import compile_and_publish

@@ -58,7 +58,7 @@ import torch
 
 from aoti_farm import hostgate, private
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.counters import Counters
 from aoti_farm.errors import Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint

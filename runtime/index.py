@@ -1,6 +1,6 @@
 """The serving hook's in-memory index of one fingerprint namespace.
 
-Published and failed keys, listed through :class:`aoti_farm.cache.Cache` by shard
+Published and failed keys, listed through :class:`aoti_farm.cache.store.Cache` by shard
 (``shard_stamps`` / ``shard_keys``): a refresh stats every shard directory and lists again
 only those whose stamp ``(mtime_ns, nlink)`` changed, which is cheap at 10,000 entries.
 New entries become hits, removed ones stop being served.
@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Iterable
 
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.fingerprint import Fingerprint
 from aoti_farm.speed import compile_ratio
 

@@ -38,7 +38,7 @@ import torch
 
 from aoti_farm import loadenv
 from aoti_farm import signature as S
-from aoti_farm.cache import BadEntry, Cache
+from aoti_farm.cache.store import BadEntry, Cache
 from aoti_farm.compiler import flat_tensors, load_runner
 from aoti_farm.counters import Counters
 from aoti_farm.tolerance import compare, length_tolerance

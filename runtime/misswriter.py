@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Callable
 
-from aoti_farm import missq
-from aoti_farm.cache import Cache
+from aoti_farm.cache import queue as missq
+from aoti_farm.cache.store import Cache
 from aoti_farm.counters import Counters
 from aoti_farm.runtime.metrics import LatencyHistogram
 

@@ -17,7 +17,7 @@ signature, or (``auto``, the default, when the call is near a range) a class ker
 the range widened to cover it (:meth:`widen_request`, read by the miss writer).
 
 A class is read from its manifest and kept only when it hashes to the key it is
-published under, so the class matched is the one :meth:`aoti_farm.cache.Cache.open_entry`
+published under, so the class matched is the one :meth:`aoti_farm.cache.store.Cache.open_entry`
 verifies when the hook loads the kernel.  Answers are remembered per exact signature
 until the index changes (:meth:`changed`); the native path remembers its decision per
 exact call, so a hit on a class kernel costs what an exact hit costs.

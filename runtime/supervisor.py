@@ -42,7 +42,7 @@ import threading
 import time
 
 from aoti_farm import config, loadenv, private
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.counters import Counters
 from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events, worker_lock_path
 from aoti_farm.runtime.room import ThreadRoom, lowest_priority

@@ -31,10 +31,11 @@ from typing import Any
 
 import torch
 
-from aoti_farm import config, job, leases
+from aoti_farm import config, job
+from aoti_farm.cache import leases
 from aoti_farm import signature as S
 from aoti_farm import upstream as U
-from aoti_farm.cache import BadEntry, Cache, load_signing_key
+from aoti_farm.cache.store import BadEntry, Cache, load_signing_key
 from aoti_farm.counters import Counters
 from aoti_farm.errors import FarmError, Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint

@@ -54,7 +54,7 @@ def wait_until(pred, timeout: float = 300.0, step: float = 0.1):
 
 
 def _serve(cache: str, barrier: str, index: int, worker_log: str) -> dict:
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.runtime import install
     from aoti_farm.signature import from_call
 

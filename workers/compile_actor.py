@@ -94,10 +94,10 @@ class CompileActor:
     def _setup(self) -> None:
         if self._fp is not None:
             return
-        from aoti_farm.cache import Cache
+        from aoti_farm.cache.store import Cache
         from aoti_farm.compiler import AOTICompiler
         from aoti_farm.fingerprint import fingerprint
-        from aoti_farm.leases import new_owner
+        from aoti_farm.cache.leases import new_owner
 
         from aoti_farm.config import load_signing_key
 

@@ -33,8 +33,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from aoti_farm import leases
-from aoti_farm.cache import Cache
+from aoti_farm.cache import leases
+from aoti_farm.cache.store import Cache
 from aoti_farm.counters import Counters
 from aoti_farm.errors import FarmError
 from aoti_farm.signature import Signature

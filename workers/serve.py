@@ -1,6 +1,6 @@
 """`aoti-farm serve`: keep compiling what serving processes missed.
 
-Polls the miss queue (:mod:`aoti_farm.missq`) of every fingerprint namespace its workers
+Polls the miss queue (:mod:`aoti_farm.cache.queue`) of every fingerprint namespace its workers
 compile for and drains it with the same pool as ``warm``, until SIGTERM/SIGINT; then it
 abandons in-flight work (kills the actors, breaks their leases), shuts Ray down and exits 0.
 """
@@ -26,7 +26,7 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
     ``metrics``: an :class:`aoti_farm.exposition.Endpoint` to expose the pool's counters on
     (see aoti_farm.workers.metrics), None for none;
     ``signing_key``: the resolved key's bytes (None: no signing)."""
-    from aoti_farm import missq
+    from aoti_farm.cache import queue as missq
     from aoti_farm.progress import Progress
     from aoti_farm.workers import metrics as farm_metrics
     from aoti_farm.workers.placement import pool_sizes, route

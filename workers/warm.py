@@ -15,7 +15,7 @@ warm
      input (a :class:`UserError`, raised before anything is written).
 
 serve
-  Polls the miss queue (:mod:`aoti_farm.missq`) of every fingerprint namespace its
+  Polls the miss queue (:mod:`aoti_farm.cache.queue`) of every fingerprint namespace its
   workers compile for and drains it with the same pool, until SIGTERM/SIGINT; then it
   abandons in-flight work (kills the actors, breaks their leases), shuts Ray down and
   exits 0.
@@ -52,7 +52,7 @@ from aoti_farm.workers.raysetup import make_scheduler, start_ray, stop_ray
 def open_farm_cache(cfg: FarmConfig, signing_key: bytes | None):
     """The farm's cache, created if needed; ``signing_key``: the resolved key's bytes
     (``aoti_farm.config.signing_key``), None for no signing."""
-    from aoti_farm.cachedir import open_cache
+    from aoti_farm.cache.opening import open_cache
 
     return open_cache(cfg.cache_dir, create=True, write=True, signing_key=signing_key)
 

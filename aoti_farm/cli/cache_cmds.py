@@ -1,6 +1,6 @@
 """`aoti-farm cache stats | ls | verify | gc | rm`: looking after a cache directory.
 
-Every command works on :class:`aoti_farm.cache.Cache` and its layout (see cache.py) and
+Every command works on :class:`aoti_farm.cache.store.Cache` and its layout (see cache/store.py) and
 never bypasses it to write: removal goes through ``Cache.remove`` (an atomic rename into
 ``tmp/``), so a serving process sees an entry or no entry, never half of one.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 
-from aoti_farm.cache import CACHE_FORMAT, KERNEL, MANIFEST, BadEntry, Cache
-from aoti_farm.cachedir import open_cache
+from aoti_farm.cache.store import CACHE_FORMAT, KERNEL, MANIFEST, BadEntry, Cache
+from aoti_farm.cache.opening import open_cache
 from aoti_farm.errors import FarmError, UserError
 
 #: Things in tmp/ older than this are orphans of a crashed publish/removal.
@@ -127,7 +127,7 @@ def _rm_path(p: Path) -> None:
 
 
 def stats(ns) -> int:
-    from aoti_farm import verify_records
+    from aoti_farm.cache import verify_records
     from aoti_farm.speed import GATE_RATIO, compile_ratio, speed_summary
 
     cache = open_cache(ns.cache_dir, signing_key=_key(ns))
@@ -161,7 +161,7 @@ def stats(ns) -> int:
 
 
 def _fp_summary(cache: Cache, fp_id: str) -> str:
-    from aoti_farm.verify_records import fingerprint_summary
+    from aoti_farm.cache.verify_records import fingerprint_summary
 
     return fingerprint_summary(cache, fp_id)
 
@@ -227,7 +227,7 @@ def ls(ns) -> int:
 def verify(ns) -> int:
     """Verify every entry; with ``--repair`` remove what is bad.  Exit 1 if anything bad
     is left unrepaired."""
-    from aoti_farm import verify_records
+    from aoti_farm.cache import verify_records
 
     cache = open_cache(ns.cache_dir, signing_key=_key(ns), write=bool(getattr(ns, "repair", False)))
     repair = bool(getattr(ns, "repair", False))
@@ -314,7 +314,7 @@ def gc(ns) -> int:
 
 
 def rm(ns) -> int:
-    from aoti_farm import failrec
+    from aoti_farm.cache import failures as failrec
 
     keys = list(getattr(ns, "keys", None) or [])
     failed, every = bool(getattr(ns, "failed", False)), bool(getattr(ns, "all", False))

@@ -164,7 +164,7 @@ _THREADS = ("the calling thread's torch.get_num_threads() in the manifest's veri
 
 
 def cmd_compile_one(ns) -> int:
-    from aoti_farm.cachedir import open_cache
+    from aoti_farm.cache.opening import open_cache
     from aoti_farm.signature import describe
 
     e = _entry(ns)
@@ -183,7 +183,7 @@ def cmd_compile_one(ns) -> int:
     from aoti_farm.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.job import compile_and_publish
-    from aoti_farm.leases import new_owner
+    from aoti_farm.cache.leases import new_owner
 
     if sig.device == "cuda" and not torch.cuda.is_available():
         raise UserError(f"trace {ns.trace} entry {ns.index} is a CUDA signature and this machine has no GPU; "

@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from aoti_farm.cache import Cache
-from aoti_farm.cachedir import open_cache
+from aoti_farm.cache.store import Cache
+from aoti_farm.cache.opening import open_cache
 from aoti_farm.errors import FarmError, UserError
 from aoti_farm.upstream import export_upstream, import_upstream
 

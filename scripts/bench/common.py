@@ -337,7 +337,7 @@ def sig_from_spec(spec: dict):
 
 def compile_into(cache_dir: str, sigs: list) -> list[dict]:
     """Real compiles (in this process) of ``sigs`` into an aoti-farm cache; skips present ones."""
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.job import compile_and_publish
@@ -348,7 +348,7 @@ def compile_into(cache_dir: str, sigs: list) -> list[dict]:
 
 def find_kernel(cache_dir: str, op: str | None = None) -> tuple[str, object] | None:
     """(kernel path, signature) of some entry in an aoti-farm cache (of ``op`` if given)."""
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
 
     cache = Cache(cache_dir, signing_key=None)
@@ -383,7 +383,7 @@ def fake_cache(cache_dir: str, kernel_path: str, n: int, start: int = 1) -> list
     upstream's holder loads each copy at registration); never call these kernels.
     Returns the signatures.
     """
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
 
     cache, fp = Cache(cache_dir, signing_key=None), fingerprint("cpu")
@@ -427,7 +427,7 @@ def upstream_in_place(inductor_cache_dir: str, sigs_and_kernels: list[tuple]) ->
 def export_to_upstream(cache_dir: str, inductor_cache_dir: str) -> str:
     """Put the cache's kernels in upstream's layout with ``aoti_farm.upstream.export_upstream``
     (what ``aoti-farm cache export-upstream`` does).  Returns how, for the report."""
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.upstream import export_upstream
 
     rep = export_upstream(Cache(cache_dir, signing_key=None), inductor_cache_dir)

@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ns = ap.parse_args()
     from aoti_farm import signature as S
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.job import compile_and_publish

@@ -57,7 +57,7 @@ def make_sig(op: str, shape: tuple, alpha: int | None = None, dtype=None):
 def build(root: str, n: int, n_trace: int, seed: int = 0):
     import torch
 
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import Fingerprint, fingerprint
 
     rng = random.Random(seed)

@@ -46,7 +46,7 @@ def _batch(fn, n, sync):
 
 def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = None, quick: bool = False) -> dict:
     from aoti_farm import signature as S
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.compiler import AOTICompiler, load_runner
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.job import compile_and_publish

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from aoti_farm import signature as S  # noqa: E402
-from aoti_farm.cache import Cache  # noqa: E402
+from aoti_farm.cache.store import Cache  # noqa: E402
 from aoti_farm.compiler import AOTICompiler, load_runner  # noqa: E402
 from aoti_farm.fingerprint import fingerprint  # noqa: E402
 from aoti_farm.job import compile_and_publish  # noqa: E402

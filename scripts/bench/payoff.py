@@ -222,7 +222,7 @@ def _compile_shard(units: list[tuple[str, str, int]], device: str, threads: int 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if threads:
         torch.set_num_threads(threads)
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.job import compile_and_publish

@@ -103,7 +103,7 @@ class Ctx:
     def hit_sigs(self) -> list:
         """Signatures with a real kernel in self.kcache (compiled here if needed)."""
         if self._hit_sigs is None:
-            from aoti_farm.cache import Cache
+            from aoti_farm.cache.store import Cache
             from aoti_farm.fingerprint import fingerprint
 
             if self.quick:
@@ -126,7 +126,7 @@ class Ctx:
 
     def any_kernel(self) -> str:
         sig = self.hit_sigs()[0]
-        from aoti_farm.cache import Cache
+        from aoti_farm.cache.store import Cache
         from aoti_farm.fingerprint import fingerprint
         return Cache(self.kcache, signing_key=None).open_entry(fingerprint("cpu"), sig.key).kernel_path
 
@@ -574,7 +574,7 @@ def bench_startup(ctx: Ctx) -> dict:
         have = n
         build = time.perf_counter() - t0
         ind = ctx.dir(f"inductor-startup-{n}")
-        from aoti_farm.cache import Cache
+        from aoti_farm.cache.store import Cache
         from aoti_farm.fingerprint import fingerprint
         c, fp = Cache(cache, signing_key=None), fingerprint("cpu")
         all_sigs = [C.add_sig(k) for k in range(1, n + 1)]
@@ -611,8 +611,8 @@ def miss2hit_farm_serving(ctx: Ctx, spec: dict) -> dict:
     """`aoti-farm serve` (one CPU actor, embedded Ray) on a fresh cache, primed with one
     other signature so its actor is warm; then a fresh serving process with on_miss=queue
     misses ``spec`` at once after install."""
-    from aoti_farm import missq
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache import queue as missq
+    from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
 
     cache_dir = ctx.dir("m2h-cache-serve")

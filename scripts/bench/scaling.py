@@ -389,7 +389,7 @@ def compile_phases(rep: dict, cache_dir: Path) -> dict:
     in_child = 0
     n_manifest = 0
     try:
-        from aoti_farm.cache import Cache
+        from aoti_farm.cache.store import Cache
 
         c = Cache(str(cache_dir))
         for _fp, _key, d in c.iter_entry_dirs():

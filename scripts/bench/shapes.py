@@ -152,7 +152,7 @@ def _warm(trace: str, cache: str, dynamic: str, workers: int, log, gpu_workers: 
     wall = time.perf_counter() - t0
     log.write(f"\n$ aoti-farm warm --dynamic {dynamic} (exit {r.returncode}, {wall:.1f}s)\n{r.stderr[-6000:]}\n")
     rows = json.loads(Path(report).read_text())["signatures"]
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
 
     c = Cache(cache)

@@ -130,7 +130,7 @@ def hybrid_caches(exact: str, dyn: str, out_dir: str, fp_id: str) -> dict:
     import shutil
     from pathlib import Path
 
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
 
     ce, cd = Cache(exact), Cache(dyn)
 

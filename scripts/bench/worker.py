@@ -253,7 +253,7 @@ def _hook_breakdown(sig, op, args, kwargs, cache_dir, iters) -> dict:
     torch.library (the dispatcher -> Python round trip every Python hook pays)."""
     from aoti_farm import signature as S
     from aoti_farm.compiler import flat_tensors, load_runner
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
 
     r = {}
@@ -523,7 +523,7 @@ def cold(mode: str, batches: list, think_s: float, cache_dir: str | None = None,
 
 def miss_to_hit(spec: dict, cache_dir: str, poll_s: float = 0.005, max_s: float = 300.0,
                 warm_worker: bool = False, on_miss: str = "compile") -> None:
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
 
     sig = _sig(spec)

@@ -20,7 +20,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from aoti_farm import signature as S  # noqa: E402
-from aoti_farm.cache import Cache  # noqa: E402
+from aoti_farm.cache.store import Cache  # noqa: E402
 from aoti_farm.fingerprint import fingerprint  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -150,7 +150,7 @@ def step_fingerprint(cache_dir):
     """An entry built for another GPU arch is never served: the same kernel published
     under a fingerprint that differs only in gpu_cc lives in another namespace, and a
     manifest claiming another arch inside ours is refused as foreign."""
-    from aoti_farm.cache import MANIFEST
+    from aoti_farm.cache.store import MANIFEST
     from aoti_farm.fingerprint import Fingerprint
     from aoti_farm.runtime import install
     import msgpack

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.cache import KERNEL, BadEntry, Cache
+from aoti_farm.cache.store import KERNEL, BadEntry, Cache
 from aoti_farm.cli import main
 from aoti_farm.job import compile_and_publish
 
@@ -56,8 +56,8 @@ _KILL_CHILD = r"""
 import os, sys, time, warnings
 warnings.filterwarnings("ignore")
 sys.path.insert(0, {tests!r})
-import aoti_farm.cache as C
-from aoti_farm.cache import Cache
+import aoti_farm.cache.store as C
+from aoti_farm.cache.store import Cache
 from aoti_farm.fingerprint import fingerprint
 from conftest import sig_add_alpha
 
@@ -235,7 +235,7 @@ def test_rm_by_key_prefix_and_all(kernels, tmp_path, capsys):
 
 
 def test_stats_and_ls(kernels, tmp_path, capsys):
-    from aoti_farm import leases, missq
+    from aoti_farm.cache import leases, queue as missq
 
     cache, sigs, size = _fake_entries(kernels, tmp_path / "c", 2)
     queued = sig_add_alpha((9, 9))

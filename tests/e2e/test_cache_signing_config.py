@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from aoti_farm.cache import KERNEL, BadEntry, Cache
+from aoti_farm.cache.store import KERNEL, BadEntry, Cache
 from aoti_farm.cli import main
 from conftest import sig_mul
 

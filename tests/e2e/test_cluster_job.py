@@ -38,7 +38,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.compiler import compare, flat_tensors, load_runner
 from aoti_farm.fingerprint import fingerprint
 

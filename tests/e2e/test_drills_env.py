@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 
 from _procs import alive as _alive, wait_all_gone as _wait_gone, workers_of as _workers_of
 

@@ -28,7 +28,7 @@ import torch
 
 from aoti_farm import private
 from aoti_farm import signature as S
-from aoti_farm.safeio import UnsafeFile
+from aoti_farm.cache.safeio import UnsafeFile
 
 ATTACKER = "aotiattacker"
 REPO = Path(__file__).resolve().parents[2]
@@ -450,7 +450,7 @@ def test_drill_6_squatted_metrics_ports_are_named_counted_and_avoided(attacker, 
 
 
 def test_drill_7_a_caller_choosing_shapes_cannot_flood_the_queue(tmp_path):
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.runtime import misswriter
     from aoti_farm.runtime.calls import Call
 
@@ -496,7 +496,7 @@ def test_drill_7_the_caps_are_install_settings(tmp_path, monkeypatch):
 
 
 def test_drill_7_a_covering_class_is_queued_once_not_per_shape(tmp_path):
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.runtime.misswriter import MissWriter
     from aoti_farm.runtime.calls import Call
 

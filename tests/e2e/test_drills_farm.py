@@ -20,8 +20,8 @@ import msgpack
 import pytest
 import torch
 
-from aoti_farm import leases
-from aoti_farm.cache import MANIFEST, Cache
+from aoti_farm.cache import leases
+from aoti_farm.cache.store import MANIFEST, Cache
 from aoti_farm.fingerprint import fingerprint
 from aoti_farm import signature as S
 from aoti_farm.trace import Trace, TraceEntry, save_trace

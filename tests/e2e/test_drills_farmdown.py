@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from aoti_farm import missq
-from aoti_farm.cache import MANIFEST, Cache
+from aoti_farm.cache import queue as missq
+from aoti_farm.cache.store import MANIFEST, Cache
 from aoti_farm.fingerprint import fingerprint
 
 from conftest import sig_add_alpha

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.cli import main
 from aoti_farm.fingerprint import fingerprint
 from aoti_farm.trace import Trace, TraceEntry, save_trace

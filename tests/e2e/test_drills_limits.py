@@ -32,7 +32,7 @@ import torch
 
 from aoti_farm import budget
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.cli import main
 from aoti_farm.config import FarmConfig, resolve
 from aoti_farm.errors import Ineligible, UserError
@@ -355,7 +355,7 @@ def test_hook_worker_refuses_over_budget_end_to_end(tmp_path):
     """The hook's real background compile worker, given ``--memory-budget 1M`` (as the hook
     starts it, from its resolved AOTI_FARM_MEMORY_BUDGET), drains a queued relu[2**16] without
     compiling: a failed outcome naming the budget, the item done, nothing published."""
-    from aoti_farm import missq
+    from aoti_farm.cache import queue as missq
 
     c = Cache(tmp_path / "c", signing_key=None)
     fp = fingerprint("cpu")

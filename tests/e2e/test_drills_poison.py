@@ -28,8 +28,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from aoti_farm import leases, missq
-from aoti_farm.cache import Cache
+from aoti_farm.cache import leases, queue as missq
+from aoti_farm.cache.store import Cache
 from aoti_farm.errors import FarmError, UserError
 
 from conftest import sig_add_alpha, sig_mul
@@ -364,8 +364,8 @@ def test_compile_worker_skips_bad_items_and_compiles_past_poisoned_lease_and_rec
 
 _CHILD = r"""
 import json, os, sys, time
-from aoti_farm import leases, records
-from aoti_farm.cache import Cache
+from aoti_farm.cache import leases, records
+from aoti_farm.cache.store import Cache
 root, fp_id, keys = sys.argv[1], sys.argv[2], sys.argv[3:]
 c = Cache(root, signing_key=None)
 out = {}
@@ -538,7 +538,7 @@ def test_empty_or_unreadable_signing_key_is_exit_2_never_no_signing(kernels, tmp
 
 def test_records_module_bounds(tmp_path):
     """Unit-level: the bounded read refuses each poisoned form without reading it."""
-    from aoti_farm import failrec, records
+    from aoti_farm.cache import failures as failrec, records
 
     cache = Cache(tmp_path / "c", signing_key=None)
     fp_id = "0" * 24

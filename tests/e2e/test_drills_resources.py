@@ -88,7 +88,7 @@ def test_full_disk_cli(kernels, tmp_path, capsys):
         assert "space" in err.lower(), err
         # free a little: layout fits, a kernel does not -> a failed publish leaves nothing
         (mnt / "filler").unlink()
-        from aoti_farm.cache import Cache
+        from aoti_farm.cache.store import Cache
 
         cache = Cache(root, signing_key=None)
         cache.ensure(kernels.fp)

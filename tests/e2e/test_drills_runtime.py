@@ -18,8 +18,8 @@ import msgpack
 import pytest
 import torch
 
-from aoti_farm import missq
-from aoti_farm.cache import KERNEL, Cache, sign
+from aoti_farm.cache import queue as missq
+from aoti_farm.cache.store import KERNEL, Cache, sign
 from aoti_farm.cli import main
 
 from conftest import sig_add_alpha
@@ -233,7 +233,7 @@ def test_hostile_queue_items_stay_inside(served, tmp_path):
     before = sorted(os.listdir(outside))
     refused = 0
     code = ("import sys; sys.path.insert(0, 'tests')\n"
-            "from aoti_farm import missq\nfrom aoti_farm.cache import Cache\nfrom aoti_farm.errors import FarmError\n"
+            "from aoti_farm.cache import queue as missq\nfrom aoti_farm.cache.store import Cache\nfrom aoti_farm.errors import FarmError\n"
             f"c = Cache({str(cache.root)!r}, signing_key=None)\nn = 0\n"
             f"for k in missq.pending(c, {fp.id!r}):\n"
             "    try:\n        missq.read(c, %r, k)\n    except FarmError:\n        n += 1\n"

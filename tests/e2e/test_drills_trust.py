@@ -13,7 +13,7 @@ import shutil
 import msgpack
 import pytest
 
-from aoti_farm.cache import KERNEL, MANIFEST, BadEntry, Cache, check_key, sign
+from aoti_farm.cache.store import KERNEL, MANIFEST, BadEntry, Cache, check_key, sign
 from aoti_farm.errors import FarmError
 from aoti_farm.fingerprint import Fingerprint
 

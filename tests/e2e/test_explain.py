@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.cli import main
 from aoti_farm.compiler import AOTICompiler
 from aoti_farm.fingerprint import Fingerprint, fingerprint

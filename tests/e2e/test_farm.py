@@ -19,9 +19,9 @@ import time
 import pytest
 import torch
 
-from aoti_farm import missq
+from aoti_farm.cache import queue as missq
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.compiler import compare, flat_tensors, load_runner
 from aoti_farm.config import FarmConfig
 from aoti_farm.fingerprint import fingerprint
@@ -227,7 +227,7 @@ def test_serve_drains_queue_and_stops_on_sigterm(warmed, tmp_path):
             p.kill()
     assert p.returncode == 0, err
     assert "stopped: compiled 1" in err
-    from aoti_farm.leases import list_leases
+    from aoti_farm.cache.leases import list_leases
 
     assert list_leases(cache, fp.id) == []
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.compiler import AOTICompiler, CompileInfraError, infrastructure_error
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import fingerprint

@@ -25,9 +25,9 @@ import torch
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from aoti_farm import missq
+from aoti_farm.cache import queue as missq
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.fingerprint import fingerprint
 
 from _runtime_helpers import wait_until

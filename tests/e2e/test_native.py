@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.runtime import install, native
 
 from _runtime_helpers import run_threads, same, wait_until

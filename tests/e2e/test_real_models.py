@@ -180,7 +180,7 @@ def test_bert_at_unseen_lengths_served_or_gated_under_the_defaults(bert_dynamic)
     it loses, never missed; a miss is only a signature nothing covers (explain agrees, call
     by call); outputs equal eager's.  A second process takes this host's decisions from
     its memo (aoti_farm/hostgate.py): no trial, nothing pending, the same calls served."""
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.explain import Explainer
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.trace import load_trace
@@ -256,7 +256,7 @@ def test_gpt2_decode_ops_at_an_unseen_prompt_length_are_class_hits(tmp_path):
     and every cat is a hit of a class kernel, and the tokens equal eager's."""
     import aoti_farm
     from aoti_farm import shapes as SH
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.cli import main
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.runtime import install

@@ -19,9 +19,9 @@ import sys
 import pytest
 import torch
 
-from aoti_farm import missq
+from aoti_farm.cache import queue as missq
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.errors import UserError
 from aoti_farm.runtime import install, launch
 

@@ -16,8 +16,8 @@ import os
 import pytest
 import ray
 
-from aoti_farm import leases
-from aoti_farm.cache import Cache
+from aoti_farm.cache import leases
+from aoti_farm.cache.store import Cache
 from aoti_farm.config import FarmConfig
 from aoti_farm.fingerprint import fingerprint
 

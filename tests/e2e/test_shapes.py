@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from aoti_farm import dyncompile, shapes as SH, signature as S
-from aoti_farm.cache import BadEntry, Cache
+from aoti_farm.cache.store import BadEntry, Cache
 from aoti_farm.compiler import AOTICompiler
 from aoti_farm.fingerprint import fingerprint
 from aoti_farm.job import compile_and_publish
@@ -265,7 +265,8 @@ def test_cache_ls_shows_ranges_and_export_upstream_skips_class_entries(warmed, t
 
 
 def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed, tmp_path):
-    from aoti_farm import missq, widen
+    from aoti_farm import widen
+    from aoti_farm.cache import queue as missq
     from aoti_farm.runtime import install
 
     cache, fp, _ = warmed
@@ -328,7 +329,8 @@ def test_a_refused_widened_class_falls_back_to_the_exact_signature(warmed, tmp_p
 def test_serve_drains_a_widen_request_on_its_ray_pool(warmed, tmp_path):
     import threading
 
-    from aoti_farm import missq, widen
+    from aoti_farm import widen
+    from aoti_farm.cache import queue as missq
     from aoti_farm.config import FarmConfig, resolve
     from aoti_farm.workers.serve import serve
 

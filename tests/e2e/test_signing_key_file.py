@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.cache import BadEntry, Cache
+from aoti_farm.cache.store import BadEntry, Cache
 from aoti_farm.fingerprint import fingerprint
 
 KEY = b"fleet-secret-e2e"

@@ -27,7 +27,7 @@ import torch
 from aoti_farm import signature as S
 from aoti_farm import upstream as U
 from aoti_farm.cli import upstream_cmds
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 
 from conftest import sig_add_alpha, sig_mul
 
@@ -154,7 +154,7 @@ def test_backend_serves_warm_cache_and_waits_for_fleet_compile(warmed, tmp_path)
     os.rename(mul_dir, aside)  # "another worker" publishes it while upstream waits
     res = run_py(f"""
         import json, os, threading, time, torch
-        from aoti_farm import leases
+        from aoti_farm.cache import leases
         from aoti_farm.compiler import AOTICompiler
         from aoti_farm.runtime import enable_upstream_backend
         compiles = []

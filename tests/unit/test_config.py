@@ -8,7 +8,7 @@ import pytest
 
 from aoti_farm.config import FarmConfig, HookConfig, default_cache_dir, resolve
 from aoti_farm.errors import UserError
-from aoti_farm.leases import MAX_TTL
+from aoti_farm.cache.leases import MAX_TTL
 
 
 def test_precedence_cli_over_env_over_toml(tmp_path):

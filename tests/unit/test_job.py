@@ -10,9 +10,10 @@ import os
 import pytest
 import torch
 
-from aoti_farm import budget, job, leases
+from aoti_farm import budget, job
+from aoti_farm.cache import leases
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.fingerprint import fingerprint
 
 from doubles import TIMED_SPEED, ScriptedCompiler

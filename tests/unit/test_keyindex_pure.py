@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from aoti_farm.keyindex import OpGroup, category, field_diff
+from aoti_farm.cache.index import OpGroup, category, field_diff
 
 
 class _Ops(TorchDispatchMode):

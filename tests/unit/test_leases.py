@@ -1,4 +1,4 @@
-"""leases.py: one compiler per signature, on a real directory (no Ray, no compiles).
+"""cache/leases.py: one compiler per signature, on a real directory (no Ray, no compiles).
 
 Each test names one rule of the module docstring: exclusive create, heartbeat, staleness
 by mtime, take-over of stale and bad leases by exactly one contender, release of one's
@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from aoti_farm import leases, records
-from aoti_farm.cache import Cache
+from aoti_farm.cache import leases, records
+from aoti_farm.cache.store import Cache
 from aoti_farm.errors import FarmError
-from aoti_farm.records import BadRecord
+from aoti_farm.cache.records import BadRecord
 
 from _counters import assert_delta
 

@@ -1,4 +1,4 @@
-"""missq.py: the runtime miss queue, on a real directory (no hook, no compiles).
+"""cache/queue.py: the runtime miss queue, on a real directory (no hook, no compiles).
 
 Enqueue once per signature across writers, oldest first, the signature read back as it
 was written, and every kind of bad item refused (named, bounded, schema-checked).
@@ -14,11 +14,11 @@ import msgpack
 import pytest
 import torch
 
-from aoti_farm import missq
+from aoti_farm.cache import queue as missq
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.errors import FarmError
-from aoti_farm.records import BadRecord
+from aoti_farm.cache.records import BadRecord
 
 FP = "e" * 24
 

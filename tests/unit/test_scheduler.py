@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.workers.warm import plan
 from aoti_farm.fingerprint import fingerprint
 from aoti_farm.workers.placement import CPU, GPU, actor_options, pool_sizes, route

@@ -87,7 +87,7 @@ def test_the_miss_writer_keeps_to_the_caps_it_is_given(tmp_path):
     import torch
 
     from aoti_farm import signature as S
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.runtime.calls import Call
     from aoti_farm.runtime.misswriter import MissWriter
 
@@ -113,7 +113,7 @@ def test_the_miss_writer_keeps_to_the_caps_it_is_given(tmp_path):
 def test_private_checks_share_one_rule(tmp_path):
     """check_dir, check_file and open_append refuse the same things for the same reasons."""
     from aoti_farm import private
-    from aoti_farm.safeio import UnsafeFile
+    from aoti_farm.cache.safeio import UnsafeFile
 
     d = tmp_path / "d"
     d.mkdir(mode=0o700)

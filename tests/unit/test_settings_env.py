@@ -246,8 +246,8 @@ def test_the_cache_directorys_default_is_applied_in_one_place():
     without a resolved directory is a programming error, not a silent default)."""
     import pytest
 
-    from aoti_farm.cache import Cache
-    from aoti_farm.cachedir import open_cache
+    from aoti_farm.cache.store import Cache
+    from aoti_farm.cache.opening import open_cache
 
     callers = sorted(str(p.relative_to(REPO)) for folder in FOLDERS for p in (REPO / folder).rglob("*.py")
                      if "default_cache_dir(" in p.read_text())
@@ -264,7 +264,7 @@ def test_the_compile_worker_gets_its_hooks_budget_as_an_argument(tmp_path):
     import threading
     from types import SimpleNamespace
 
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.runtime.room import ThreadRoom
     from aoti_farm.runtime.supervisor import WorkerSupervisor
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from aoti_farm import config
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.config import FarmConfig, load_signing_key
 from aoti_farm.errors import UserError
 from aoti_farm.runtime.room import ThreadRoom
@@ -89,7 +89,7 @@ def test_a_compile_actor_takes_the_keys_path(tmp_path, monkeypatch):
         raysetup._key_file(FarmConfig(), signed)
     # the actor reads the file itself when it builds its cache (no compile here: doubles
     # for the compiler and the fingerprint, the real key read)
-    import aoti_farm.cache
+    import aoti_farm.cache.store
     import aoti_farm.fingerprint
 
     built = {}
@@ -98,7 +98,7 @@ def test_a_compile_actor_takes_the_keys_path(tmp_path, monkeypatch):
         def __init__(self, root, signing_key=None):
             built["key"] = signing_key
 
-    monkeypatch.setattr(aoti_farm.cache, "Cache", SpyCache)
+    monkeypatch.setattr(aoti_farm.cache.store, "Cache", SpyCache)
     monkeypatch.setattr(aoti_farm.fingerprint, "fingerprint", lambda device, options: SimpleNamespace(id="0" * 24))
     factory = lambda options: SimpleNamespace(options=lambda: {})   # noqa: E731
     CompileActor(str(tmp_path / "c"), signing_key_file=str(f), compiler_factory=factory)._setup()

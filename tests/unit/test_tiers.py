@@ -107,7 +107,7 @@ def test_the_check_finds_each_kind_of_e2e_use(source):
 
 
 def test_the_check_passes_a_plain_unit_test():
-    assert violations("import os\nimport torch\nfrom aoti_farm.cache import Cache\n"
+    assert violations("import os\nimport torch\nfrom aoti_farm.cache.store import Cache\n"
                       "def test_x(tmp_path, monkeypatch):\n    os.environ.get('X')\n    os.path.join('a')\n") == []
 
 

@@ -14,7 +14,7 @@ import torch
 from aoti_farm import signature as S
 from aoti_farm import upstream as U
 from aoti_farm.cli import upstream_cmds
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.errors import Ineligible, UserError
 
 from conftest import sig_add_alpha, sig_mul

@@ -205,7 +205,7 @@ class _BuggyCompiler:
 
 
 def test_a_bug_of_ours_is_recorded_once_with_its_traceback(tmp_path):
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.job import COUNTERS, compile_and_publish
     from aoti_farm.progress import bug_lines
@@ -239,7 +239,7 @@ def test_a_bug_of_ours_is_recorded_once_with_its_traceback(tmp_path):
 
 
 def test_cache_ls_failed_lists_only_failures(tmp_path, capsys):
-    from aoti_farm.cache import Cache
+    from aoti_farm.cache.store import Cache
     from aoti_farm.cli import main
     from aoti_farm.fingerprint import fingerprint
 
@@ -313,7 +313,7 @@ def test_entry_verified_threads_reads_old_and_new_manifests():
     manifest written before the field, None for CUDA."""
     from pathlib import Path
 
-    from aoti_farm.manifest import Entry
+    from aoti_farm.cache.manifest import Entry
 
     cpu = S.from_call(torch.ops.aten.mul.Tensor, (torch.empty(3, 5), torch.empty(3, 5)), {})
     cuda = _as_cuda(cpu)

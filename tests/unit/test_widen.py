@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from aoti_farm import missq, shapes as SH, signature as S, widen as W
-from aoti_farm.cache import Cache
+from aoti_farm import shapes as SH, signature as S, widen as W
+from aoti_farm.cache import queue as missq
+from aoti_farm.cache.store import Cache
 from aoti_farm.config import HookConfig, resolve
 from aoti_farm.errors import UserError
 from aoti_farm.fingerprint import fingerprint

@@ -1,7 +1,7 @@
-"""Names in the cache directory (see :mod:`aoti_farm.cache` for the layout): the format
+"""Names in the cache directory (see :mod:`aoti_farm.cache.store` for the layout): the format
 version, the entry's file names, and the checks that keep a key or fingerprint id read
 from a trace, manifest or queue file from ever naming a path.  Shared by the cache, its
-small records (:mod:`aoti_farm.records`) and the failure records (:mod:`aoti_farm.failrec`)."""
+small records (:mod:`aoti_farm.cache.records`) and the failure records (:mod:`aoti_farm.cache.failures`)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ What this assumes of the filesystem, written down:
 Leases only prevent duplicate *work*.  Correctness never depends on them: publishing is
 an atomic rename that the first writer wins, and every entry is verified.
 
-A lease is read bounded and schema-checked (:mod:`aoti_farm.records`): ``owner``,
+A lease is read bounded and schema-checked (:mod:`aoti_farm.cache.records`): ``owner``,
 ``host`` strings, ``pid`` an integer, ``taken`` a finite number, ``ttl`` a finite number
 in ``(0, MAX_TTL]``.  A lease that breaks that -- ``"ttl": Infinity`` or NaN, a FIFO, a
 link, a directory, a huge file -- is *bad*: it counts as expired (so it can never block a
@@ -44,10 +44,10 @@ from pathlib import Path
 
 import json
 
-from aoti_farm import records
-from aoti_farm.cache import Cache, check_key
+from aoti_farm.cache import records
+from aoti_farm.cache.store import Cache, check_key
 from aoti_farm.errors import FarmError
-from aoti_farm.records import BadRecord
+from aoti_farm.cache.records import BadRecord
 
 DEFAULT_TTL = 30.0
 #: The longest TTL a lease may carry (a longer one is bad: it would block a key for long).

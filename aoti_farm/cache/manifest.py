@@ -1,6 +1,6 @@
 """An entry's manifest: its decoding and shape checks, its HMAC, the hashes of its files,
 and :class:`Entry` (an entry that passed verification) / :class:`BadEntry` (one that did
-not, by kind).  :class:`aoti_farm.cache.Cache` publishes and opens entries with these."""
+not, by kind).  :class:`aoti_farm.cache.store.Cache` publishes and opens entries with these."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import msgpack
 
-from aoti_farm import safeio
+from aoti_farm.cache import safeio
 from aoti_farm.errors import FarmError
-from aoti_farm.layout import CACHE_FORMAT, KERNEL, MANIFEST
-from aoti_farm.safeio import PrivateCopy, UnsafeFile
+from aoti_farm.cache.layout import CACHE_FORMAT, KERNEL, MANIFEST
+from aoti_farm.cache.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
 #: A file name an entry may hold.
@@ -47,7 +47,7 @@ def sign(manifest: dict, key: bytes) -> str:
 class Entry:
     """A verified entry.
 
-    ``kernel`` (when opened with ``private=True``) is a :class:`~aoti_farm.safeio.PrivateCopy`
+    ``kernel`` (when opened with ``private=True``) is a :class:`~aoti_farm.cache.safeio.PrivateCopy`
     of ``kernel.so`` holding exactly the bytes whose sha256 was checked: load
     ``kernel.path``, then ``close()`` the entry.  ``kernel_path`` is the shared file, for
     tools that copy it (with a hash check); never load it."""

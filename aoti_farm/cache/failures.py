@@ -2,11 +2,11 @@
 
 A signature that fails to compile or to verify deterministically gets a record (reason,
 evidence, attempts) so that no worker compiles it again; ``aoti-farm cache rm --failed``
-clears them.  :class:`aoti_farm.cache.Cache` keeps its ``record_failure`` / ``failure`` /
+clears them.  :class:`aoti_farm.cache.store.Cache` keeps its ``record_failure`` / ``failure`` /
 ``failed_keys`` / ``remove_failures`` methods; they delegate here (``cache`` below is that
 Cache; this module does not import it, so the two never import each other).
 
-Like every shared record (see :mod:`aoti_farm.records`), a record is written and read
+Like every shared record (see :mod:`aoti_farm.cache.records`), a record is written and read
 through directory descriptors that never follow a link, read bounded (a regular file of
 at most 1 MiB, opened non-blocking: a FIFO or a link to ``/dev/zero`` costs nothing) and
 checked against its schema (``format``, ``key`` equal to the file's, ``reason`` a string,
@@ -26,12 +26,12 @@ import uuid
 
 import msgpack
 
-from aoti_farm import records
-from aoti_farm.layout import CACHE_FORMAT, check_key
-from aoti_farm.layout import msgpack_default as _default
+from aoti_farm.cache import records
+from aoti_farm.cache.layout import CACHE_FORMAT, check_key
+from aoti_farm.cache.layout import msgpack_default as _default
 from aoti_farm.errors import FarmError
 from aoti_farm.fingerprint import Fingerprint
-from aoti_farm.records import BadRecord
+from aoti_farm.cache.records import BadRecord
 from aoti_farm.signature import Signature
 
 SUFFIX = ".msgpack"

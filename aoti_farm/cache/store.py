@@ -10,8 +10,8 @@ Layout (``<root>`` is ``--cache-dir``, ``$AOTI_FARM_CACHE_DIR`` or ``~/.cache/ao
         kernel.so                               the AOTInductor model-container library
         used                                    touched when a process loads it (LRU for gc)
     <root>/<fp>/failed/<k[:2]>/<key>.msgpack    a failure record (reason, evidence, attempts)
-    <root>/<fp>/leases/<key>.lease              who compiles it now (see leases.py)
-    <root>/<fp>/queue/<key>.msgpack             the runtime's miss queue (see missq.py)
+    <root>/<fp>/leases/<key>.lease              who compiles it now (see cache/leases.py)
+    <root>/<fp>/queue/<key>.msgpack             the runtime's miss queue (see cache/queue.py)
 
 ``<fp>`` is the fingerprint id, ``<key>`` the signature key (64 hex digits).
 
@@ -46,14 +46,14 @@ import msgpack
 
 from aoti_farm.config import load_signing_key  # noqa: F401 -- checks an explicit key; re-exported
 from aoti_farm.errors import FarmError, UserError
-from aoti_farm import safeio
+from aoti_farm.cache import safeio
 from aoti_farm.fingerprint import Fingerprint
 from aoti_farm.fsutil import atomic_write, fsync_dir  # noqa: F401 -- used by importers too
-from aoti_farm.layout import (  # noqa: F401 -- the cache's names, used by importers too
+from aoti_farm.cache.layout import (  # noqa: F401 -- the cache's names, used by importers too
     CACHE_FORMAT, FP_RE, KERNEL, KEY_RE, MANIFEST, check_fp, check_key, msgpack_default)
-from aoti_farm.manifest import (  # noqa: F401 -- Entry, BadEntry, sign, sha256_file: used by importers too
+from aoti_farm.cache.manifest import (  # noqa: F401 -- Entry, BadEntry, sign, sha256_file: used by importers too
     BAD_KIND, FILE_RE, BadEntry, Entry, decode_manifest, plain, sha256_fd, sha256_file, sign)
-from aoti_farm.safeio import PrivateCopy, UnsafeFile
+from aoti_farm.cache.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
 _KEY_RE, _FP_RE = KEY_RE, FP_RE
@@ -177,7 +177,7 @@ class Cache:
             fsync_dir(final.parent)
             # a stale failure record for this key is now obsolete
             try:
-                from aoti_farm import failrec
+                from aoti_farm.cache import failures as failrec
 
                 failrec.remove_key(self, fp.id, key)
             except (OSError, FarmError):
@@ -391,15 +391,15 @@ class Cache:
     # -- failures --------------------------------------------------------------------------
     def record_failure(self, fp: Fingerprint, sig: Signature, reason: str, *,
                        evidence: dict | None = None, attempts: int = 1) -> None:
-        """Record (or replace) a deterministic failure (see :mod:`aoti_farm.failrec`)."""
-        from aoti_farm import failrec
+        """Record (or replace) a deterministic failure (see :mod:`aoti_farm.cache.failures`)."""
+        from aoti_farm.cache import failures as failrec
 
         failrec.write(self, fp, sig, reason, evidence=evidence, attempts=attempts)
 
     def failure(self, fp_id: str, key: str) -> dict | None:
         """The failure record of ``key``, or None: none, or a bad one (unsafe, oversized,
         garbage, wrong schema -- counted, and skipped: the signature is not failed)."""
-        from aoti_farm import failrec, records
+        from aoti_farm.cache import failures as failrec, records
 
         try:
             return failrec.read(self, fp_id, key)
@@ -411,12 +411,12 @@ class Cache:
 
     def failed_keys(self, fp_id: str) -> set[str]:
         """Keys with a failure record file (read none: see :meth:`failure`)."""
-        from aoti_farm import failrec
+        from aoti_farm.cache import failures as failrec
 
         return failrec.scan(self, fp_id).keys
 
     def remove_failures(self, fp_id: str | None = None) -> int:
-        from aoti_farm import failrec
+        from aoti_farm.cache import failures as failrec
 
         n = 0
         for f in ([fp_id] if fp_id else self.fingerprint_ids()):

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from aoti_farm.cache import Cache
+from aoti_farm.cache.store import Cache
 from aoti_farm.errors import UserError
 
 _FP_NAME = re.compile(r"^[0-9a-f]{24}$")

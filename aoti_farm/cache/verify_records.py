@@ -3,7 +3,7 @@ records, ``fingerprint.json`` and the directories that hold them.
 
 Each bad thing is one item of verify's report (``what``, ``kind``, ``detail``); with
 ``repair`` it is removed -- never followed: a linked directory loses the link, not its
-target.  Every read is bounded (:mod:`aoti_farm.records`), so a FIFO, a link to
+target.  Every read is bounded (:mod:`aoti_farm.cache.records`), so a FIFO, a link to
 ``/dev/zero`` or a huge sparse file costs a ``fstat``, never a hang or the memory.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import stat
 
-from aoti_farm import failrec, leases, missq, records, safeio
-from aoti_farm.cache import Cache
+from aoti_farm.cache import failures as failrec, leases, queue as missq, records, safeio
+from aoti_farm.cache.store import Cache
 from aoti_farm.errors import FarmError
-from aoti_farm.records import BadRecord
-from aoti_farm.safeio import UnsafeFile
+from aoti_farm.cache.records import BadRecord
+from aoti_farm.cache.safeio import UnsafeFile
 
 
 def check(cache: Cache, fp_id: str, *, repair: bool) -> list[dict]:

@@ -8,11 +8,11 @@ serving process's own background compile worker) removes a file once the signatu
 published or recorded as failing.
 
 Anyone who can write the queue directory can put anything there, so (see
-:mod:`aoti_farm.records`): the directory is walked without following links, for reading
+:mod:`aoti_farm.cache.records`): the directory is walked without following links, for reading
 and for writing; an item is read bounded (a regular file of at most 1 MiB, opened
 non-blocking) and checked against its schema (``signature``: a table that hashes to the
 file's key, ``key``: the file's key, ``time``: a finite number).  A bad item is a
-:class:`~aoti_farm.records.BadRecord`: its drainer counts and skips it, ``cache verify``
+:class:`~aoti_farm.cache.records.BadRecord`: its drainer counts and skips it, ``cache verify``
 reports it and ``--repair`` removes it (:func:`done`).
 """
 
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import msgpack
 
-from aoti_farm import records
-from aoti_farm.cache import Cache, check_key
-from aoti_farm.records import BadRecord, is_key
+from aoti_farm.cache import records
+from aoti_farm.cache.store import Cache, check_key
+from aoti_farm.cache.records import BadRecord, is_key
 from aoti_farm.signature import Signature, parse_signature
 
 SUFFIX = ".msgpack"

@@ -19,8 +19,8 @@ from typing import Any
 
 import msgpack
 
-from aoti_farm import safeio
-from aoti_farm.cache import MANIFEST, Cache
+from aoti_farm.cache import safeio
+from aoti_farm.cache.store import MANIFEST, Cache
 
 
 # --- flattened key fields ----------------------------------------------------------------------
