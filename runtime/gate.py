@@ -193,15 +193,27 @@ class Gate:
             if self._closed or key in self._decided or key in self._pending or key in self._queued:
                 return
             self._queued.add(key)
+            self._jobs.put((key, speed, trial, fp_id))   # under the lock: _run's exit check sees it
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="aoti-farm-gate", daemon=True)
                 self._thread.start()
-        self._jobs.put((key, speed, trial, fp_id))
 
     def _run(self) -> None:
+        """The trials' thread.  It exits as soon as its queue is empty (the next request
+        starts another): a thread that ran a parallel torch op keeps an OpenMP team of its
+        own while it lives, and while it does, libgomp counts more threads than cores and
+        makes every barrier of the program's own team sleep instead of spin.  That changes
+        the speed of every eager call in the process (on a loaded host, ten times faster or
+        slower), which a hook that serves nothing must not do."""
         while True:
-            job = self._jobs.get()
+            with self._lock:
+                if self._jobs.empty():
+                    self._thread = None
+                    return
+                job = self._jobs.get_nowait()
             if job is None:
+                with self._lock:
+                    self._thread = None
                 return
             key, speed, trial, fp_id = job
             try:
