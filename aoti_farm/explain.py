@@ -107,6 +107,11 @@ def _ratio(speed) -> float | None:
         return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 else None
 
 
+#: The note on a hit that this host has not timed (no decision kept in its memo).
+NOT_TIMED_HERE = ("not yet timed on this host: the hook times it against eager here first and serves it "
+                  "only where it wins (a trial on an overloaded host is not kept)")
+
+
 @dataclass
 class Explanation:
     index: int
@@ -252,7 +257,9 @@ class Explainer:
 
     def _on_this_host(self, ex: Explanation, fp_id: str, key: str) -> Explanation:
         """A hit as this host's gate decided it (``aoti_farm/hostgate.py``): "gated here"
-        where its on-host trial lost, a note where it won, unchanged where never tried."""
+        where its on-host trial lost, a note where it won, and where no decision is kept
+        (never tried here, or tried while the host was overloaded) a note that the hook
+        will time it here first."""
         if self.serve == "always":
             return ex
         if fp_id not in self._here:
@@ -260,7 +267,8 @@ class Explainer:
 
             self._here[fp_id] = hostgate.load(fp_id, self.cache.root)
         rec = self._here[fp_id].get(key)
-        if rec is None:
+        if rec is None:   # the compile host's record is a guess until this host has timed it
+            ex.details.append(NOT_TIMED_HERE)
             return ex
         here = (f"{rec['host_ratio']:.2f} of eager on this host, {rec['threads']} threads, "
                 f"decided {time.strftime('%Y-%m-%d %H:%M', time.localtime(rec['at']))}")

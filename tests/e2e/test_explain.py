@@ -22,6 +22,7 @@ from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
 from aoti_farm.cli import main
 from aoti_farm.compiler import AOTICompiler
+from aoti_farm.explain import NOT_TIMED_HERE
 from aoti_farm.fingerprint import Fingerprint, fingerprint
 from aoti_farm.job import compile_and_publish
 from aoti_farm.trace import Trace, TraceEntry, save_trace
@@ -256,6 +257,10 @@ def test_gated_here_from_this_hosts_kept_decisions(cache, tmp_path, capsys, monk
     shutil.copytree(cache.root, c2.root, symlinks=True)
     fp = fingerprint("cpu")
     t = write(tmp_path, [ADD, MUL])
+    # nothing decided here yet: a hit by the compile host's record, which says it is a guess
+    doc = run_json(capsys, "--trace", t, "--cache-dir", str(c2.root))
+    assert doc["signatures"][0]["outcome"] == "hit"
+    assert NOT_TIMED_HERE in doc["signatures"][0]["details"]
     # a real hook decides ADD on this host at install (runtime/pretrial.py) and keeps it
     hook = install(cache_dir=str(c2.root), on_miss="ignore", ops=["aten::add.Tensor"])
     try:
@@ -278,6 +283,7 @@ def test_gated_here_from_this_hosts_kept_decisions(cache, tmp_path, capsys, monk
         if ok:
             assert add["outcome"] == "hit" and any("faster here too (0.62 of eager on this host, 2 threads"
                                                    in d for d in add["details"])
+            assert NOT_TIMED_HERE not in add["details"]
         else:
             assert add["outcome"] == "gated here"
             assert add["reason"].startswith("gated here (1.31 of eager on this host, 2 threads")
