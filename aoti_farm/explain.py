@@ -323,8 +323,7 @@ class Explainer:
         ex.outcome = "hit"
         ex.reason = "exact entry published under this host's fingerprint"
         if times:
-            ex.details.append(times + ("" if self.serve == "always" else
-                                       f" <= {limit}; the hook confirms it on this host at the first call"))
+            ex.details.append(times + ("" if self.serve == "always" else f" <= {limit}"))
         ex.details += serving_conditions(m, ex.device)
         return self._on_this_host(ex, fp_id, ex.key)
 
