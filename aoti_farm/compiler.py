@@ -361,18 +361,9 @@ class AOTICompiler:
         timing["check"] = time.perf_counter() - t0
         samples = [{"at": env} for _sig, _seed, env in points]
         if self.measure_speed:
-            from aoti_farm.speed import time_against_eager
-
             t1 = time.perf_counter()
-            op = S.resolve_op(cls.op)
             for one, (sig, seed, _env) in zip(samples, points):
-                args, kwargs = S.materialize(sig, seed=seed)
-                tensors = flat_tensors(sig, args, kwargs)
-                m = time_against_eager(lambda: runner.run(tensors), lambda: op(*args, **kwargs),
-                                       "cuda" if cls.device == "cuda" else "cpu",
-                                       budget_s=dyncompile.SAMPLE_SPEED_BUDGET_S)
-                m.pop("calls", None)
-                one["speed"] = m
+                one["speed"] = _time_against_eager(runner, sig, seed, budget_s=dyncompile.SAMPLE_SPEED_BUDGET_S)
             timing["speed"] = time.perf_counter() - t1
         verification = {"ok": True, "samples": len(samples), "shapes": [s["at"] for s in samples],
                         "adversarial_cases": n_cases, "timing": {k: round(v, 4) for k, v in timing.items()}}
@@ -409,16 +400,7 @@ class AOTICompiler:
         t1 = time.perf_counter()
         out["timing"] = {"check": round(t1 - t0, 4)}
         if self.measure_speed:
-            # the speed gate's compile-time half: same inputs, interleaved rounds (runtime/gate.py)
-            from aoti_farm.speed import time_against_eager
-
-            op = S.resolve_op(sig.op)
-            args, kwargs = S.materialize(sig, seed=1000)
-            tensors = flat_tensors(sig, args, kwargs)
-            m = time_against_eager(lambda: runner.run(tensors), lambda: op(*args, **kwargs),
-                                   "cuda" if device == "cuda" else "cpu")
-            m.pop("calls", None)
-            out["speed"] = m
+            out["speed"] = _time_against_eager(runner, sig, 1000)
             out["timing"]["speed"] = round(time.perf_counter() - t1, 4)
         return out
 
@@ -480,6 +462,21 @@ class AOTICompiler:
             if threads:
                 torch.set_num_threads(saved)
         return n_cases
+
+
+def _time_against_eager(runner, sig: S.Signature, seed: int, **kw) -> dict:
+    """The speed gate's compile-time half (``runtime/gate.py``): the kernel against eager
+    on the same inputs (``sig``'s at ``seed``), interleaved rounds; ``kw``:
+    :func:`aoti_farm.speed.time_against_eager`'s (``budget_s``)."""
+    from aoti_farm.speed import time_against_eager
+
+    op = S.resolve_op(sig.op)
+    args, kwargs = S.materialize(sig, seed=seed)
+    tensors = flat_tensors(sig, args, kwargs)
+    m = time_against_eager(lambda: runner.run(tensors), lambda: op(*args, **kwargs),
+                           "cuda" if sig.device == "cuda" else "cpu", **kw)
+    m.pop("calls", None)
+    return m
 
 
 def _abort_message(err: str) -> str | None:

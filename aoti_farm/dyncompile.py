@@ -106,7 +106,7 @@ def gate(cls: SH.ShapeClass, samples: list[dict], ratio: float) -> dict | None:
     if not timed:
         return None
     worst = max(timed, key=lambda s: s["speed"]["ratio"])
-    full = {n: [lo, hi] for n, lo, hi in cls.ranges}
+    full = ranges(cls)
     if worst["speed"]["ratio"] <= ratio:
         return {**_speed(worst), "serve_range": full, "worst_ratio": worst["speed"]["ratio"]}
     if len(cls.ranges) != 1:

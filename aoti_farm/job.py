@@ -90,7 +90,8 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
     if cls is None and cache.failure(fp.id, key) is not None:
         rec = cache.failure(fp.id, key) or {}
         return Outcome(key, FAILED, worker=worker, error=rec.get("reason"), evidence=rec.get("evidence") or {})
-    over = _over_budget(sig if cls is None else dyncompile.widest(cls), memory_budget, cls, outputs=False)
+    sized = sig if cls is None else dyncompile.widest(cls)   # what the memory budget is checked at
+    over = _over_budget(sized, memory_budget, cls, outputs=False)
     if over is not None:
         return Outcome(key, FAILED, worker=worker, error=over[0], evidence=over[1])
     cache.ensure(fp)
@@ -103,7 +104,7 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
         # re-check under the lease: someone may have published while we waited
         if cache.has_entry(fp.id, key):
             return _cached(cache, fp, key, cls, worker)
-        over = _over_budget(sig if cls is None else dyncompile.widest(cls), memory_budget, cls)
+        over = _over_budget(sized, memory_budget, cls)
         if over is not None:
             return Outcome(key, FAILED, worker=worker, error=over[0], evidence=over[1])
         if on_start is not None:
@@ -159,7 +160,7 @@ def _over_budget(sig: Signature, memory_budget: int | None, cls: ShapeClass | No
     """(reason, evidence) when ``sig`` is over the memory budget, else None.  An exact
     signature's refusal is counted (``budget.COUNTERS``); a class's names its widest shape
     and is not counted (its members are then checked, and counted, one by one)."""
-    over = budget.refusal(sig, memory_budget) if outputs else budget.refusal(sig, memory_budget, outputs=False)
+    over = budget.refusal(sig, memory_budget, outputs=outputs)
     if over is None:
         return None
     if cls is not None:

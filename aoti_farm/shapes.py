@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterable
 
 from aoti_farm import signature as S
@@ -183,7 +184,7 @@ class ShapeClass:
                 + [(f"arg{i}", list(a)) for i, a in enumerate(self.group)]
                 + [("dims", [list(d) for d in self.dims]), ("ranges", [list(r) for r in self.ranges])])
 
-    @property
+    @cached_property   # the fields are frozen: hashed once (the hook matches classes on its miss path)
     def key(self) -> str:
         return hashlib.sha256(S.canonical_bytes(self.key_fields())).hexdigest()
 
@@ -199,7 +200,7 @@ class ShapeClass:
     def symbols(self) -> dict[str, tuple[int, int]]:
         return {n: (lo, hi) for n, lo, hi in self.ranges}
 
-    @property
+    @cached_property   # derived from the frozen group: once (bind() reads it on every match)
     def strided(self) -> tuple:
         """Per tensor (in :func:`_tensors` order): whether it is strided (its pattern in
         ``dims`` is its sizes followed by its strides)."""

@@ -59,14 +59,12 @@ def trace(cls: SH.ShapeClass, module: torch.nn.Module, tensors: list) -> tuple[t
     try:
         fakes = _fakes(cls, tensors, mode, constraint)
     except Exception as e:  # noqa: BLE001 -- another torch's ShapeEnv, a pattern it refuses
-        raise Unsupported(f"fake inputs with symbolic strides failed: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
+        raise Unsupported(f"fake inputs with symbolic strides failed: {_why(e)}") from None
     with mode:
         try:
             gm = make_fx(lambda *ts: _outputs(module(*ts)), tracing_mode="real")(*fakes)
         except Exception as e:  # noqa: BLE001 -- a meta function that needs a concrete stride, ...
-            raise Unsupported(f"tracing with symbolic strides failed: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
+            raise Unsupported(f"tracing with symbolic strides failed: {_why(e)}") from None
     check(cls, fakes)
     return gm, tuple(fakes)
 
@@ -128,6 +126,11 @@ def check(cls: SH.ShapeClass, fakes) -> None:
         vr = bound_sympy(e, bounds)
         if not (vr.is_bool and vr.lower is sympy.true):
             raise Unsupported(f"the trace assumed {expr}, which does not hold across the class's ranges")
+
+
+def _why(e: BaseException) -> str:
+    """An exception as a refusal names it: its type and first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
 def _outputs(out) -> tuple:
