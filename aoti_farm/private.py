@@ -245,11 +245,19 @@ def inductor_cache_dir() -> str:
     return subdir("inductor")
 
 
-def use_inductor_cache() -> str:
+def use_inductor_cache(*, patch_torch: bool = True) -> str:
     """Make this process compile in a private Inductor cache: set
     ``TORCHINDUCTOR_CACHE_DIR`` (children inherit it) and point the places where torch
     ignores it at the same directory.  Idempotent; returns the directory.  Raises
     :class:`UnsafeFile` for an unsafe one.
+
+    ``patch_torch=False`` (a command's start, before it has imported torch): only the
+    variable and the directory's check, and the patch of whatever part of Inductor is
+    already imported; torch is not imported for it.  Every place that builds calls this
+    again with the default before it builds (:class:`aoti_farm.compiler.AOTICompiler`,
+    the split build's common object, the compile worker), so the patch is in force
+    wherever a header can be built; a command that imported torch here would pay that
+    import (seconds) ahead of its bytecode cache and of Ray's start.
 
     The places torch ignores the variable (torch 2.6-2.13): Inductor's ``default_cache_dir``
     (``$TMPDIR/torchinductor_<user>``) in ``torch._inductor.runtime.cache_dir_utils`` /
@@ -260,7 +268,7 @@ def use_inductor_cache() -> str:
     ``tests/e2e/test_drills_env_attacks.py`` drills the squatted-cache attack it closes."""
     d = inductor_cache_dir()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
-    _patch_torch_cache_dirs(d)
+    _patch_torch_cache_dirs(d, import_missing=patch_torch)
     return d
 
 
@@ -282,12 +290,13 @@ def inductor_cache_scope():
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
-def _patch_torch_cache_dirs(d: str) -> None:
+def _patch_torch_cache_dirs(d: str, import_missing: bool = True) -> None:
     """The one patch of a torch internal here: Inductor's ``default_cache_dir`` (in
     ``torch._inductor.runtime.cache_dir_utils``, ``runtime_utils`` and ``codecache``) returns
     ``$TORCHINDUCTOR_CACHE_DIR`` (else ``d``) instead of ``$TMPDIR/torchinductor_<user>``,
     and ``codecache._HEADER_DIR`` / ``_HEADER_LOCK_DIR`` (precompiled headers, computed at
-    import) move under ``d``.  Each is patched only when present.
+    import) move under ``d``.  Each is patched only when present; ``import_missing=False``
+    patches only the modules already imported (:func:`use_inductor_cache`).
 
     * Versions: the names above are those of torch 2.6 to 2.13; the differential test below
       runs on the installed torch (2.13.0 when written).  Other callers of
@@ -310,7 +319,7 @@ def _patch_torch_cache_dirs(d: str) -> None:
     for name in ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils",
                  "torch._inductor.codecache"):
         mod = sys.modules.get(name)
-        if mod is None and name != "torch._inductor.codecache":
+        if mod is None and import_missing and name != "torch._inductor.codecache":
             try:
                 __import__(name)
             except Exception:  # noqa: BLE001 -- a torch without it: nothing to patch

@@ -287,11 +287,12 @@ PRIVATE_INDUCTOR = ("warm", "serve", "compile-one")
 
 
 def _private_inductor(command: str) -> None:
-    """:func:`aoti_farm.private.use_inductor_cache`; an unsafe directory is a one-line error."""
+    """:func:`aoti_farm.private.use_inductor_cache` without importing torch (each place
+    that builds patches torch itself); an unsafe directory is a one-line error."""
     from aoti_farm import private
 
     try:
-        private.use_inductor_cache()
+        private.use_inductor_cache(patch_torch=False)
     except OSError as e:
         raise UserError(f"{command}: refusing an unsafe private directory: {e}") from None
 

@@ -14,10 +14,11 @@ gave 265 signatures (transformers 5.24, torch 2.13).
 Each run is a fresh `aoti-farm warm` process with a fresh cache, a fresh Inductor cache
 (TORCHINDUCTOR_CACHE_DIR) and fresh host memos (XDG_CACHE_HOME: the ISA and loader
 memos): each pays the ISA probe, the split build's common object
-and the loader probe once.  Inductor's precompiled headers live outside its cache
-directory (``<tempdir>/torchinductor_<user>/precompiled_headers``); they are built once
-before the runs, so every run finds them (``--fresh-headers``: a fresh temp dir per run,
-so each run builds them too, as on a brand-new host).  Runs are sequential, W=all first.
+and the loader probe once.  Inductor's precompiled headers (in the farm's private Inductor
+cache, ``<TORCHINDUCTOR_CACHE_DIR>/precompiled_headers``: see ``aoti_farm/private.py``) are
+built once before the runs and copied into each run's fresh Inductor cache, so every run
+finds them, as every warm after a host's first does (``--fresh-headers``: each run builds
+them too, as on a brand-new host).  Runs are sequential, W=all first.
 
 Reported per run, from the CLI process's wall time and its --report timeline:
 wall; time to Ray up; time until every actor is ready (from the process start and from
@@ -38,6 +39,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -162,6 +164,10 @@ def prebuild_headers(work: Path) -> dict:
                         "print(json.dumps(prepare()['status']))"], env=env, capture_output=True, text=True,
                        timeout=1800)
     out = {"seconds": round(time.time() - t0, 1), "rc": p.returncode, "out": p.stdout.strip()[-200:]}
+    if out["out"] != '"prepared"':
+        out["stderr"] = p.stderr.strip()[-400:]
+    hdr = d / "inductor" / "precompiled_headers"
+    out["headers"] = str(hdr) if hdr.is_dir() else None
     c = subprocess.run([sys.executable, "-c", _CAPTURE_FARM_COMPILE, str(d / "captured")], env=env,
                        capture_output=True, text=True, timeout=1800)
     try:
@@ -183,6 +189,8 @@ def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict |
            "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     if fresh_headers:
         env["TMPDIR"] = str(d / "tmp")
+    elif (work / "headers" / "inductor" / "precompiled_headers").is_dir():   # prebuild_headers'
+        shutil.copytree(work / "headers" / "inductor" / "precompiled_headers", d / "inductor" / "precompiled_headers")
     env.pop("AOTI_FARM_CACHE_DIR", None)
     cmd = [sys.executable, "-m", "aoti_farm", "warm", "--model", trace, "--cache-dir", str(d / "cache"),
            "--cpu-workers", str(workers), "--report", str(report)]

@@ -27,7 +27,7 @@ CHILD = textwrap.dedent("""
 
     mode, out = sys.argv[1], sys.argv[2]
     if mode == "unpatched":
-        private._patch_torch_cache_dirs = lambda d: None   # torch's own defaults, the rest as in the farm
+        private._patch_torch_cache_dirs = lambda d, import_missing=True: None   # torch's own defaults, the rest as in the farm
     compiler = AOTICompiler({}, measure_speed=False)
     import torch._inductor.codecache as cc
     from torch._inductor.runtime import cache_dir_utils, runtime_utils
@@ -86,3 +86,31 @@ def test_patch_changes_no_result_only_where_inductor_keeps_its_defaults(tmp_path
     for k in ("default_cache_dir", "codecache.default_cache_dir", "header_dir"):
         assert pdirs[k].startswith(private + "/"), (k, pdirs[k])
         assert udirs[k].startswith(torch_default), (k, udirs[k])
+
+
+START = textwrap.dedent("""
+    import json, sys
+    from aoti_farm.cli import _private_inductor
+    _private_inductor("warm")                  # what `aoti-farm warm` does first
+    torch_at_start = "torch" in sys.modules
+    from aoti_farm.compiler import AOTICompiler
+    AOTICompiler({}, measure_speed=False)      # a place that builds: patches torch itself
+    import torch._inductor.codecache as cc
+    from torch._inductor.runtime import runtime_utils
+    print(json.dumps({"torch_at_start": torch_at_start, "header_dir": cc._HEADER_DIR,
+                      "default_cache_dir": runtime_utils.default_cache_dir()}))
+""")
+
+
+def test_a_command_start_imports_no_torch_and_the_compile_path_is_still_patched(tmp_path):
+    """The command's start sets and checks the private cache without importing torch (its
+    import would come ahead of the bytecode cache and Ray's start); the compile path's
+    own call puts the patch in force before Inductor builds anything."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "TMPDIR": str(tmp_path)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    r = subprocess.run([sys.executable, "-c", START], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["torch_at_start"] is False
+    private = str(tmp_path / "xdg" / "aoti-farm-private") + "/"
+    assert got["header_dir"].startswith(private) and got["default_cache_dir"].startswith(private), got
