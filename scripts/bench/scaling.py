@@ -632,7 +632,7 @@ def summarise(out: dict, workers: list[int], log=print) -> None:
         log(f"\n[scaling] speed-up W=1 / W={wmax}: {out['speedup']:.2f}x; farm's own scaling "
             f"W1 / ({wmax} x W{wmax}): {out['farm_scaling']:.3f}")
     for r in runs:
-        log(f"\n[scaling] {r['label']}: actors' warm-up (s from process start: [start, duration]); host prep "
+        log(f"\n[scaling] {r['label']}: actors' warm-up (s from process start: [start, end]); host prep "
             f"{r.get('host_prep')}; ISA probe in a child {r.get('isa_child') or '-'}; bytecode cache "
             f"{r.get('pycache') or '-'}; marks {r.get('timeline_marks')}")
         for a in r.get("actor_timeline") or []:

@@ -115,7 +115,12 @@ def main(argv=None) -> int:
                 for d in parts}) != 1 or len({d["trace_sha256"] for d in parts}) != 1:
             raise SystemExit("startup_ab: --combine: the runs differ in host or trace; combine runs of one host and trace")
         res = {**parts[0], "runs": [r for d in parts for r in d["runs"]], "combined_from": a.combine}
-        res["mechanisms"] = sorted({m for d in parts for m in d["mechanisms"]}, key=list(MECHANISMS).index)
+        seen = {m for d in parts for m in d["mechanisms"]}
+        gone = sorted(seen - set(MECHANISMS))   # removed since: their "off" runs are not summarised
+        res["mechanisms"] = sorted(seen & set(MECHANISMS), key=list(MECHANISMS).index)
+        if gone:
+            res["removed_mechanisms"] = gone
+            print(f"[startup_ab] --combine: no longer mechanisms here, not summarised: {', '.join(gone)}")
     else:
         if not a.trace or not Path(a.trace).is_file():
             raise SystemExit(f"startup_ab: --trace {a.trace}: no such file; name a trace file (see the module doc)")
