@@ -150,6 +150,11 @@ print(json.dumps(got))
 """
 
 
+def prebuilt_headers(work: Path) -> Path:
+    """Where :func:`prebuild_headers` leaves the headers (its Inductor cache's)."""
+    return work / "headers" / "inductor" / "precompiled_headers"
+
+
 def prebuild_headers(work: Path) -> dict:
     """Build Inductor's precompiled headers (its global header directory) with one
     throwaway compile: throwaway Inductor cache, host memos and kernel.  Then one real
@@ -166,7 +171,7 @@ def prebuild_headers(work: Path) -> dict:
     out = {"seconds": round(time.time() - t0, 1), "rc": p.returncode, "out": p.stdout.strip()[-200:]}
     if out["out"] != '"prepared"':
         out["stderr"] = p.stderr.strip()[-400:]
-    hdr = d / "inductor" / "precompiled_headers"
+    hdr = prebuilt_headers(work)
     out["headers"] = str(hdr) if hdr.is_dir() else None
     c = subprocess.run([sys.executable, "-c", _CAPTURE_FARM_COMPILE, str(d / "captured")], env=env,
                        capture_output=True, text=True, timeout=1800)
@@ -189,8 +194,8 @@ def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict |
            "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     if fresh_headers:
         env["TMPDIR"] = str(d / "tmp")
-    elif (work / "headers" / "inductor" / "precompiled_headers").is_dir():   # prebuild_headers'
-        shutil.copytree(work / "headers" / "inductor" / "precompiled_headers", d / "inductor" / "precompiled_headers")
+    elif prebuilt_headers(work).is_dir():
+        shutil.copytree(prebuilt_headers(work), d / "inductor" / "precompiled_headers")
     env.pop("AOTI_FARM_CACHE_DIR", None)
     cmd = [sys.executable, "-m", "aoti_farm", "warm", "--model", trace, "--cache-dir", str(d / "cache"),
            "--cpu-workers", str(workers), "--report", str(report)]
