@@ -49,6 +49,7 @@ SWITCHES = {
 DEV = {
     "split_build": ("1", "aoti_farm.splitbuild: 0 builds the AOTI wrapper whole"),
     "isa_replay": ("1", "aoti_farm.fingerprint: 0 runs Inductor's own ISA checks in every process"),
+    "early_isa": ("1", "workers.warm: 0 starts a many-core host's ISA probe child after the traces are read"),
     "fork_server": ("auto", "workers.forkclient: 0 has each CPU actor import torch itself, 1 forks them also "
                             "on few cores"),
     "ray_dashboard": ("0", "workers.raysetup: 1 starts the embedded Ray's dashboard"),

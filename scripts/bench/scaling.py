@@ -39,6 +39,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -647,10 +648,29 @@ def summarise(out: dict, workers: list[int], log=print) -> None:
                 + f" ({hs.get('isa_checks_s', 0):.1f}s), isa lock wait {hs.get('isa_lock_wait_s', 0):.1f}s")
 
 
+def run_plan(workers: list[int], isa_replay_off_too: bool = False, also_env: list[str] | None = None,
+             rounds: int = 1) -> list[tuple[int, str, dict | None]]:
+    """The warms of one invocation, in order: ``(W, label, extra environment)``.  W
+    values largest first; each ``--also-env`` is W=max again with that one variable
+    (its label made safe as a directory name); more rounds repeat them all, each
+    round's order rotated by one so that no side always goes first (drift in the host's
+    state spreads over both sides of an A/B)."""
+    plan: list = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
+    wmax = max(workers)
+    if isa_replay_off_too:
+        plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_DEV": "isa_replay=0"}))
+    for i, kv in enumerate(also_env or []):   # A/B: W=max again with one variable set
+        name, _, value = kv.partition("=")
+        tag = re.sub(r"[^A-Za-z0-9.=-]+", "_", f"{name.lower().split('_')[-1]}-{value}")[-40:]
+        plan.insert(i, (wmax, f"w{wmax}-{tag}", {name: value}))
+    return [(w, label + (f"-r{k}" if k else ""), env) for k in range(max(1, rounds))
+            for w, label, env in plan[k % len(plan):] + plan[:k % len(plan)]]
+
+
 def bench(workers: list[int], work: Path, source: str = "auto", trace: str | None = None, unique: int | None = None,
           isa_replay_off_too: bool = False, log=print, fresh_headers: bool = False, save=None,
           also_env: list[str] | None = None, run_timeout: float = 3600, lengths: tuple = BERT_LENGTHS,
-          ceiling: bool = True) -> dict:
+          ceiling: bool = True, rounds: int = 1) -> dict:
     import common as C
 
     out: dict = {"machine": C.machine(), "fresh_headers": fresh_headers}
@@ -680,13 +700,7 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
                                            (out.get("headers_prebuilt") or {}).get("farm_compile"))
     runs = []
     out["runs"] = runs
-    plan = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
-    if isa_replay_off_too:
-        wmax = max(workers)
-        plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_DEV": "isa_replay=0"}))
-    for i, kv in enumerate(also_env or []):   # A/B: W=max again with one variable set
-        name, _, value = kv.partition("=")
-        plan.insert(i, (max(workers), f"w{max(workers)}-{name.lower().split('_')[-1]}-{value}", {name: value}))
+    plan = run_plan(workers, isa_replay_off_too, also_env, rounds)
     for w, label, env in plan:
         log(f"[scaling] warm W={w} ({label}) ...")
         r = run_warm(trace, w, work, label, env, fresh_headers=fresh_headers, timeout=run_timeout)
@@ -762,6 +776,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh-headers", action="store_true",
                     help="a fresh temp dir per run, so each run also builds Inductor's precompiled headers")
     ap.add_argument("--run-timeout", type=float, default=3600, help="seconds one warm may take (then: ps)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every warm this many times, the order rotated per round (A/B pairs in one run)")
     import common as C
 
     C.add_output_args(ap, "scaling")
@@ -794,6 +810,7 @@ def main(argv=None) -> int:
         return 0 if all(r.get("rc") == 0 for r in res["runs"]) else 1
     res = bench(workers, work, a.source, a.trace, a.unique or None, a.isa_replay_off_too,
                 fresh_headers=a.fresh_headers, save=save, also_env=a.also_env, run_timeout=a.run_timeout,
+                rounds=a.rounds,
                 lengths=tuple(int(x) for x in a.lengths.split(",") if x.strip()), ceiling=not a.no_ceiling)
     save(res)
     if out:
