@@ -652,7 +652,8 @@ def run_plan(workers: list[int], isa_replay_off_too: bool = False, also_env: lis
              rounds: int = 1) -> list[tuple[int, str, dict | None]]:
     """The warms of one invocation, in order: ``(W, label, extra environment)``.  W
     values largest first; each ``--also-env`` is W=max again with that one variable
-    (its label made safe as a directory name); more rounds repeat them all, each
+    (its label a short directory name: its number and the value's end; the run's
+    ``env`` names it in full); more rounds repeat them all, each
     round's order rotated by one so that no side always goes first (drift in the host's
     state spreads over both sides of an A/B)."""
     plan: list = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
@@ -661,8 +662,9 @@ def run_plan(workers: list[int], isa_replay_off_too: bool = False, also_env: lis
         plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_DEV": "isa_replay=0"}))
     for i, kv in enumerate(also_env or []):   # A/B: W=max again with one variable set
         name, _, value = kv.partition("=")
-        tag = re.sub(r"[^A-Za-z0-9.=-]+", "_", f"{name.lower().split('_')[-1]}-{value}")[-40:]
-        plan.insert(i, (wmax, f"w{wmax}-{tag}", {name: value}))
+        # short: Ray's socket paths under the run's directory must stay within 107 bytes
+        tag = re.sub(r"[^A-Za-z0-9.=-]+", "_", value)[-12:]
+        plan.insert(i, (wmax, f"w{wmax}-{i}{tag}", {name: value}))
     return [(w, label + (f"-r{k}" if k else ""), env) for k in range(max(1, rounds))
             for w, label, env in plan[k % len(plan):] + plan[:k % len(plan)]]
 
