@@ -127,7 +127,7 @@ def _read_memo(path: str) -> dict | None:
 #: memo; ``isa_lock_wait_s``: waiting for another process's probe).  Shown per actor in
 #: the warm report's timeline.
 _host_steps = {"isa_probe": 0, "isa_checks_run": 0, "isa_checks_s": 0.0, "isa_checks_replayed": 0,
-               "isa_lock_wait_s": 0.0}
+               "isa_lock_wait_s": 0.0, "isa_loads_fast": 0, "isa_loads_fallback": 0}
 _steps_lock = threading.Lock()
 
 
@@ -223,9 +223,17 @@ def _checks(cpu_vec_isa, record: dict | None = None, replay: dict | None = None)
                 record[key] = bool(ok)
         return ok
 
+    from aoti_farm.isaload import fast_loads
+
     cpu_vec_isa.VecISA.check_build = check_build
     try:
-        yield
+        with fast_loads(cpu_vec_isa) as stand:   # torch < 2.13: the load checks skip `import torch`
+            try:
+                yield
+            finally:
+                if stand is not None:
+                    _step("isa_loads_fast", stand.fast)
+                    _step("isa_loads_fallback", stand.fallback)
     finally:
         cpu_vec_isa.VecISA.check_build = orig
 
