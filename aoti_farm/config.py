@@ -49,7 +49,8 @@ SWITCHES = {
 DEV = {
     "split_build": ("1", "aoti_farm.splitbuild: 0 builds the AOTI wrapper whole"),
     "isa_replay": ("1", "aoti_farm.fingerprint: 0 runs Inductor's own ISA checks in every process"),
-    "isa_fast_load": ("1", "aoti_farm.isaload: 0 keeps torch < 2.13's `import torch` in each ISA load check"),
+    "fresh_isa": ("1", "workers.warm, aoti_farm.isaload: 0 starts a fresh many-core host's ISA probe after the "
+                       "traces are read, and keeps torch < 2.13's `import torch` in each of its load checks"),
     "fork_server": ("auto", "workers.forkclient: 0 has each CPU actor import torch itself, 1 forks them also "
                             "on few cores"),
     "ray_dashboard": ("0", "workers.raysetup: 1 starts the embedded Ray's dashboard"),
@@ -90,7 +91,7 @@ def dev(name: str, env: Mapping[str, str] | None = None) -> str:
 RETIRED = {
     **{old: f"{DEV_VAR}={key}={{value}}" for old, key in (
         ("AOTI_FARM_SPLIT_WRAPPER", "split_build"), ("AOTI_FARM_ISA_REPLAY", "isa_replay"),
-        ("AOTI_FARM_ISA_FAST_LOAD", "isa_fast_load"), ("AOTI_FARM_FORK_SERVER", "fork_server"),
+        ("AOTI_FARM_ISA_FAST_LOAD", "fresh_isa"), ("AOTI_FARM_FORK_SERVER", "fork_server"),
         ("AOTI_FARM_RAY_DASHBOARD", "ray_dashboard"))},
     "AOTI_FARM_SIGNING_KEY": "a key file: put the key in a file only you can write and set "
                              "AOTI_FARM_SIGNING_KEY_FILE (a key travels to child processes by path only)",

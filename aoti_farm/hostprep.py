@@ -146,7 +146,7 @@ def isa_memo_missing() -> bool:
     return fingerprint._read_memo(fingerprint._isa_memo_path()) is None
 
 
-def isa_in_child(timeout: float = 900.0) -> dict:
+class IsaChild:
     """A fresh host's ISA probe (:func:`aoti_farm.fingerprint.host_isa_memo`, with its
     check answers) in a child process (``python -m aoti_farm.hostprep --isa``), which
     writes the host's memo; the caller's own :func:`~aoti_farm.fingerprint.fingerprint`
@@ -154,22 +154,63 @@ def isa_in_child(timeout: float = 900.0) -> dict:
     (6.3 s of compiling modules from source on the 16-core GPU host), holding the
     driver's interpreter lock while ``import ray`` and ``ray.init`` need it
     (``import ray`` 2.4 s and ``ray.init`` 6.7 s there, against 0.9 s and 5.1 s alone).
-    Never raises: ``{"status": "probed"|"failed", "seconds", ...}``; after a failure the
-    caller probes in-process as before (under the same lock)."""
-    import subprocess
-    import sys
 
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run([sys.executable, "-m", "aoti_farm.hostprep", "--isa"], capture_output=True, text=True,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
-        for line in reversed(p.stdout.splitlines()):
-            if line.startswith(_REPLY):
-                return {**json.loads(line[len(_REPLY):]), "seconds": time.perf_counter() - t0}
-        why = f"exit {p.returncode}: {' '.join((p.stderr or '').split())[-200:]}"
-    except (OSError, ValueError, subprocess.SubprocessError) as e:
-        why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-    return {"status": "failed", "seconds": time.perf_counter() - t0, "error": why}
+    The child starts when this object is made and is awaited by :meth:`result`, so that
+    ``warm`` can start it before its own imports (the child decides whether the host
+    still needs the probe: the memo's name needs torch).  A child whose answer is not
+    wanted (the command failed first) is stopped by :meth:`cancel`; the memo is written
+    by rename, so a stopped probe leaves none half-written."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        self.t0 = time.time()
+        self.end: float | None = None
+        self._answer: dict | None = None
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "aoti_farm.hostprep", "--isa"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          stdin=subprocess.DEVNULL)
+        except (OSError, ValueError) as e:
+            self._proc = None
+            self._answer = {"status": "failed", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+
+    def result(self, timeout: float = 900.0) -> dict:
+        """The child's answer (waits for it).  Never raises: ``{"status":
+        "probed"|"known"|"failed", "seconds", ...}``; after a failure the caller probes
+        in-process as before (under the same lock)."""
+        import subprocess
+
+        if self._answer is None:
+            try:
+                out, err = self._proc.communicate(timeout=timeout)
+                for line in reversed(out.splitlines()):
+                    if line.startswith(_REPLY):
+                        self._answer = json.loads(line[len(_REPLY):])
+                        break
+                else:
+                    self._answer = {"status": "failed",
+                                    "error": f"exit {self._proc.returncode}: {' '.join((err or '').split())[-200:]}"}
+            except (OSError, ValueError, subprocess.SubprocessError) as e:
+                self.cancel()
+                self._answer = {"status": "failed", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+            self.end = time.time()
+        return {**self._answer, "seconds": round((self.end or time.time()) - self.t0, 2)}
+
+    def cancel(self) -> None:
+        """Stop the child if it still runs (never raises)."""
+        try:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.communicate(timeout=30)
+        except Exception:  # noqa: BLE001 -- a child already gone
+            pass
+
+
+def isa_in_child(timeout: float = 900.0) -> dict:
+    """:class:`IsaChild`, started and awaited."""
+    return IsaChild().result(timeout)
 
 
 def _isa_main() -> dict:
@@ -179,9 +220,10 @@ def _isa_main() -> dict:
 
         t1 = time.perf_counter()
         memo = host_isa_memo(need_checks=True)
+        steps = host_steps()
         # where the child's time goes: torch (and aoti_farm), then the probe (Inductor's import, checks)
-        return {"status": "probed", "isa": memo.get("isa"), "steps": host_steps(),
-                "import_s": round(t1 - t0, 2), "probe_s": round(time.perf_counter() - t1, 2)}
+        return {"status": "probed" if steps.get("isa_probe") else "known", "isa": memo.get("isa"), "steps": steps,
+                "import_s": round(t1 - t0, 2), "probe_s": round(time.perf_counter() - t1, 2), "done_at": time.time()}
     except Exception as e:  # noqa: BLE001 -- told to the parent, which probes itself
         return {"status": "failed", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
 

@@ -29,7 +29,7 @@ import sys
 
 #: torch 2.13's load code on Linux (``VecISA._avx_py_load`` without its non-Linux import)
 LOAD_CODE = 'from ctypes import cdll\ncdll.LoadLibrary("__lib_path__")\n'
-DEV = "isa_fast_load"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
+DEV = "fresh_isa"   # its key in AOTI_FARM_DEV (aoti_farm/config.py), with warm's early ISA child
 from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 
 

@@ -179,13 +179,41 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
     return th
 
 
+def start_isa_probe(compiler_factory: Callable | None):
+    """At ``warm``'s start, on a many-core host, the planner's ISA probe in a child
+    (:class:`aoti_farm.hostprep.IsaChild`), before the driver reads the traces: reading
+    them imports torch, and the probe (Inductor's check builds) is the longest step
+    before the plan on a fresh host, so it should not wait for that import.  The child
+    finds the memo of a known host and exits.  None where it does not apply (fewer than
+    :data:`PREP_MIN_CORES` cores, a test double compiler, ``AOTI_FARM_DEV=fresh_isa=0``:
+    then :func:`isa_probe_in_child` starts it after the traces are read)."""
+    from aoti_farm import config
+
+    if compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES or config.dev("fresh_isa") == "0":
+        return None
+    from aoti_farm import hostprep
+
+    return hostprep.IsaChild()
+
+
+def await_isa_probe(isa, timeline: dict) -> None:
+    """Wait for :func:`start_isa_probe`'s child (None: nothing) and note it in the timeline."""
+    if isa is None:
+        return
+    out = isa.result()
+    done = out.get("done_at") if isinstance(out.get("done_at"), (int, float)) else isa.end   # the child's own end
+    timeline["isa_child"] = {"span": [isa.t0, done or time.time()],
+                             **{k: out.get(k) for k in ("status", "import_s", "probe_s", "steps", "error") if k in out}}
+
+
 def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None) -> dict | None:
     """On a fresh many-core host, the planner's ISA probe runs in a child
     (:func:`aoti_farm.hostprep.isa_in_child`) while this process starts Ray: probing here
     would import Inductor into the driver and hold its interpreter lock while ``import
     ray`` and ``ray.init`` need it.  None where it does not apply (the memo exists, fewer
     than :data:`PREP_MIN_CORES` cores, no CPU signature, a test double compiler);
-    otherwise the child's answer (a failed child: :func:`plan` probes here as before)."""
+    otherwise the child's answer (a failed child: :func:`plan` probes here as before).
+    The path of ``AOTI_FARM_DEV=fresh_isa=0`` (:func:`start_isa_probe` is the default)."""
     if n_cpu < 1 or compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES:
         return None
     from aoti_farm import hostprep
@@ -243,18 +271,21 @@ def _host_cpus() -> int:
 
 
 def isa_then_plan(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict,
-                  compiler_factory: Callable | None) -> Plan:
-    """:func:`plan`, after a fresh many-core host's ISA probe in a child
-    (:func:`isa_probe_in_child`)."""
-    isa = isa_probe_in_child(sure["cpu"], compiler_factory)
+                  compiler_factory: Callable | None, isa=None) -> Plan:
+    """:func:`plan`, after a many-core host's ISA probe in a child: ``isa``, the one
+    :func:`start_isa_probe` started, else :func:`isa_probe_in_child`'s."""
     if isa is not None:
-        timeline["isa_child"] = {"span": [isa.pop("t0"), time.time()],
-                                 **{k: isa.get(k) for k in ("status", "import_s", "probe_s", "steps") if k in isa}}
+        await_isa_probe(isa, timeline)
+    else:
+        out = isa_probe_in_child(sure["cpu"], compiler_factory)
+        if out is not None:
+            timeline["isa_child"] = {"span": [out.pop("t0"), time.time()],
+                                     **{k: out.get(k) for k in ("status", "import_s", "probe_s", "steps") if k in out}}
     return plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
 
 
 def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict, event: Callable,
-                         compiler_factory: Callable | None):
+                         compiler_factory: Callable | None, isa=None):
     """(plan, ray, started, scheduler, host-prep thread): :func:`plan` runs in a thread
     while this one starts Ray and an actor pool sized for the ``sure`` signatures (their
     warm-up starts at once); the host preparation starts as soon as the plan is known."""
@@ -266,7 +297,7 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
 
     def run() -> None:
         try:
-            box["plan"] = isa_then_plan(cfg, sigs, cache, sure, timeline, compiler_factory)
+            box["plan"] = isa_then_plan(cfg, sigs, cache, sure, timeline, compiler_factory, isa)
             if box["prep"] is None:
                 box["prep"] = start_host_prep(cfg, sum(t.kind == "cpu" for t in box["plan"].todo), timeline,
                                               compiler_factory)
@@ -324,14 +355,21 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     from aoti_farm import pycache
 
     timeline["pycache"] = pycache.apply(here=True)   # before any child starts (aoti_farm/pycache.py)
-    sigs = load_signatures(models)
-    cache = open_farm_cache(cfg, signing_key)
-    classes = None
-    if getattr(cfg, "dynamic", "off") == "auto":   # class compiles on the same pool (workers/classtasks.py)
-        from aoti_farm.workers.classtasks import ClassWork
+    # a many-core host's ISA probe starts now, in a child: reading the traces imports torch
+    isa = start_isa_probe(compiler_factory)
+    try:
+        sigs = load_signatures(models)
+        cache = open_farm_cache(cfg, signing_key)
+        classes = None
+        if getattr(cfg, "dynamic", "off") == "auto":   # class compiles on the same pool (workers/classtasks.py)
+            from aoti_farm.workers.classtasks import ClassWork
 
-        classes = ClassWork(cfg, cache, stream, plan)
-        sigs = classes.split(sigs)   # the members of classes to compile leave the exact plan
+            classes = ClassWork(cfg, cache, stream, plan)
+            sigs = classes.split(sigs)   # the members of classes to compile leave the exact plan
+    except BaseException:
+        if isa is not None:
+            isa.cancel()   # the command fails before its plan: the probe's answer is not wanted
+        raise
     timeline["loaded"] = time.time()
     progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
 
@@ -361,8 +399,9 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             # meanwhile (on a fresh host planning probes the CPU's vector ISA, ~10 s of
             # g++; Ray's start is mostly waiting, and the actors' imports overlap both).
             p, ray, started, sched, prep = _plan_while_starting(cfg, sigs, cache, sure, timeline, event,
-                                                                compiler_factory)
+                                                                compiler_factory, isa)
         else:
+            await_isa_probe(isa, timeline)
             p = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
             prep = start_host_prep(cfg, sum(t.kind == "cpu" for t in p.todo), timeline, compiler_factory)
         timeline["planned"] = time.time()
@@ -394,6 +433,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             results.update(sched.results)
             counters = sched.stats()
     finally:
+        if isa is not None:
+            isa.cancel()   # awaited by the plan; a plan that raised leaves it running
         if sched is not None:
             timeline["scheduler_done"] = time.time()
             sched.shutdown()

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 MECHANISMS = {
     "fork_server": {"AOTI_FARM_DEV": "fork_server=0"},
     "isa_replay": {"AOTI_FARM_DEV": "isa_replay=0"},
-    "isa_fast_load": {"AOTI_FARM_DEV": "isa_fast_load=0"},
+    "fresh_isa": {"AOTI_FARM_DEV": "fresh_isa=0"},
     "split_build": {"AOTI_FARM_DEV": "split_build=0"},
     "pycache": {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "<empty dir>"},
 }

@@ -217,3 +217,49 @@ def test_fresh_host_isa_probe_runs_in_a_child_not_in_the_warm_driver(tmp_path, m
     assert fingerprint.host_steps().get("isa_probe", 0) == probes_here   # ... this process did not
     assert warm.isa_probe_in_child(3, None) is None       # known host: nothing to do
     assert warm.isa_probe_in_child(0, None) is None
+
+
+@pytest.mark.parametrize("early", ["1", "0"])
+def test_warm_starts_the_isa_probe_child_before_reading_the_traces_and_stops_it_on_bad_input(
+        tmp_path, monkeypatch, early):
+    """Reading the traces imports torch (5 s on the 16-core host), and a fresh host's ISA
+    probe is the longest step before the plan: by default ``warm`` starts the probe's
+    child first (for real).  A trace that fails to load ends the command with its
+    one-line error, and the child is stopped, not left behind.  ``fresh_isa=0`` (the A/B
+    side) starts no child before the traces."""
+    from aoti_farm import hostprep, pycache
+    from aoti_farm.config import FarmConfig
+    from aoti_farm.errors import UserError
+    from aoti_farm.workers import warm
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("AOTI_FARM_DEV", f"fresh_isa={early}")
+    monkeypatch.setattr(warm, "PREP_MIN_CORES", 1)
+    monkeypatch.setattr(pycache, "apply", lambda here=False: None)   # not this test's subject
+    children: list = []
+
+    class Recorded(hostprep.IsaChild):
+        def __init__(self):
+            super().__init__()
+            children.append(self)
+
+    monkeypatch.setattr(hostprep, "IsaChild", Recorded)
+    seen: dict = {}
+    real_load = warm.load_signatures
+
+    def load(paths):
+        seen["children_at_load"] = [c._proc.poll() is None for c in children]
+        return real_load(paths)
+
+    monkeypatch.setattr(warm, "load_signatures", load)
+    bad = tmp_path / "trace.json"
+    bad.write_text("{not json")
+    with pytest.raises(UserError, match="trace.json"):
+        warm.warm(FarmConfig(cache_dir=str(tmp_path / "cache")), [str(bad)])
+    if early == "0":
+        assert children == [] and seen["children_at_load"] == []
+        return
+    assert seen["children_at_load"] == [True], seen          # started, and still running, before the traces
+    assert children[0]._proc.poll() is not None               # stopped with the command
+    memo_dir = tmp_path / "xdg"
+    assert not [p for p in memo_dir.rglob("*.tmp")], list(memo_dir.rglob("*"))

@@ -54,12 +54,12 @@ def test_run_plan_rotates_each_round_and_labels_are_directory_names():
     sys.path.insert(0, str(SCRIPT.parent))
     import scaling
 
-    plan = scaling.run_plan([16], also_env=["AOTI_FARM_DEV=early_isa=0", "PYTHONPATH=/w/.whl/old:/tmp/site"],
+    plan = scaling.run_plan([16], also_env=["AOTI_FARM_DEV=fresh_isa=0", "PYTHONPATH=/w/.whl/old:/tmp/site"],
                             rounds=3)
     labels = [label for _, label, _ in plan]
-    assert labels[:3] == ["w16-0early_isa=0", "w16-1old_tmp_site", "w16"]
-    assert labels[3:6] == ["w16-1old_tmp_site-r1", "w16-r1", "w16-0early_isa=0-r1"]
-    assert labels[6:9] == ["w16-r2", "w16-0early_isa=0-r2", "w16-1old_tmp_site-r2"]
+    assert labels[:3] == ["w16-0fresh_isa=0", "w16-1old_tmp_site", "w16"]
+    assert labels[3:6] == ["w16-1old_tmp_site-r1", "w16-r1", "w16-0fresh_isa=0-r1"]
+    assert labels[6:9] == ["w16-r2", "w16-0fresh_isa=0-r2", "w16-1old_tmp_site-r2"]
     assert all("/" not in label and len(label) <= 24 for label in labels) and len(set(labels)) == 9
     assert plan[1][2] == {"PYTHONPATH": "/w/.whl/old:/tmp/site"}
     assert [w for w, _, _ in scaling.run_plan([1, 16])] == [16, 1]
