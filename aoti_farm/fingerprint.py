@@ -35,6 +35,7 @@ from functools import lru_cache
 import msgpack
 import torch
 
+from aoti_farm import hostid
 from aoti_farm.fsutil import memo_dir
 
 FINGERPRINT_VERSION = 1
@@ -94,22 +95,8 @@ def _triton_version() -> str | None:
         return None
 
 
-def _cpu_id() -> str:
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "model name", "Features")):
-                    flags += line
-                    if line.startswith(("flags", "Features")):
-                        break
-    except OSError:
-        pass
-    return hashlib.sha256((platform.machine() + flags).encode()).hexdigest()[:16]
-
-
 def _isa_memo_path() -> str:
-    return os.path.join(memo_dir(), f"isa-{_cpu_id()}-{torch.version.git_version[:12]}.json")
+    return os.path.join(memo_dir(), hostid.isa_memo_name(torch.version.git_version))
 
 
 def _read_memo(path: str) -> dict | None:

@@ -139,6 +139,23 @@ def prepare_in_child(inductor_options: dict | None = None, timeout: float = 900.
 _REPLY = "aoti-farm-hostprep: "
 
 
+def isa_memo_known() -> bool:
+    """Whether this host has its ISA memo, decided without importing torch
+    (:mod:`aoti_farm.hostid`); False where it cannot tell."""
+    from aoti_farm import hostid
+    from aoti_farm.fsutil import memo_dir
+
+    git = hostid.torch_git_version()
+    if git is None:
+        return False
+    try:
+        with open(os.path.join(memo_dir(), hostid.isa_memo_name(git)), "rb") as f:
+            memo = json.loads(f.read(1 << 20))
+        return isinstance(memo, dict) and isinstance(memo.get("isa"), str)
+    except Exception:  # noqa: BLE001 -- unreadable, unsafe directory: not known
+        return False
+
+
 def isa_memo_missing() -> bool:
     """Whether this host has no ISA memo yet (a fresh host: :func:`isa_in_child` helps)."""
     from aoti_farm import fingerprint

@@ -2,11 +2,11 @@
 
 Each of Inductor's ISA checks (``VecISA.check_build``) builds a test library and then
 loads it in a child Python.  Before torch 2.13 that child runs ``import torch`` and then
-``cdll.LoadLibrary``.  On the 16-core GPU host (torch 2.11, torch imported from source)
-the import took 3-5 s per check.  The probe gated the plan and the first compile at 17 s.
-Torch 2.13 dropped the import on Linux: its child only loads the
-library, with torch's ``lib`` directory first on ``LD_LIBRARY_PATH``
-(``VecISA._build_probe_env``).
+``cdll.LoadLibrary``: seconds per check on a many-core host where all checks run at once,
+on the path to a fresh host's first plan (the probe gates the plan and every actor's
+fingerprint).  Torch 2.13 dropped the import on Linux (pytorch/pytorch#183515, after
+#140970): its child only loads the library, with torch's ``lib`` directory first on
+``LD_LIBRARY_PATH`` (``VecISA._build_probe_env``).
 
 :func:`fast_loads` does what 2.13 does for a torch whose load code still imports torch.
 While the block runs, ``torch._inductor.cpu_vec_isa.subprocess`` is a stand-in, and its
@@ -17,7 +17,10 @@ sooner, never a different "no".  Everything else goes to the real ``subprocess``
 Linux only; a torch whose load code has no ``import torch`` is left alone.
 
 Patch of a torch internal (``cpu_vec_isa.subprocess``, ``VecISA._avx_py_load``), checked
-against torch 2.11.  It can go once the farm requires torch >= 2.13.
+against torch 2.11 (and left alone by 2.13's load code).  It can go once the farm requires
+torch >= 2.13.  Measured together with ``warm``'s early start of the probe, as one
+mechanism (``AOTI_FARM_DEV=fresh_isa=0`` turns both off); the differential test
+``tests/e2e/test_isaload.py`` shows an answer is never a different "no".
 """
 
 from __future__ import annotations

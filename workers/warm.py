@@ -183,8 +183,9 @@ def start_isa_probe(compiler_factory: Callable | None):
     """At ``warm``'s start, on a many-core host, the planner's ISA probe in a child
     (:class:`aoti_farm.hostprep.IsaChild`), before the driver reads the traces: reading
     them imports torch, and the probe (Inductor's check builds) is the longest step
-    before the plan on a fresh host, so it should not wait for that import.  The child
-    finds the memo of a known host and exits.  None where it does not apply (fewer than
+    before the plan on a fresh host, so it should not wait for that import.  A known host
+    (its memo found without importing torch: :func:`aoti_farm.hostprep.isa_memo_known`)
+    starts none.  None where it does not apply (a known host, fewer than
     :data:`PREP_MIN_CORES` cores, a test double compiler, ``AOTI_FARM_DEV=fresh_isa=0``:
     then :func:`isa_probe_in_child` starts it after the traces are read)."""
     from aoti_farm import config
@@ -193,7 +194,7 @@ def start_isa_probe(compiler_factory: Callable | None):
         return None
     from aoti_farm import hostprep
 
-    return hostprep.IsaChild()
+    return None if hostprep.isa_memo_known() else hostprep.IsaChild()
 
 
 def await_isa_probe(isa, timeline: dict) -> None:

@@ -29,3 +29,57 @@ def test_no_early_verification_child_where_the_actor_has_the_preload_itself(tmp_
         assert verifyserver.stats()["started"] == before and not verifyserver._alive()
     finally:
         verifyserver.stop()
+
+
+def test_torch_git_version_is_read_without_importing_torch(tmp_path, monkeypatch):
+    """``warm`` decides whether to start a fresh host's ISA probe before anything has
+    imported torch: the memo's name needs torch's git version, read from the
+    ``version.py`` of the torch ``import torch`` would load.  Unsure is None."""
+    import importlib.util
+    import sys
+    from types import SimpleNamespace
+
+    import torch
+
+    from aoti_farm import hostid
+
+    monkeypatch.delitem(sys.modules, "torch.version")      # as if torch were not imported yet
+    assert hostid.torch_git_version() == torch.version.git_version   # the real torch's file
+    pkg = tmp_path / "torch"
+    pkg.mkdir()
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: SimpleNamespace(submodule_search_locations=[str(pkg)]))
+    (pkg / "version.py").write_text("__version__ = '9.9'\ngit_version = 'abcdef0123456789'\n")
+    assert hostid.torch_git_version() == "abcdef0123456789"
+    for text in ("git_version = version_from_somewhere()\n", "", "git_version = 'a\nb'\n"):
+        (pkg / "version.py").write_text(text)
+        assert hostid.torch_git_version() is None, text
+    (pkg / "version.py").unlink()
+    assert hostid.torch_git_version() is None
+
+
+def test_a_known_host_starts_no_isa_probe_child(tmp_path, monkeypatch):
+    """The memo found without torch is the one the fingerprint writes and reads: with it,
+    ``warm`` starts no probe child; without it (or a corrupt one) the host is not known."""
+    from aoti_farm import fingerprint, hostprep
+    from aoti_farm.workers import warm
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(warm, "PREP_MIN_CORES", 1)
+    monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
+    started = []
+    monkeypatch.setattr(hostprep, "IsaChild", lambda: started.append(1) or "child")
+    assert not hostprep.isa_memo_known()
+    assert warm.start_isa_probe(None) == "child" and started == [1]     # fresh host: the child starts
+    path = fingerprint._isa_memo_path()
+    with open(path, "w") as f:
+        f.write("{not json")
+    assert not hostprep.isa_memo_known()
+    with open(path, "w") as f:
+        f.write('{"isa": "avx2", "checks": {}}')
+    assert hostprep.isa_memo_known()
+    assert warm.start_isa_probe(None) is None and started == [1]         # known host: none
+    assert warm.start_isa_probe(lambda: None) is None                   # a test double compiler: none
+    monkeypatch.setattr(warm, "PREP_MIN_CORES", 10 ** 6)
+    monkeypatch.setattr(hostprep, "isa_memo_known", lambda: False)
+    assert warm.start_isa_probe(None) is None and started == [1]         # few cores: none
