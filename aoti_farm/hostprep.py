@@ -173,8 +173,8 @@ class IsaChild:
     (``import ray`` 2.4 s and ``ray.init`` 6.7 s there, against 0.9 s and 5.1 s alone).
 
     The child starts when this object is made and is awaited by :meth:`result`, so that
-    ``warm`` can start it before its own imports (the child decides whether the host
-    still needs the probe: the memo's name needs torch).  A child whose answer is not
+    ``warm`` can start it before its own imports (the child still finds a memo that
+    another process wrote meanwhile, and only reads it).  A child whose answer is not
     wanted (the command failed first) is stopped by :meth:`cancel`; the memo is written
     by rename, so a stopped probe leaves none half-written."""
 

@@ -197,9 +197,14 @@ def start_isa_probe(compiler_factory: Callable | None):
     return None if hostprep.isa_memo_known() else hostprep.IsaChild()
 
 
-def await_isa_probe(isa, timeline: dict) -> None:
-    """Wait for :func:`start_isa_probe`'s child (None: nothing) and note it in the timeline."""
-    if isa is None:
+def await_isa_probe(isa, sigs: list, timeline: dict) -> None:
+    """Wait for :func:`start_isa_probe`'s child (None: nothing) and note it in the
+    timeline, where the plan needs the CPU's fingerprint (a CPU signature in ``sigs``).
+    A job without one does not wait for a probe it started before it could know: the
+    child ends on its own (``warm`` stops it if the command ends first)."""
+    from aoti_farm.workers.placement import CPU, route
+
+    if isa is None or not any(route(s) == CPU for s in sigs):
         return
     out = isa.result()
     done = out.get("done_at") if isinstance(out.get("done_at"), (int, float)) else isa.end   # the child's own end
@@ -276,7 +281,7 @@ def isa_then_plan(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict
     """:func:`plan`, after a many-core host's ISA probe in a child: ``isa``, the one
     :func:`start_isa_probe` started, else :func:`isa_probe_in_child`'s."""
     if isa is not None:
-        await_isa_probe(isa, timeline)
+        await_isa_probe(isa, sigs, timeline)
     else:
         out = isa_probe_in_child(sure["cpu"], compiler_factory)
         if out is not None:
@@ -402,7 +407,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             p, ray, started, sched, prep = _plan_while_starting(cfg, sigs, cache, sure, timeline, event,
                                                                 compiler_factory, isa)
         else:
-            await_isa_probe(isa, timeline)
+            await_isa_probe(isa, sigs, timeline)
             p = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
             prep = start_host_prep(cfg, sum(t.kind == "cpu" for t in p.todo), timeline, compiler_factory)
         timeline["planned"] = time.time()
@@ -435,7 +440,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             counters = sched.stats()
     finally:
         if isa is not None:
-            isa.cancel()   # awaited by the plan; a plan that raised leaves it running
+            isa.cancel()   # done when the plan awaited it; else (no CPU signature, a plan that raised) stopped
         if sched is not None:
             timeline["scheduler_done"] = time.time()
             sched.shutdown()

@@ -83,3 +83,31 @@ def test_a_known_host_starts_no_isa_probe_child(tmp_path, monkeypatch):
     monkeypatch.setattr(warm, "PREP_MIN_CORES", 10 ** 6)
     monkeypatch.setattr(hostprep, "isa_memo_known", lambda: False)
     assert warm.start_isa_probe(None) is None and started == [1]         # few cores: none
+
+
+def test_the_plan_waits_for_the_early_isa_probe_only_where_it_needs_the_cpu_fingerprint():
+    """The probe starts before the traces are read; a job of CUDA signatures only (whose
+    fingerprints hold no CPU ISA) must not wait for it.  With a CPU signature the plan
+    waits and the timeline shows the child's span, ending where the child ended."""
+    from types import SimpleNamespace
+
+    from aoti_farm.workers import warm
+
+    class Child:
+        t0, end = 100.0, 130.0
+
+        def __init__(self):
+            self.waited = 0
+
+        def result(self):
+            self.waited += 1
+            return {"status": "probed", "probe_s": 8.0, "done_at": 112.5}
+
+    gpu, cpu = SimpleNamespace(device="cuda"), SimpleNamespace(device="cpu")
+    child, timeline = Child(), {}
+    warm.await_isa_probe(child, [gpu, gpu], timeline)
+    assert child.waited == 0 and timeline == {}
+    warm.await_isa_probe(child, [gpu, cpu], timeline)
+    assert child.waited == 1
+    assert timeline["isa_child"] == {"span": [100.0, 112.5], "status": "probed", "probe_s": 8.0}
+    warm.await_isa_probe(None, [cpu], timeline)   # no early child: nothing to wait for
