@@ -140,8 +140,9 @@ _REPLY = "aoti-farm-hostprep: "
 
 
 def isa_memo_known() -> bool:
-    """Whether this host has its ISA memo, decided without importing torch
-    (:mod:`aoti_farm.hostid`); False where it cannot tell."""
+    """Whether this host has its ISA memo (a fresh host has none: :class:`IsaChild`
+    helps), decided without importing torch (:mod:`aoti_farm.hostid`); False where it
+    cannot tell."""
     from aoti_farm import hostid
     from aoti_farm.fsutil import memo_dir
 
@@ -154,13 +155,6 @@ def isa_memo_known() -> bool:
         return isinstance(memo, dict) and isinstance(memo.get("isa"), str)
     except Exception:  # noqa: BLE001 -- unreadable, unsafe directory: not known
         return False
-
-
-def isa_memo_missing() -> bool:
-    """Whether this host has no ISA memo yet (a fresh host: :func:`isa_in_child` helps)."""
-    from aoti_farm import fingerprint
-
-    return fingerprint._read_memo(fingerprint._isa_memo_path()) is None
 
 
 class IsaChild:

@@ -224,7 +224,7 @@ def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None) -> dict | 
         return None
     from aoti_farm import hostprep
 
-    if not hostprep.isa_memo_missing():
+    if hostprep.isa_memo_known():
         return None
     t0 = time.time()
     return {**hostprep.isa_in_child(), "t0": t0}

@@ -206,12 +206,12 @@ def test_fresh_host_isa_probe_runs_in_a_child_not_in_the_warm_driver(tmp_path, m
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(warm, "PREP_MIN_CORES", 1)
-    assert hostprep.isa_memo_missing()
+    assert not hostprep.isa_memo_known()
     probes_here = fingerprint.host_steps().get("isa_probe", 0)
     out = warm.isa_probe_in_child(3, None)
     assert out is not None and out["status"] == "probed", out
     assert out["steps"].get("isa_probe") == 1          # the child probed ...
-    assert not hostprep.isa_memo_missing()
+    assert hostprep.isa_memo_known()
     memo = fingerprint.host_isa_memo(need_checks=True)   # ... and left a memo with its check answers
     assert memo["isa"] == out["isa"]
     assert fingerprint.host_steps().get("isa_probe", 0) == probes_here   # ... this process did not
