@@ -651,20 +651,20 @@ def summarise(out: dict, workers: list[int], log=print) -> None:
 def run_plan(workers: list[int], isa_replay_off_too: bool = False, also_env: list[str] | None = None,
              rounds: int = 1) -> list[tuple[int, str, dict | None]]:
     """The warms of one invocation, in order: ``(W, label, extra environment)``.  W
-    values largest first; each ``--also-env`` is W=max again with that one variable
-    (its label a short directory name: its number and the value's end; the run's
-    ``env`` names it in full); more rounds repeat them all, each
+    values largest first; each ``--also-env`` is W=max again with those variables
+    (``NAME=VALUE``, several joined by ``;``; its label a short directory name: its number
+    and the values' end; the run's ``env`` names them in full); more rounds repeat them all, each
     round's order rotated by one so that no side always goes first (drift in the host's
     state spreads over both sides of an A/B)."""
     plan: list = [(w, f"w{w}", None) for w in sorted(set(workers), reverse=True)]
     wmax = max(workers)
     if isa_replay_off_too:
         plan.insert(0, (wmax, f"w{wmax}-isa-replay-off", {"AOTI_FARM_DEV": "isa_replay=0"}))
-    for i, kv in enumerate(also_env or []):   # A/B: W=max again with one variable set
-        name, _, value = kv.partition("=")
+    for i, kv in enumerate(also_env or []):   # A/B: W=max again with these variables set
+        env = dict(p.partition("=")[::2] for p in kv.split(";") if p.strip())
         # short: Ray's socket paths under the run's directory must stay within 107 bytes
-        tag = re.sub(r"[^A-Za-z0-9.=-]+", "_", value)[-12:]
-        plan.insert(i, (wmax, f"w{wmax}-{i}{tag}", {name: value}))
+        tag = re.sub(r"[^A-Za-z0-9.=-]+", "_", ";".join(env.values()))[-12:]
+        plan.insert(i, (wmax, f"w{wmax}-{i}{tag}", env))
     return [(w, label + (f"-r{k}" if k else ""), env) for k in range(max(1, rounds))
             for w, label, env in plan[k % len(plan):] + plan[:k % len(plan)]]
 
@@ -773,8 +773,8 @@ def main(argv=None) -> int:
                     help="the tiny BERT's sequence lengths (more lengths, more signatures: a job for many cores)")
     ap.add_argument("--isa-replay-off-too", action="store_true",
                     help="also a W=max run with AOTI_FARM_DEV=isa_replay=0 (every actor runs Inductor's ISA checks)")
-    ap.add_argument("--also-env", action="append", default=[], metavar="NAME=VALUE",
-                    help="also a W=max run with NAME=VALUE in its environment (first; repeatable), an A/B")
+    ap.add_argument("--also-env", action="append", default=[], metavar="NAME=VALUE[;NAME=VALUE]",
+                    help="also a W=max run with these variables in its environment (first; repeatable), an A/B")
     ap.add_argument("--fresh-headers", action="store_true",
                     help="a fresh temp dir per run, so each run also builds Inductor's precompiled headers")
     ap.add_argument("--run-timeout", type=float, default=3600, help="seconds one warm may take (then: ps)")

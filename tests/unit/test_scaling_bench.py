@@ -62,4 +62,6 @@ def test_run_plan_rotates_each_round_and_labels_are_directory_names():
     assert labels[6:9] == ["w16-r2", "w16-0fresh_isa=0-r2", "w16-1old_tmp_site-r2"]
     assert all("/" not in label and len(label) <= 24 for label in labels) and len(set(labels)) == 9
     assert plan[1][2] == {"PYTHONPATH": "/w/.whl/old:/tmp/site"}
+    both = scaling.run_plan([16], also_env=["A_B=0;C_D=x=1"])   # several variables in one run
+    assert both[0][2] == {"A_B": "0", "C_D": "x=1"} and both[0][1] == "w16-00_x=1"
     assert [w for w, _, _ in scaling.run_plan([1, 16])] == [16, 1]
