@@ -99,13 +99,7 @@ def _isa_memo_path() -> str:
     return os.path.join(memo_dir(), hostid.isa_memo_name(torch.version.git_version))
 
 
-def _read_memo(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            memo = json.load(f)
-        return memo if isinstance(memo, dict) and isinstance(memo.get("isa"), str) else None
-    except (OSError, ValueError, TypeError):
-        return None
+_read_memo = hostid.read_isa_memo
 
 
 #: Per-host steps this process ran, and how long it waited for another process's

@@ -5,12 +5,14 @@ flags) and torch's git version.  ``warm`` asks whether it exists before anything
 imported torch (5 s on a many-core host's first start), to start a fresh host's ISA probe
 at once and no probe on a known host (:func:`aoti_farm.workers.warm.start_isa_probe`).
 :func:`torch_git_version` reads ``torch/version.py`` as text for that; where it cannot,
-callers treat the memo as unknown, which only costs the probe child's start.
+callers treat the memo as unknown, which only costs the probe child's start.  The memo
+is read here too (:func:`read_isa_memo`), for both: the same rule of what a memo is.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import re
@@ -34,6 +36,21 @@ def cpu_id() -> str:
 def isa_memo_name(git_version: str) -> str:
     """The ISA memo's file name in the memo directory, for torch of ``git_version``."""
     return f"isa-{cpu_id()}-{git_version[:12]}.json"
+
+
+#: The most bytes of an ISA memo read (a memo is a few KiB: the ISA and its check answers).
+MAX_MEMO_BYTES = 1 << 20
+
+
+def read_isa_memo(path: str) -> dict | None:
+    """The ISA memo at ``path`` (bounded read), or None where there is none or it is not
+    one (no ``"isa"`` string)."""
+    try:
+        with open(path, "rb") as f:
+            memo = json.loads(f.read(MAX_MEMO_BYTES))
+        return memo if isinstance(memo, dict) and isinstance(memo.get("isa"), str) else None
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 _GIT = re.compile(r"""^git_version\s*=\s*['"]([^'"\n]{1,64})['"]\s*$""", re.M)

@@ -150,10 +150,8 @@ def isa_memo_known() -> bool:
     if git is None:
         return False
     try:
-        with open(os.path.join(memo_dir(), hostid.isa_memo_name(git)), "rb") as f:
-            memo = json.loads(f.read(1 << 20))
-        return isinstance(memo, dict) and isinstance(memo.get("isa"), str)
-    except Exception:  # noqa: BLE001 -- unreadable, unsafe directory: not known
+        return hostid.read_isa_memo(os.path.join(memo_dir(), hostid.isa_memo_name(git))) is not None
+    except Exception:  # noqa: BLE001 -- an unsafe private directory (memo_dir raises): not known
         return False
 
 
@@ -217,11 +215,6 @@ class IsaChild:
                 self._proc.communicate(timeout=30)
         except Exception:  # noqa: BLE001 -- a child already gone
             pass
-
-
-def isa_in_child(timeout: float = 900.0) -> dict:
-    """:class:`IsaChild`, started and awaited."""
-    return IsaChild().result(timeout)
 
 
 def _isa_main() -> dict:

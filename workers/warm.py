@@ -179,29 +179,39 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
     return th
 
 
-def start_isa_probe(compiler_factory: Callable | None):
-    """At ``warm``'s start, on a many-core host, the planner's ISA probe in a child
-    (:class:`aoti_farm.hostprep.IsaChild`), before the driver reads the traces: reading
-    them imports torch, and the probe (Inductor's check builds) is the longest step
-    before the plan on a fresh host, so it should not wait for that import.  A known host
-    (its memo found without importing torch: :func:`aoti_farm.hostprep.isa_memo_known`)
-    starts none.  None where it does not apply (a known host, fewer than
-    :data:`PREP_MIN_CORES` cores, a test double compiler, ``AOTI_FARM_DEV=fresh_isa=0``:
-    then :func:`isa_probe_in_child` starts it after the traces are read)."""
-    from aoti_farm import config
-
-    if compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES or config.dev("fresh_isa") == "0":
+def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None):
+    """On a fresh many-core host, the planner's ISA probe in a child
+    (:class:`aoti_farm.hostprep.IsaChild`, started here, awaited by
+    :func:`await_isa_probe`) while this process starts Ray: probing here would import
+    Inductor into the driver and hold its interpreter lock while ``import ray`` and
+    ``ray.init`` need it.  None where it does not apply (no CPU signature, fewer than
+    :data:`PREP_MIN_CORES` cores, a test double compiler, a known host: its memo is
+    found without importing torch, :func:`aoti_farm.hostprep.isa_memo_known`); a failed
+    child: :func:`plan` probes here as before."""
+    if n_cpu < 1 or compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES:
         return None
     from aoti_farm import hostprep
 
     return None if hostprep.isa_memo_known() else hostprep.IsaChild()
 
 
+def start_isa_probe(compiler_factory: Callable | None):
+    """:func:`isa_probe_in_child` at ``warm``'s start, before the driver reads the traces:
+    reading them imports torch, and the probe (Inductor's check builds) is the longest
+    step before the plan on a fresh host, so it should not wait for that import.  The
+    job's CPU signatures are not known yet: it starts as if there were one (a job without
+    one does not wait for it).  ``AOTI_FARM_DEV=fresh_isa=0``: None, and
+    :func:`isa_then_plan` starts it after the traces are read."""
+    from aoti_farm import config
+
+    return None if config.dev("fresh_isa") == "0" else isa_probe_in_child(1, compiler_factory)
+
+
 def await_isa_probe(isa, sigs: list, timeline: dict) -> None:
-    """Wait for :func:`start_isa_probe`'s child (None: nothing) and note it in the
-    timeline, where the plan needs the CPU's fingerprint (a CPU signature in ``sigs``).
-    A job without one does not wait for a probe it started before it could know: the
-    child ends on its own (``warm`` stops it if the command ends first)."""
+    """Wait for the probe's child (None: nothing) and note it in the timeline, where the
+    plan needs the CPU's fingerprint (a CPU signature in ``sigs``).  A job without one
+    does not wait for a probe started before it could know: the child ends on its own
+    (``warm`` stops it if the command ends first)."""
     from aoti_farm.workers.placement import CPU, route
 
     if isa is None or not any(route(s) == CPU for s in sigs):
@@ -210,24 +220,6 @@ def await_isa_probe(isa, sigs: list, timeline: dict) -> None:
     done = out.get("done_at") if isinstance(out.get("done_at"), (int, float)) else isa.end   # the child's own end
     timeline["isa_child"] = {"span": [isa.t0, done or time.time()],
                              **{k: out.get(k) for k in ("status", "import_s", "probe_s", "steps", "error") if k in out}}
-
-
-def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None) -> dict | None:
-    """On a fresh many-core host, the planner's ISA probe runs in a child
-    (:func:`aoti_farm.hostprep.isa_in_child`) while this process starts Ray: probing here
-    would import Inductor into the driver and hold its interpreter lock while ``import
-    ray`` and ``ray.init`` need it.  None where it does not apply (the memo exists, fewer
-    than :data:`PREP_MIN_CORES` cores, no CPU signature, a test double compiler);
-    otherwise the child's answer (a failed child: :func:`plan` probes here as before).
-    The path of ``AOTI_FARM_DEV=fresh_isa=0`` (:func:`start_isa_probe` is the default)."""
-    if n_cpu < 1 or compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES:
-        return None
-    from aoti_farm import hostprep
-
-    if hostprep.isa_memo_known():
-        return None
-    t0 = time.time()
-    return {**hostprep.isa_in_child(), "t0": t0}
 
 
 def embedded_ray_args(cfg: FarmConfig, sigs: list, compiler_factory: Callable | None) -> dict:
@@ -279,14 +271,10 @@ def _host_cpus() -> int:
 def isa_then_plan(cfg: FarmConfig, sigs: list, cache, sure: dict, timeline: dict,
                   compiler_factory: Callable | None, isa=None) -> Plan:
     """:func:`plan`, after a many-core host's ISA probe in a child: ``isa``, the one
-    :func:`start_isa_probe` started, else :func:`isa_probe_in_child`'s."""
-    if isa is not None:
-        await_isa_probe(isa, sigs, timeline)
-    else:
-        out = isa_probe_in_child(sure["cpu"], compiler_factory)
-        if out is not None:
-            timeline["isa_child"] = {"span": [out.pop("t0"), time.time()],
-                                     **{k: out.get(k) for k in ("status", "import_s", "probe_s", "steps") if k in out}}
+    :func:`start_isa_probe` started, else one started now (:func:`isa_probe_in_child`)."""
+    if isa is None:
+        isa = isa_probe_in_child(sure["cpu"], compiler_factory)
+    await_isa_probe(isa, sigs, timeline)
     return plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
 
 

@@ -208,7 +208,8 @@ def test_fresh_host_isa_probe_runs_in_a_child_not_in_the_warm_driver(tmp_path, m
     monkeypatch.setattr(warm, "PREP_MIN_CORES", 1)
     assert not hostprep.isa_memo_known()
     probes_here = fingerprint.host_steps().get("isa_probe", 0)
-    out = warm.isa_probe_in_child(3, None)
+    child = warm.isa_probe_in_child(3, None)
+    out = child.result() if child is not None else None
     assert out is not None and out["status"] == "probed", out
     assert out["steps"].get("isa_probe") == 1          # the child probed ...
     assert hostprep.isa_memo_known()
