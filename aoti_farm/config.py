@@ -51,6 +51,7 @@ DEV = {
     "isa_replay": ("1", "aoti_farm.fingerprint: 0 runs Inductor's own ISA checks in every process"),
     "fresh_isa": ("1", "workers.warm, aoti_farm.isaload: 0 starts a fresh many-core host's ISA probe after the "
                        "traces are read, and keeps torch < 2.13's `import torch` in each of its load checks"),
+    "precompile": ("1", "aoti_farm.pyprecompile: 0 leaves a fresh bytecode cache to the importing processes"),
     "fork_server": ("auto", "workers.forkclient: 0 has each CPU actor import torch itself, 1 forks them also "
                             "on few cores"),
     "ray_dashboard": ("0", "workers.raysetup: 1 starts the embedded Ray's dashboard"),

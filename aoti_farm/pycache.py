@@ -9,7 +9,8 @@ module it imports from source: there, importing torch and the compile path took
 the loader probe's and the ISA checks' loaders, the host preparation).
 
 :func:`apply` gives the farm's child processes (and ``warm``'s driver) a bytecode cache of
-their own instead, so that only the first process compiles each module from source:
+their own instead, so that only the first process compiles each module from source (on
+a fresh host :mod:`aoti_farm.pyprecompile` fills it ahead of them):
 ``PYTHONPYCACHEPREFIX=<memo dir>/pycache`` and no ``PYTHONDONTWRITEBYTECODE`` in this
 process's environment, which every child it starts (Ray's workers, through the raylet)
 inherits.  Python then writes and reads ``.pyc`` files only under that private

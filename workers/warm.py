@@ -349,6 +349,10 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     from aoti_farm import pycache
 
     timeline["pycache"] = pycache.apply(here=True)   # before any child starts (aoti_farm/pycache.py)
+    from aoti_farm import pyprecompile
+
+    # a fresh bytecode cache: compile what every process here will import, in parallel, now
+    precompiled = pyprecompile.start(timeline["pycache"]) if compiler_factory is None else None
     # a many-core host's ISA probe starts now, in a child: reading the traces imports torch
     isa = start_isa_probe(compiler_factory)
     try:
@@ -363,6 +367,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
     except BaseException:
         if isa is not None:
             isa.cancel()   # the command fails before its plan: the probe's answer is not wanted
+        if precompiled is not None:
+            precompiled.cancel()
         raise
     timeline["loaded"] = time.time()
     progress = Progress(len(sigs), stream)   # p.total: every signature, deduped by key
@@ -437,6 +443,8 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             timeline["ray_shutdown"] = time.time()
         if prep is not None:
             prep.join(timeout=120)   # one compile, normally long done; never leave it half-way
+        if precompiled is not None:
+            timeline["precompile"] = precompiled.result()   # short-lived children, long done
     from aoti_farm.signature import describe
 
     rows = []

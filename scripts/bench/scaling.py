@@ -459,6 +459,7 @@ def analyse(rep: dict, launch: float) -> dict:
         "host_prep": {k: ([rel(x) for x in v] if k == "span" else v) for k, v in (tl.get("host_prep") or {}).items()},
         "isa_child": {k: ([rel(x) for x in v] if k == "span" else v) for k, v in (tl.get("isa_child") or {}).items()},
         "pycache": tl.get("pycache"),
+        "precompile": {k: ([rel(x) for x in v] if k == "span" else v) for k, v in (tl.get("precompile") or {}).items()},
         "actors": len(ws),
         # a forked actor is two processes: Ray's and its compiling copy
         "actor_processes": len(ws) + sum(1 for w in ws if (w.get("fork") or {}).get("pid")),
@@ -640,7 +641,8 @@ def summarise(out: dict, workers: list[int], log=print) -> None:
     for r in runs:
         log(f"\n[scaling] {r['label']}: actors' warm-up (s from process start: [start, end]); host prep "
             f"{r.get('host_prep')}; ISA probe in a child {r.get('isa_child') or '-'}; bytecode cache "
-            f"{r.get('pycache') or '-'}; marks {r.get('timeline_marks')}")
+            f"{r.get('pycache') or '-'}; bytecode precompiled {r.get('precompile') or '-'}; "
+            f"marks {r.get('timeline_marks')}")
         for a in r.get("actor_timeline") or []:
             hs = a.get("host_steps") or {}
             log(f"  pid {a['pid']}: ready {a['ready']}  " + " ".join(f"{k}={v}" for k, v in a["phases"].items())

@@ -33,6 +33,8 @@ ALLOWED = {
     ("aoti_farm/sandbox.py", "scrubbed_env"): CHILD + " (secrets removed)",
     ("workers/placement.py", "worker_env"): CHILD + " (the compile actors)",
     ("workers/raysetup.py", "start_ray"): CHILD + " (what an embedded Ray's workers inherit)",
+    ("aoti_farm/pyprecompile.py", "start"): CHILD + " (a bytecode compiler)",
+    ("aoti_farm/pyprecompile.py", "record"): CHILD + " (the list's recording warm, a developer's tool)",
     ("runtime/supervisor.py", "worker_env"): CHILD + " (the hook's compile worker)",
     ("workers/compile_actor.py", "info"): "reports the CUDA_VISIBLE_DEVICES its Ray worker was started with",
     ("runtime/launch.py", "_child_env"): CHILD + " (`aoti-farm run`'s program)",
