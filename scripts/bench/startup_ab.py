@@ -39,6 +39,7 @@ MECHANISMS = {
     "isa_replay": {"AOTI_FARM_DEV": "isa_replay=0"},
     "fresh_isa": {"AOTI_FARM_DEV": "fresh_isa=0"},
     "split_build": {"AOTI_FARM_DEV": "split_build=0"},
+    "precompile": {"AOTI_FARM_DEV": "precompile=0"},
     "pycache": {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "<empty dir>"},
 }
 

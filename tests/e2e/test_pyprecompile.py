@@ -100,3 +100,54 @@ def test_cancel_stops_the_children_and_leaves_no_partial_bytecode(tmp_path, monk
     assert all(p.poll() is not None for p in run.procs)
     assert not [f for f in prefix.rglob("*") if f.is_file() and not f.name.endswith(".pyc")]   # no temp file left
     run.cancel()   # twice: never raises
+
+
+def test_warm_starts_the_precompile_first_and_stops_it_on_bad_input(tmp_path, monkeypatch):
+    """``warm`` starts the children before anything imports torch (reading the traces
+    does), with the farm's bytecode cache as their prefix; a trace that fails to load
+    ends the command with its one-line error, and no child is left running."""
+    import pytest
+
+    from aoti_farm import pycache
+    from aoti_farm.config import FarmConfig
+    from aoti_farm.errors import UserError
+    from aoti_farm.workers import warm
+
+    src = tmp_path / "src"
+    (src / "pp_big").mkdir(parents=True)
+    (src / "pp_big" / "__init__.py").write_text("")
+    body = "".join(f"def f{i}(x):\n    return [x * {i} for _ in range({i})]\n" for i in range(60))
+    names = ["pp_big"] + [f"pp_big.m{i}" for i in range(1500)]   # seconds of compiling for one child
+    for n in names[1:]:
+        (src / "pp_big" / f"{n.split('.')[1]}.py").write_text(body)
+    (tmp_path / "list.txt").write_text("\n".join(names) + "\n")
+    monkeypatch.setattr(pyprecompile, "LIST", tmp_path / "list.txt")
+    monkeypatch.syspath_prepend(str(src))
+    monkeypatch.setattr(pyprecompile, "MIN_CORES", 1)
+    monkeypatch.setenv("AOTI_FARM_DEV", "fresh_isa=0")   # the ISA probe's child: another test's subject
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    monkeypatch.setattr(pycache, "apply", lambda here=False: str(prefix))
+    runs: list = []
+    real_start = pyprecompile.start
+
+    def start(p, n_cpu=None):
+        runs.append((p, real_start(p, n_cpu)))
+        return runs[-1][1]
+
+    monkeypatch.setattr(pyprecompile, "start", start)
+    seen: dict = {}
+    real_load = warm.load_signatures
+
+    def load(paths):
+        seen["started_before_load"] = [r is not None for _, r in runs]
+        return real_load(paths)
+
+    monkeypatch.setattr(warm, "load_signatures", load)
+    bad = tmp_path / "trace.json"
+    bad.write_text("{not json")
+    with pytest.raises(UserError, match="trace.json"):
+        warm.warm(FarmConfig(cache_dir=str(tmp_path / "cache")), [str(bad)])
+    assert seen["started_before_load"] == [True]
+    assert runs[0][0] == str(prefix)
+    assert all(p.poll() is not None for p in runs[0][1].procs)   # none left running
