@@ -256,6 +256,8 @@ def kind_of(argv: list[str]) -> str | None:
         return "ray python"          # log monitor, dashboard, the autoscaler monitor
     if "aoti_farm.workers.forkserver" in argv[1:4]:
         return "fork server"         # and its children, the actors' compiling copies (CpuSampler._scan)
+    if "aoti_farm.compiler" in argv[1:4] and "--serve" in argv:
+        return "verification children"   # an actor's long-lived one (aoti_farm/verifyserver.py)
     if "aoti_farm" in argv[1:4]:
         return "driver and its children"   # python -m aoti_farm warm ...
     return None
@@ -299,9 +301,12 @@ class CpuSampler:
                 self._seen.add(pid)
                 self.tree.append([int(pid), int(v[1]), kind, parent[0] if parent else None])
             # the fork server (both its stages) and its copies are reaped unwaited
-            # (workers/forkserver.py): each counts itself; a copy's compilers count in it
+            # (workers/forkserver.py): each counts itself; a copy's compilers count in it.
+            # An actor's verification child lives until the actor is killed at the end, so
+            # nobody reaps it either: it counts itself (one replaced after a crash is
+            # reaped, and counted twice: rare, a refused kernel that aborts its loader)
             if (parent and parent[0] in ("actors", "driver and its children") and kind not in self._DAEMONS
-                    and kind != "fork server" and parent[0] != "fork server"):
+                    and kind not in ("fork server", "verification children") and parent[0] != "fork server"):
                 self._procs.pop(pid, None)   # reaped by its parent: counted in the parent's children_s
                 continue
             if kind is None:
