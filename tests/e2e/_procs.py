@@ -64,3 +64,27 @@ def group(pgid: int) -> list[int]:
             if fields[0] != "Z" and int(fields[2]) == pgid:
                 out.append(int(d))
     return out
+
+
+def warm_on_a_bad_trace(tmp_path, monkeypatch, at_load) -> None:
+    """Run ``warm`` on a trace that fails to load, ``at_load()`` called as it starts
+    reading the traces (what ``warm`` started before them is running then); the command
+    must end with its one-line error naming the trace.  Checks on what it stopped are the
+    caller's."""
+    import pytest
+
+    from aoti_farm.config import FarmConfig
+    from aoti_farm.errors import UserError
+    from aoti_farm.workers import warm
+
+    real_load = warm.load_signatures
+
+    def load(paths):
+        at_load()
+        return real_load(paths)
+
+    monkeypatch.setattr(warm, "load_signatures", load)
+    bad = tmp_path / "trace.json"
+    bad.write_text("{not json")
+    with pytest.raises(UserError, match="trace.json"):
+        warm.warm(FarmConfig(cache_dir=str(tmp_path / "cache")), [str(bad)])

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from aoti_farm import pyprecompile
+from _procs import warm_on_a_bad_trace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,13 +38,19 @@ def _tree(tmp_path: Path) -> tuple[Path, list[str]]:
     return src, ["pp_pkg", "pp_pkg.sub"] + [f"pp_pkg.sub.m{i}" for i in range(6)]
 
 
-def test_the_children_write_the_bytecode_a_later_import_loads(tmp_path, monkeypatch):
-    src, names = _tree(tmp_path)
-    (tmp_path / "list.txt").write_text("# a comment\n" + "\n".join(names) + "\n")
+def _listed(tmp_path: Path, monkeypatch, src: Path, names: list[str], header: str = "") -> Path:
+    """``names`` (modules under ``src``) as the module's list; returns an empty prefix."""
+    (tmp_path / "list.txt").write_text(header + "\n".join(names) + "\n")
     monkeypatch.setattr(pyprecompile, "LIST", tmp_path / "list.txt")
     monkeypatch.syspath_prepend(str(src))
     prefix = tmp_path / "prefix"
     prefix.mkdir()
+    return prefix
+
+
+def test_the_children_write_the_bytecode_a_later_import_loads(tmp_path, monkeypatch):
+    src, names = _tree(tmp_path)
+    prefix = _listed(tmp_path, monkeypatch, src, names, header="# a comment\n")
     run = pyprecompile.start(str(prefix), n_cpu=4)
     assert run is not None
     res = run.result()
@@ -89,11 +96,7 @@ def test_cancel_stops_the_children_and_leaves_no_partial_bytecode(tmp_path, monk
     """``warm`` cancels the children when it fails before its plan (a bad trace): none
     may outlive the command, and what they wrote is whole bytecode or nothing."""
     src, names = _tree(tmp_path)
-    (tmp_path / "list.txt").write_text("\n".join(names) + "\n")
-    monkeypatch.setattr(pyprecompile, "LIST", tmp_path / "list.txt")
-    monkeypatch.syspath_prepend(str(src))
-    prefix = tmp_path / "prefix"
-    prefix.mkdir()
+    prefix = _listed(tmp_path, monkeypatch, src, names)
     run = pyprecompile.start(str(prefix), n_cpu=4)
     assert run is not None
     run.cancel()
@@ -106,12 +109,7 @@ def test_warm_starts_the_precompile_first_and_stops_it_on_bad_input(tmp_path, mo
     """``warm`` starts the children before anything imports torch (reading the traces
     does), with the farm's bytecode cache as their prefix; a trace that fails to load
     ends the command with its one-line error, and no child is left running."""
-    import pytest
-
     from aoti_farm import pycache
-    from aoti_farm.config import FarmConfig
-    from aoti_farm.errors import UserError
-    from aoti_farm.workers import warm
 
     src = tmp_path / "src"
     (src / "pp_big").mkdir(parents=True)
@@ -120,34 +118,15 @@ def test_warm_starts_the_precompile_first_and_stops_it_on_bad_input(tmp_path, mo
     names = ["pp_big"] + [f"pp_big.m{i}" for i in range(1500)]   # seconds of compiling for one child
     for n in names[1:]:
         (src / "pp_big" / f"{n.split('.')[1]}.py").write_text(body)
-    (tmp_path / "list.txt").write_text("\n".join(names) + "\n")
-    monkeypatch.setattr(pyprecompile, "LIST", tmp_path / "list.txt")
-    monkeypatch.syspath_prepend(str(src))
+    prefix = _listed(tmp_path, monkeypatch, src, names)
     monkeypatch.setattr(pyprecompile, "MIN_CORES", 1)
     monkeypatch.setenv("AOTI_FARM_DEV", "fresh_isa=0")   # the ISA probe's child: another test's subject
-    prefix = tmp_path / "prefix"
-    prefix.mkdir()
     monkeypatch.setattr(pycache, "apply", lambda here=False: str(prefix))
     runs: list = []
     real_start = pyprecompile.start
-
-    def start(p, n_cpu=None):
-        runs.append((p, real_start(p, n_cpu)))
-        return runs[-1][1]
-
-    monkeypatch.setattr(pyprecompile, "start", start)
+    monkeypatch.setattr(pyprecompile, "start", lambda p, n_cpu=None: runs.append((p, real_start(p, n_cpu))) or runs[-1][1])
     seen: dict = {}
-    real_load = warm.load_signatures
-
-    def load(paths):
-        seen["started_before_load"] = [r is not None for _, r in runs]
-        return real_load(paths)
-
-    monkeypatch.setattr(warm, "load_signatures", load)
-    bad = tmp_path / "trace.json"
-    bad.write_text("{not json")
-    with pytest.raises(UserError, match="trace.json"):
-        warm.warm(FarmConfig(cache_dir=str(tmp_path / "cache")), [str(bad)])
+    warm_on_a_bad_trace(tmp_path, monkeypatch, lambda: seen.update(started_before_load=[r is not None for _, r in runs]))
     assert seen["started_before_load"] == [True]
     assert runs[0][0] == str(prefix)
     assert all(p.poll() is not None for p in runs[0][1].procs)   # none left running

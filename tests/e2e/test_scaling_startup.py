@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _procs import warm_on_a_bad_trace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -229,8 +230,6 @@ def test_warm_starts_the_isa_probe_child_before_reading_the_traces_and_stops_it_
     one-line error, and the child is stopped, not left behind.  ``fresh_isa=0`` (the A/B
     side) starts no child before the traces."""
     from aoti_farm import hostprep, pycache
-    from aoti_farm.config import FarmConfig
-    from aoti_farm.errors import UserError
     from aoti_farm.workers import warm
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -246,17 +245,8 @@ def test_warm_starts_the_isa_probe_child_before_reading_the_traces_and_stops_it_
 
     monkeypatch.setattr(hostprep, "IsaChild", Recorded)
     seen: dict = {}
-    real_load = warm.load_signatures
-
-    def load(paths):
-        seen["children_at_load"] = [c._proc.poll() is None for c in children]
-        return real_load(paths)
-
-    monkeypatch.setattr(warm, "load_signatures", load)
-    bad = tmp_path / "trace.json"
-    bad.write_text("{not json")
-    with pytest.raises(UserError, match="trace.json"):
-        warm.warm(FarmConfig(cache_dir=str(tmp_path / "cache")), [str(bad)])
+    warm_on_a_bad_trace(tmp_path, monkeypatch,
+                        lambda: seen.update(children_at_load=[c._proc.poll() is None for c in children]))
     if early == "0":
         assert children == [] and seen["children_at_load"] == []
         return
