@@ -36,7 +36,6 @@ import msgpack
 import torch
 
 from aoti_farm import hostid
-from aoti_farm.fsutil import memo_dir
 
 FINGERPRINT_VERSION = 1
 
@@ -96,7 +95,7 @@ def _triton_version() -> str | None:
 
 
 def _isa_memo_path() -> str:
-    return os.path.join(memo_dir(), hostid.isa_memo_name(torch.version.git_version))
+    return hostid.isa_memo_path(torch.version.git_version)
 
 
 _read_memo = hostid.read_isa_memo

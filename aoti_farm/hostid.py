@@ -33,9 +33,12 @@ def cpu_id() -> str:
     return hashlib.sha256((platform.machine() + flags).encode()).hexdigest()[:16]
 
 
-def isa_memo_name(git_version: str) -> str:
-    """The ISA memo's file name in the memo directory, for torch of ``git_version``."""
-    return f"isa-{cpu_id()}-{git_version[:12]}.json"
+def isa_memo_path(git_version: str) -> str:
+    """The ISA memo's path in this user's memo directory, for torch of ``git_version``
+    (raises where that directory is not private: :func:`aoti_farm.fsutil.memo_dir`)."""
+    from aoti_farm.fsutil import memo_dir
+
+    return os.path.join(memo_dir(), f"isa-{cpu_id()}-{git_version[:12]}.json")
 
 
 #: The most bytes of an ISA memo read (a memo is a few KiB: the ISA and its check answers).

@@ -144,13 +144,12 @@ def isa_memo_known() -> bool:
     helps), decided without importing torch (:mod:`aoti_farm.hostid`); False where it
     cannot tell."""
     from aoti_farm import hostid
-    from aoti_farm.fsutil import memo_dir
 
     git = hostid.torch_git_version()
     if git is None:
         return False
     try:
-        return hostid.read_isa_memo(os.path.join(memo_dir(), hostid.isa_memo_name(git))) is not None
+        return hostid.read_isa_memo(hostid.isa_memo_path(git)) is not None
     except Exception:  # noqa: BLE001 -- an unsafe private directory (memo_dir raises): not known
         return False
 
