@@ -171,10 +171,16 @@ class AOTICompiler:
     name = "aoti"
 
     def __init__(self, inductor_options: dict | None = None, verify_trials: int = VERIFY_TRIALS,
-                 measure_speed: bool = True):
+                 measure_speed: bool = True, *, builds: bool = True):
+        """``builds=False``: a verifier that only loads kernels and runs them (a verification
+        child, :func:`_verify_request`).  It builds nothing, so it only sets and checks the
+        private Inductor cache and does not import Inductor to patch it: that import
+        (``torch._inductor`` pulls in ``torch._dynamo``) was most of such a child's start,
+        paid again by every replacement after a kernel that aborts."""
         from aoti_farm import private
 
-        private.use_inductor_cache()   # never $TMPDIR/torchinductor_<user>: see aoti_farm/private.py
+        # never $TMPDIR/torchinductor_<user>: see aoti_farm/private.py
+        private.use_inductor_cache(patch_torch=builds)
         self._options = effective_options(inductor_options)
         self.verify_trials = verify_trials
         self.measure_speed = measure_speed
@@ -756,8 +762,8 @@ def _verify_request(req: dict) -> dict:
     """One verification request of a child: the result, or ``{"refused", "evidence"}``."""
     sig = S.parse_signature(req["sig"])
     try:
-        return AOTICompiler(verify_trials=req["trials"], measure_speed=req.get("speed", True))._verify_here(
-            sig, req["path"])
+        return AOTICompiler(verify_trials=req["trials"], measure_speed=req.get("speed", True),
+                            builds=False)._verify_here(sig, req["path"])
     except CompileRefused as e:
         return {"refused": e.reason, "evidence": e.evidence}
 

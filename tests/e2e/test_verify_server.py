@@ -59,3 +59,31 @@ def test_a_dead_child_is_replaced(kernels, unsafe_host):
     res = comp.verify(sig, path)
     assert res["ok"] is True and res.get("in_child") is True
     assert verifyserver.stats()["started"] == started + 1
+
+
+_CHILD_IMPORTS = r"""
+import json, sys
+from aoti_farm.compiler import _verify_request
+
+ans = _verify_request({"sig": json.loads(sys.argv[1]), "path": sys.argv[2], "trials": 3, "speed": True})
+print("OUT " + json.dumps({"ok": ans.get("ok"), "speed": "speed" in ans,
+                           "inductor": sorted(m for m in sys.modules if m.startswith(("torch._inductor", "torch._dynamo")))}))
+"""
+
+
+def test_a_verification_child_does_not_import_inductor(kernels):
+    """A verification child only loads kernels and runs them: it verifies (random and
+    adversarial inputs, thread counts, speed) without importing Inductor or Dynamo, whose
+    import was most of its start (every replacement after an aborting kernel pays it)."""
+    import json
+    import subprocess
+    import sys
+
+    ((sig, path),) = _paths(kernels, sig_add_alpha())
+    res = subprocess.run([sys.executable, "-c", _CHILD_IMPORTS, json.dumps(sig.to_obj()), path],
+                         capture_output=True, text=True, timeout=300)
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("OUT ")), None)
+    assert line, res.stderr[-3000:]
+    out = json.loads(line[4:])
+    assert out["ok"] is True and out["speed"] is True, out
+    assert out["inductor"] == [], out["inductor"][:10]
