@@ -303,8 +303,9 @@ class CpuSampler:
             # the fork server (both its stages) and its copies are reaped unwaited
             # (workers/forkserver.py): each counts itself; a copy's compilers count in it.
             # An actor's verification child lives until the actor is killed at the end, so
-            # nobody reaps it either: it counts itself (one replaced after a crash is
-            # reaped, and counted twice: rare, a refused kernel that aborts its loader)
+            # nobody reaps it either: it counts itself.  One that a kernel ended (each of
+            # the trace of record's 7 aborting `gather` kernels) is reaped by its actor, so
+            # its CPU counts in the actor's children too: the `actors` row overstates by it
             if (parent and parent[0] in ("actors", "driver and its children") and kind not in self._DAEMONS
                     and kind not in ("fork server", "verification children") and parent[0] != "fork server"):
                 self._procs.pop(pid, None)   # reaped by its parent: counted in the parent's children_s
