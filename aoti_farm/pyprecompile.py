@@ -41,8 +41,9 @@ import sys
 import time
 from pathlib import Path
 
+from aoti_farm.config import dev as _dev   # AOTI_FARM_DEV, parsed in one place
+
 DEV = "precompile"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
-from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 LIST = Path(__file__).with_name("import_path.txt")
 #: Below this many cores the children would take the CPU from the imports they serve.
 MIN_CORES = 4
