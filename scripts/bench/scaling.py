@@ -156,15 +156,21 @@ def prebuilt_headers(work: Path) -> Path:
     return work / "headers" / "inductor" / "precompiled_headers"
 
 
-def prebuild_headers(work: Path) -> dict:
-    """Build Inductor's precompiled headers (its global header directory) with one
-    throwaway compile: throwaway Inductor cache, host memos and kernel.  Then one real
-    compile by the farm's compiler there, whose C++ compiles (the wrapper's model half,
-    the kernel) are recorded for :func:`host_ceiling` (``farm_compile``)."""
-    d = work / "headers"
+def prebuild_headers(work: Path, extra_env: dict | None = None, name: str = "headers") -> dict:
+    """Build Inductor's precompiled headers with one throwaway compile: throwaway Inductor
+    cache, host memos and kernel.  The current code keeps them in its Inductor cache
+    (:func:`prebuilt_headers`, copied into each run's); a code from before the private
+    Inductor cache keeps them in Inductor's global directory, shared by all its runs, so
+    an ``--also-env`` side that runs such a code gets this call too (``extra_env``, its own
+    ``name``): otherwise that side's first warm of an invocation would also build them, and
+    its pair would favour the current code.  Then, for the current code only, one real
+    compile by the farm's compiler there, whose C++ compiles (the wrapper's model half, the
+    kernel) are recorded for :func:`host_ceiling` (``farm_compile``)."""
+    d = work / name
     for sub in ("xdg", "inductor", "captured"):
         (d / sub).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "XDG_CACHE_HOME": str(d / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor")}
+    env = {**os.environ, **(extra_env or {}), "XDG_CACHE_HOME": str(d / "xdg"),
+           "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor")}
     t0 = time.time()
     p = subprocess.run([sys.executable, "-c", "import json; from aoti_farm.hostprep import prepare; "
                         "print(json.dumps(prepare()['status']))"], env=env, capture_output=True, text=True,
@@ -172,6 +178,8 @@ def prebuild_headers(work: Path) -> dict:
     out = {"seconds": round(time.time() - t0, 1), "rc": p.returncode, "out": p.stdout.strip()[-200:]}
     if out["out"] != '"prepared"':
         out["stderr"] = p.stderr.strip()[-400:]
+    if extra_env:
+        return out
     hdr = prebuilt_headers(work)
     out["headers"] = str(hdr) if hdr.is_dir() else None
     c = subprocess.run([sys.executable, "-c", _CAPTURE_FARM_COMPILE, str(d / "captured")], env=env,
@@ -705,6 +713,12 @@ def bench(workers: list[int], work: Path, source: str = "auto", trace: str | Non
         fc = hp.get("farm_compile") or {}
         log(f"[scaling] precompiled headers built before the runs: {({k: v for k, v in hp.items() if k != 'farm_compile'})}; "
             f"the farm's C++ compiles recorded for the ceiling: {sorted(k for k in fc if k != 'build') or fc.get('error')}")
+        sides = {json.dumps(env, sort_keys=True): env for _w, _l, env in run_plan(workers, False, also_env) if env}
+        out["headers_prebuilt_also"] = [{"env": env, **prebuild_headers(work, env, f"headers-{i}")}
+                                         for i, env in enumerate(sides.values())]
+        for hb in out["headers_prebuilt_also"]:
+            log(f"[scaling] precompiled headers built before the runs with {hb['env']}: "
+                f"{({k: v for k, v in hb.items() if k != 'env'})}")
     if ceiling and max(workers) > 1:
         out["host_ceiling"] = host_ceiling(max(workers), work, log,
                                            (out.get("headers_prebuilt") or {}).get("farm_compile"))

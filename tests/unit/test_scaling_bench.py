@@ -66,3 +66,38 @@ def test_run_plan_rotates_each_round_and_labels_are_directory_names():
     both = scaling.run_plan([16], also_env=["A_B=0;C_D=x=1"])   # several variables in one run
     assert both[0][2] == {"A_B": "0", "C_D": "x=1"} and both[0][1] == "w16-00_x=1"
     assert [w for w, _, _ in scaling.run_plan([1, 16])] == [16, 1]
+
+
+def test_each_side_of_an_ab_has_its_precompiled_headers_built_before_the_runs(monkeypatch, tmp_path):
+    """A code from before the private Inductor cache keeps its precompiled headers in
+    Inductor's global directory: unless they are built before the runs, that side's first
+    warm of the invocation builds them too and its pair favours the other side.  So the
+    prebuild runs once for the current code and once per distinct --also-env side (not for
+    the ISA switch, which runs the current code), before the first warm."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import common
+    import scaling
+
+    events = []
+
+    def prebuild(work, extra_env=None, name="headers"):
+        events.append(("prebuild", extra_env, name))
+        return {"seconds": 0.0, "rc": 0, "out": '"prepared"'}
+
+    def warm(trace, w, work, label, env, fresh_headers=False, timeout=0):
+        events.append(("warm", env, label))
+        return {"label": label, "workers": w, "env": env or {}, "rc": 0, "wall_s": 1.0, "stderr_tail": ""}
+
+    monkeypatch.setattr(scaling, "prebuild_headers", prebuild)
+    monkeypatch.setattr(scaling, "run_warm", warm)
+    monkeypatch.setattr(scaling, "summarise", lambda out, workers, log=print: None)
+    monkeypatch.setattr(common, "machine", lambda: {})   # lscpu: a subprocess
+    old = "PYTHONPATH=/w/old:/tmp/site"
+    out = scaling.bench([16], tmp_path, trace=str(REPO / "configs" / "examples" / "mlp_trace.json"),
+                        log=lambda *a: None, ceiling=False, also_env=[old, old], rounds=2,
+                        isa_replay_off_too=True)
+    prebuilds = [e for e in events if e[0] == "prebuild"]
+    assert prebuilds == [("prebuild", None, "headers"), ("prebuild", {"PYTHONPATH": "/w/old:/tmp/site"}, "headers-0")]
+    assert events.index(prebuilds[-1]) < min(i for i, e in enumerate(events) if e[0] == "warm")
+    assert out["headers_prebuilt_also"][0]["env"] == {"PYTHONPATH": "/w/old:/tmp/site"}
+    assert sum(e[0] == "warm" for e in events) == 2 * 4
