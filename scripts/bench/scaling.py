@@ -222,7 +222,7 @@ def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict |
     wall = time.time() - t0
     res = {"label": label, "workers": workers, "env": extra_env or {}, "rc": rc, "wall_s": wall,
            "stderr_tail": errlog.read_text()[-6000:], "cpu_busy": cpu.summary(t0),
-           "cpu_by_kind": cpu.cpu_by_kind(), "processes_counted": cpu.tree}
+           "cpu_by_kind": cpu.cpu_by_kind(), "processes_counted": cpu.tree, "heaviest_processes": cpu.heaviest()}
     try:
         rep = json.loads(report.read_text())
     except (OSError, ValueError):
@@ -277,7 +277,9 @@ class CpuSampler:
     Also where the CPU went: every second each process's own and waited-for children's
     CPU seconds (/proc/PID/stat), summed at the end by kind (:func:`_proc_kind`).  An
     actor's children are its compilers (g++ and what g++ runs), counted when reaped; a
-    process's last second before it exits is lost."""
+    process's last second before it exits is lost.  :meth:`heaviest` names the processes
+    that took the most CPU, whatever their kind: a warm whose breakdown shows hundreds of
+    CPU-seconds in some process's reaped children says which process it was."""
 
     def __init__(self, every: float = 1.0):
         import threading
@@ -289,6 +291,7 @@ class CpuSampler:
         self._before = {p for p in os.listdir("/proc") if p.isdigit()} if os.path.isdir("/proc") else set()
         self.tree: list = []        # [pid, ppid, kind, parent's kind] of each farm process as first seen
         self._seen: set = set()
+        self._all: dict = {}       # pid -> [own s, ppid, command line] of every process started since
 
     _DAEMONS = ("ray daemons", "ray python")   # what the driver starts that is not its own work
 
@@ -301,6 +304,7 @@ class CpuSampler:
                     v = f.read().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
+            self._note(pid, v)
             # classified every time: a process between fork and exec, or before Ray names a
             # worker, shows its parent's command line
             kind = _proc_kind(pid)
@@ -331,6 +335,26 @@ class CpuSampler:
                 ent[2] = (int(v[13]) + int(v[14])) / self._tick
             except (OSError, ValueError, IndexError):
                 pass
+
+    def _note(self, pid: str, stat: list) -> None:
+        """Every process's own CPU seconds and its command line after its exec (read each
+        time: a process between fork and exec shows its parent's)."""
+        try:
+            own = (int(stat[11]) + int(stat[12])) / self._tick
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+        except (OSError, ValueError, IndexError):
+            return
+        ent = self._all.setdefault(pid, [0.0, int(stat[1]), ""])
+        ent[0] = max(ent[0], own)
+        if cmd:
+            ent[2] = cmd
+
+    def heaviest(self, n: int = 15) -> list:
+        """The ``n`` processes started since the sampler's start that took the most CPU
+        of their own, heaviest first: ``{"pid", "ppid", "own_s", "cmd"}``."""
+        top = sorted(self._all.items(), key=lambda kv: -kv[1][0])[:n]
+        return [{"pid": int(pid), "ppid": ppid, "own_s": _r(own), "cmd": cmd} for pid, (own, ppid, cmd) in top]
 
     def cpu_by_kind(self) -> dict:
         out: dict = {}

@@ -9,6 +9,7 @@ The unit tests of this module (no compile, no Ray, no subprocess) are in tests/u
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,21 @@ def test_a_forked_copy_counts_as_an_actor_and_the_fork_server_as_itself():
     finally:
         for p in procs.values():
             p.kill()
+
+
+def test_cpu_sampler_names_the_processes_that_took_the_most_cpu():
+    """An outlier warm showed hundreds of CPU-seconds in the driver's reaped children and
+    no way to tell which process took them: the sampler now names the heaviest processes
+    (own CPU, parent, command line after exec), whatever their kind."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import scaling
+
+    with scaling.CpuSampler(every=0.2) as cs:
+        subprocess.run([sys.executable, "-c", "import time\nt = time.time()\n"
+                        "while time.time() - t < 1.5: pass", "busy-marker"], check=True, timeout=60)
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(0.6)", "idle-marker"], check=True, timeout=60)
+    top = cs.heaviest(5)
+    assert "busy-marker" in top[0]["cmd"] and top[0]["own_s"] >= 0.8, top
+    assert top[0]["ppid"] == os.getpid()
+    idle = [p for p in top if "idle-marker" in p["cmd"]]
+    assert idle and idle[0]["own_s"] < top[0]["own_s"], top
