@@ -232,12 +232,20 @@ def run_warm(trace: str, workers: int, work: Path, label: str, extra_env: dict |
     return res
 
 
-def _proc_kind(pid: str) -> str | None:
-    """Which part of a warm a process is, from its command line (None: not the farm's)."""
+def _argv(pid: str) -> list[str] | None:
+    """A process's command line (None: gone or unreadable)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().decode(errors="replace").split("\0")
+            return f.read().decode(errors="replace").split("\0")
     except OSError:
+        return None
+
+
+def _proc_kind(pid: str, argv: list[str] | None = None) -> str | None:
+    """Which part of a warm a process is, from its command line (None: not the farm's);
+    ``argv``: that command line, already read (:func:`_argv`)."""
+    argv = argv if argv is not None else _argv(pid)
+    if argv is None:
         return None
     kind = kind_of(argv)
     if kind == "fork server":   # a forked copy names itself (workers/forkserver.py's COPY_NAME)
@@ -304,10 +312,11 @@ class CpuSampler:
                     v = f.read().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            self._note(pid, v)
+            argv = _argv(pid)
+            self._note(pid, v, argv)
             # classified every time: a process between fork and exec, or before Ray names a
             # worker, shows its parent's command line
-            kind = _proc_kind(pid)
+            kind = _proc_kind(pid, argv)
             parent = self._procs.get(v[1])
             if kind is not None and len(self.tree) < 400 and pid not in self._seen:   # to check the breakdown
                 self._seen.add(pid)
@@ -336,15 +345,16 @@ class CpuSampler:
             except (OSError, ValueError, IndexError):
                 pass
 
-    def _note(self, pid: str, stat: list) -> None:
-        """Every process's own CPU seconds and its command line after its exec (read each
-        time: a process between fork and exec shows its parent's)."""
+    def _note(self, pid: str, stat: list, argv: list[str] | None) -> None:
+        """Every process's own CPU seconds and its command line after its exec (taken each
+        scan: a process between fork and exec shows its parent's)."""
+        if argv is None:
+            return
         try:
             own = (int(stat[11]) + int(stat[12])) / self._tick
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
-        except (OSError, ValueError, IndexError):
+        except (ValueError, IndexError):
             return
+        cmd = " ".join(argv).strip()[:200]
         ent = self._all.setdefault(pid, [0.0, int(stat[1]), ""])
         ent[0] = max(ent[0], own)
         if cmd:

@@ -84,7 +84,7 @@ def test_cpu_sampler_keeps_a_process_whose_command_line_is_gone(monkeypatch):
     try:
         seen = []
 
-        def kind(pid):
+        def kind(pid, argv=None):
             if pid != str(child.pid):
                 return None
             seen.append(pid)
