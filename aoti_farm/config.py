@@ -55,6 +55,8 @@ DEV = {
     "fork_server": ("auto", "workers.forkclient: 0 has each CPU actor import torch itself, 1 forks them also "
                             "on few cores"),
     "ray_dashboard": ("0", "workers.raysetup: 1 starts the embedded Ray's dashboard"),
+    "omp_passive": ("1", "aoti_farm.ompwait: 0 leaves libgomp's default wait policy (spin, then sleep) in the "
+                         "compile processes"),
 }
 DEV_VAR = "AOTI_FARM_DEV"
 

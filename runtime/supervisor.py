@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 
-from aoti_farm import config, loadenv, private
+from aoti_farm import config, loadenv, ompwait, private
 from aoti_farm.cache.store import Cache
 from aoti_farm.counters import Counters
 from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events, worker_lock_path
@@ -77,6 +77,7 @@ def worker_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
     env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     env["OMP_NUM_THREADS"] = "1"
+    env.update(ompwait.compile_env(env))   # its verification opens regions of every core
     env = loadenv.child_env(env)
     env.pop("AOTI_FARM_SIGNING_KEY_FILE", None)   # the worker reads the file its hook names
     env.pop("AOTI_FARM_SIGNING_KEY", None)

@@ -140,6 +140,7 @@ class CompileActor:
                 "warmup_span": self.warmup_span, "warmup_phases": self.warmup_phases,
                 "verifier_started": self.verifier_started,
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),   # "": an embedded Ray hid the GPUs
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),   # aoti_farm/ompwait.py
                 "host_steps": _host_steps(), "fork": self.fork}
 
     # -- a compiling copy forked from the host's fork server (workers/forkserver.py)

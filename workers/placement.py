@@ -29,8 +29,12 @@ def worker_env(libstdcxx: bool = True) -> dict[str, str]:
     Hook for the GPU-machine trap (see :mod:`aoti_farm.loadenv`): when this host was
     probed to need it, or ``AOTI_FARM_PRELOAD_LIBSTDCXX=1``, the system libstdc++ is
     preloaded into the actors.  ``libstdcxx=False``: without that ``LD_PRELOAD`` (and
-    without importing torch, which the probe needs)."""
-    env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONWARNINGS": "ignore:Failed to initialize NumPy"}
+    without importing torch, which the probe needs).  OpenMP's wait policy: see
+    :mod:`aoti_farm.ompwait`."""
+    from aoti_farm import ompwait
+
+    env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONWARNINGS": "ignore:Failed to initialize NumPy",
+           **ompwait.compile_env(os.environ)}
     if libstdcxx:
         from aoti_farm import loadenv
 

@@ -380,6 +380,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
                                         "warmup_span": i.get("warmup_span"), "ready_seen": time.time(),
                                         "phases": i.get("warmup_phases"), "host_steps": i.get("host_steps"),
                                         "cuda_visible_devices": i.get("cuda_visible_devices"),
+                                        "omp_wait_policy": i.get("omp_wait_policy"),
                                         "fork": i.get("fork"), "proxy_imported_torch": i.get("proxy_imported_torch")})
         elif kind == "dispatch" and "first_dispatch" not in timeline:
             timeline["first_dispatch"] = time.time()

@@ -81,6 +81,8 @@ def test_warm_starts_ray_while_planning_and_compiles_in_a_forked_copy(tmp_path):
     # a job without GPU signatures: the embedded Ray's workers saw no GPU (raysetup.start_ray),
     # and the warm's own process kept what it had
     assert [w["cuda_visible_devices"] for w in tl["workers"]] == [""], tl["workers"]
+    # the compile process verifies at every thread count with waiting threads asleep (aoti_farm/ompwait.py)
+    assert [w["omp_wait_policy"] for w in tl["workers"]] == ["PASSIVE"], tl["workers"]
     # a CPU-only job on a many-core host: the actor's compiling copy was forked from the fork
     # server, which had imported torch (workers/forkserver.py); the compile ran in the copy
     fork = tl["workers"][0]["fork"]
