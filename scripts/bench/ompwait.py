@@ -9,8 +9,9 @@ processes beside the verifying one to stand in for the compiles (``--busy 0``: a
 host, as at W=1).  The CPU column is the verifying process's own (all its threads): what
 the compiles beside it lose.
 
-Real kernels, compiled once here; each measurement is a fresh process (libgomp reads the
-variable when it is loaded), the two policies alternating which goes first.
+Real kernels, compiled once here; each measurement is a fresh process (``worker.py
+verify_checks``: libgomp reads the variable when it is loaded), the two policies
+alternating which goes first.
 
     python scripts/bench/ompwait.py --busy 0,15 --rounds 2 [--out DIR]
 """
@@ -20,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-from common import PY, add_output_args, bench_env, emit, machine, rmtree, write_output  # noqa: E402
+from common import PY, WorkerError, add_output_args, machine, rmtree, run_worker, write_output  # noqa: E402
 
 POLICIES = ("default", "PASSIVE")
 
@@ -50,44 +49,19 @@ def _sigs():
             "tanh 64x1024": S.from_call(torch.ops.aten.tanh.default, (e(64, 1024),), {})}
 
 
-def child(spec_path: str) -> None:
-    """In a fresh process: each kernel verified ``repeats`` times after one warm-up."""
-    spec = json.loads(Path(spec_path).read_text())
-    from aoti_farm import signature as S
-    from aoti_farm.compiler import AOTICompiler
-
-    verifier = AOTICompiler({}, measure_speed=False, builds=False)
-    out = {}
-    for name, k in spec["kernels"].items():
-        sig = S.parse_signature(k["sig"])
-        verifier.verify(sig, k["path"])
-        walls, cpus = [], []
-        for _ in range(spec["repeats"]):
-            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            verifier.verify(sig, k["path"])
-            t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-            walls.append(t1 - t0)
-            cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-        out[name] = {"wall_ms": 1e3 * statistics.median(walls), "cpu_ms": 1e3 * statistics.median(cpus)}
-    emit({"kernels": out, "policy": os.environ.get("OMP_WAIT_POLICY", "default")})
-
-
 def _measure(spec_path: str, policy: str, busy: int, timeout: float) -> dict:
     env = {k: None for k in os.environ if k.startswith(("OMP_", "GOMP_", "KMP_"))}
     env["OMP_WAIT_POLICY"] = None if policy == "default" else policy
     spinners = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(busy)]
     try:
         time.sleep(0.5 if busy else 0)
-        p = subprocess.run([PY, __file__, "--child", spec_path], env=bench_env(env), capture_output=True,
-                           text=True, timeout=timeout)
+        return run_worker("verify_checks", {"spec": spec_path}, env=env, timeout=timeout)
+    except WorkerError as e:
+        raise SystemExit(f"ompwait: the {policy} measurement failed: {str(e)[-2000:]}") from None
     finally:
         for s in spinners:
             s.kill()
             s.wait()
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith("BENCH_JSON:"):
-            return json.loads(line[len("BENCH_JSON:"):])
-    raise SystemExit(f"ompwait: the {policy} child exited {p.returncode}: {p.stderr[-2000:]}")
 
 
 def main(argv=None) -> int:
@@ -96,12 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="pairs per --busy value, alternating the order")
     ap.add_argument("--repeats", type=int, default=7, help="verifications of each kernel per process")
     ap.add_argument("--timeout", type=float, default=300, help="seconds one measuring process may take")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     add_output_args(ap, "ompwait")
     ns = ap.parse_args(argv)
-    if ns.child:
-        child(ns.child)
-        return 0
     try:
         busy = [int(b) for b in ns.busy.split(",") if b.strip()]
         if any(b < 0 for b in busy) or not busy:

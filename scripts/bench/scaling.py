@@ -312,8 +312,12 @@ class CpuSampler:
                     v = f.read().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
+            try:   # own and waited-for children's CPU seconds
+                own, kids = (int(v[11]) + int(v[12])) / self._tick, (int(v[13]) + int(v[14])) / self._tick
+            except (ValueError, IndexError):
+                own = kids = None
             argv = _argv(pid)
-            self._note(pid, v, argv)
+            self._note(pid, int(v[1]), own, argv)
             # classified every time: a process between fork and exec, or before Ray names a
             # worker, shows its parent's command line
             kind = _proc_kind(pid, argv)
@@ -324,9 +328,9 @@ class CpuSampler:
             # the fork server (both its stages) and its copies are reaped unwaited
             # (workers/forkserver.py): each counts itself; a copy's compilers count in it.
             # An actor's verification child lives until the actor is killed at the end, so
-            # nobody reaps it either: it counts itself.  One that a kernel ended (each of
-            # the trace of record's 7 aborting `gather` kernels) is reaped by its actor, so
-            # its CPU counts in the actor's children too: the `actors` row overstates by it
+            # nobody reaps it either: it counts itself.  One that a kernel ended (a kernel
+            # that aborts where eager raises) is reaped by its actor, so its CPU counts in
+            # the actor's children too: the `actors` row overstates by it
             if (parent and parent[0] in ("actors", "driver and its children") and kind not in self._DAEMONS
                     and kind not in ("fork server", "verification children") and parent[0] != "fork server"):
                 self._procs.pop(pid, None)   # reaped by its parent: counted in the parent's children_s
@@ -339,23 +343,16 @@ class CpuSampler:
                 kind = self._procs[pid][0]
             ent = self._procs.setdefault(pid, [kind, 0.0, 0.0])
             ent[0] = kind
-            try:
-                ent[1] = (int(v[11]) + int(v[12])) / self._tick
-                ent[2] = (int(v[13]) + int(v[14])) / self._tick
-            except (OSError, ValueError, IndexError):
-                pass
+            if own is not None:
+                ent[1], ent[2] = own, kids
 
-    def _note(self, pid: str, stat: list, argv: list[str] | None) -> None:
+    def _note(self, pid: str, ppid: int, own: float | None, argv: list[str] | None) -> None:
         """Every process's own CPU seconds and its command line after its exec (taken each
         scan: a process between fork and exec shows its parent's)."""
-        if argv is None:
-            return
-        try:
-            own = (int(stat[11]) + int(stat[12])) / self._tick
-        except (ValueError, IndexError):
+        if argv is None or own is None:
             return
         cmd = " ".join(argv).strip()[:200]
-        ent = self._all.setdefault(pid, [0.0, int(stat[1]), ""])
+        ent = self._all.setdefault(pid, [0.0, ppid, ""])
         ent[0] = max(ent[0], own)
         if cmd:
             ent[2] = cmd

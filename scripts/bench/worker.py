@@ -623,6 +623,32 @@ def record_trace(path: str, batches: list) -> None:
     emit({"via": via, "entries": len(load_trace(path))})
 
 
+def verify_checks(spec: str) -> None:
+    """Each kernel of the ``spec`` file verified (``AOTICompiler.verify``) ``repeats`` times
+    after one warm-up: the median wall and CPU (this process's, all its threads) of one
+    verification, in ms (scripts/bench/ompwait.py)."""
+    import statistics
+    from pathlib import Path
+
+    from aoti_farm import signature as S
+    from aoti_farm.compiler import AOTICompiler
+
+    spec = json.loads(Path(spec).read_text())
+    verifier = AOTICompiler({}, measure_speed=False, builds=False)
+    out = {}
+    for name, k in spec["kernels"].items():
+        sig = S.parse_signature(k["sig"])
+        verifier.verify(sig, k["path"])
+        walls, cpus = [], []
+        for _ in range(spec["repeats"]):
+            c0, t0 = _cpu_s()["self"], time.perf_counter()
+            verifier.verify(sig, k["path"])
+            walls.append(time.perf_counter() - t0)
+            cpus.append(_cpu_s()["self"] - c0)
+        out[name] = {"wall_ms": 1e3 * statistics.median(walls), "cpu_ms": 1e3 * statistics.median(cpus)}
+    emit({"kernels": out, "policy": os.environ.get("OMP_WAIT_POLICY", "default")})
+
+
 def cli_warm(argv: list) -> None:
     """Run the aoti-farm CLI in this process and tell whether it touched Ray."""
     from aoti_farm.cli import main

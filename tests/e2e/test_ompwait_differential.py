@@ -7,6 +7,7 @@ when it is loaded."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,13 +22,13 @@ from aoti_farm.compiler import AOTICompiler
 THREADS = (1, 2, 3)
 
 CHILD = textwrap.dedent("""
-    import sys
+    import json, sys
     import torch
     from aoti_farm import signature as S
     from aoti_farm.compiler import load_runner
     from aoti_farm.runner import flat_tensors
 
-    sig, kernel, out = S.parse_signature(__import__("json").loads(sys.argv[1])), sys.argv[2], sys.argv[3]
+    sig, kernel, out = S.parse_signature(json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]
     runner = load_runner(kernel, "cpu")
     args, kwargs = S.materialize(sig, seed=1234)
     g = torch.Generator().manual_seed(5)
@@ -51,8 +52,6 @@ def _run(tmp_path: Path, name: str, sig: S.Signature, kernel: str, policy: str |
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
     out = tmp_path / f"{name}.pt"
-    import json
-
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(sig.to_obj()), kernel, str(out)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
