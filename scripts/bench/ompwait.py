@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             raise ValueError
     except ValueError:
         raise SystemExit(f"ompwait: --busy {ns.busy!r}: give non-negative integers, e.g. --busy 0,15") from None
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compiler import AOTICompiler, verify_thread_counts
 
     work = tempfile.mkdtemp(prefix="aoti-ompwait-")
     try:
@@ -100,16 +100,10 @@ def main(argv=None) -> int:
                     print(f"busy {b:2d} round {r} {name:16s} wall ms default {d['wall_ms']:8.2f} passive "
                           f"{p['wall_ms']:8.2f} ({p['wall_ms'] / d['wall_ms']:.2f})  cpu ms default {d['cpu_ms']:8.2f} "
                           f"passive {p['cpu_ms']:8.2f} ({p['cpu_ms'] / max(d['cpu_ms'], 1e-9):.2f})", flush=True)
-        write_output(ns, {"machine": machine(), "threads_verified": _threads(), "repeats": ns.repeats, "rows": rows})
+        write_output(ns, {"machine": machine(), "threads_verified": verify_thread_counts("cpu"), "repeats": ns.repeats, "rows": rows})
     finally:
         rmtree(work)
     return 0
-
-
-def _threads() -> list[int]:
-    from aoti_farm.compiler import verify_thread_counts
-
-    return verify_thread_counts("cpu")
 
 
 if __name__ == "__main__":
