@@ -34,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from aoti_farm import adversarial, dyncompile, loadenv, splitbuild, stridesym
+from aoti_farm import abortscan, adversarial, dyncompile, loadenv, splitbuild, stridesym
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
@@ -210,6 +210,8 @@ class AOTICompiler:
             why = adversarial.unverifiable(sig, args, kwargs)
             if why is not None:   # before compiling: it could never be published
                 raise CompileRefused(why)
+            if cls is not None:   # before compiling too: verify_class would refuse it
+                _refuse_class_where_eager_raises(dyncompile.verify_points(cls))
             tensors = flat_tensors(sig, args, kwargs)
             with torch.no_grad():
                 # eager must accept the example inputs, or the signature itself is bad
@@ -218,6 +220,10 @@ class AOTICompiler:
                 except Exception as e:
                     what = "the example inputs" if cls is None else "the export's example shape"
                     raise refused(f"eager rejects {what}: {type(e).__name__}: {_first_line(e)}") from None
+                # a kernel that would end its verification where eager rejects an index is
+                # refused before its C++ build (aoti_farm/abortscan.py)
+                scan = (abortscan.check_before_build if cls is None and device == "cpu" and abortscan.enabled()
+                        and eager_raises_on_adversarial(sig, only=BAD_INDEX_CASES) else None)
                 mod = _OpModule(sig, args, kwargs)
                 if cls is not None and cls.stride_symbols:
                     # a stride no size implies: symbolic input strides (aoti_farm/stridesym.py)
@@ -239,7 +245,7 @@ class AOTICompiler:
                     # directory at run time; a published entry must be self-contained.
                     opts.setdefault("aot_inductor.embed_kernel_binary", True)
                 c1 = cpu_seconds()
-                with splitbuild.active():
+                with splitbuild.active(before_wrapper=scan):
                     built = torch._inductor.aot_compile(graph, inputs, options=opts)
                     build_info = splitbuild.last_build()
                 c2 = cpu_seconds()
@@ -251,6 +257,11 @@ class AOTICompiler:
         except CompileRefused:
             raise
         except Exception as e:
+            predicted = abortscan.find(e)
+            if predicted is not None:
+                shutil.rmtree(os.path.join(workdir, "build"), ignore_errors=True)
+                raise CompileRefused(abortscan.refusal(str(predicted)),
+                                     {"abort": str(predicted), "before_build": True}) from None
             if own_code_error(e) is not None:
                 raise   # a bug of ours: recorded by job.compile_and_publish, never a refusal or a retry
             if cls is None and not isinstance(e, _compile_errors()):
@@ -358,9 +369,7 @@ class AOTICompiler:
             raise dyncompile.DynamicUnsupported("this process cannot load kernels safely (libstdc++ preload): "
                                                 "exact kernels")
         points = dyncompile.verify_points(cls)
-        if eager_raises_on_adversarial(points[0][0]):
-            raise dyncompile.DynamicUnsupported("eager raises on an adversarial input (an index out of range): "
-                                                "verified per member")
+        _refuse_class_where_eager_raises(points)
         t0 = time.perf_counter()
         runner = self.load(kernel_path, cls.device)
         n_cases = self._check(points, runner)
@@ -508,15 +517,31 @@ def is_verification_refusal(reason: str | None) -> bool:
     return bool(reason) and str(reason).startswith(VERIFICATION_REFUSALS)
 
 
-def eager_raises_on_adversarial(sig: S.Signature) -> bool:
+#: The adversarial cases that put an index out of its bounds (:func:`aoti_farm.adversarial.cases`).
+BAD_INDEX_CASES = ("negative index", "index out of range")
+
+
+def eager_raises_on_adversarial(sig: S.Signature, only: tuple[str, ...] = ()) -> bool:
     """Whether eager raises on one of ``sig``'s adversarial cases (an index out of range):
-    then the kernel's verification runs in the verification child (see ``verify``)."""
+    then the kernel's verification runs in the verification child (see ``verify``).
+    ``only``: the cases whose names start with one of these (none run eager otherwise)."""
     op = S.resolve_op(sig.op)
     args, kwargs = S.materialize(sig, seed=1000)
-    for _name, cargs, ckwargs in adversarial.cases(sig, args, kwargs):
+    for name, cargs, ckwargs in adversarial.cases(sig, args, kwargs):
+        if only and not name.startswith(only):
+            continue
         if _raises(lambda: op(*cargs, **ckwargs))[1] is not None:
             return True
     return False
+
+
+def _refuse_class_where_eager_raises(points: list) -> None:
+    """A class kernel is never verified in the verification child: where eager raises on an
+    adversarial input of its first sampled shape (an index out of range), its members are
+    compiled exactly (DynamicUnsupported)."""
+    if eager_raises_on_adversarial(points[0][0]):
+        raise dyncompile.DynamicUnsupported("eager raises on an adversarial input (an index out of range): "
+                                            "verified per member")
 
 
 def verify_thread_counts(device: str) -> list[int]:

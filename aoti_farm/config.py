@@ -48,6 +48,8 @@ SWITCHES = {
 #: children inherit the one variable.
 DEV = {
     "split_build": ("1", "aoti_farm.splitbuild: 0 builds the AOTI wrapper whole"),
+    "abort_scan": ("1", "aoti_farm.abortscan: 0 builds and verifies a CPU kernel whose index check would end its "
+                        "verification (verification refuses it)"),
     "isa_replay": ("1", "aoti_farm.fingerprint: 0 runs Inductor's own ISA checks in every process"),
     "fresh_isa": ("1", "workers.warm, aoti_farm.isaload: 0 starts a fresh many-core host's ISA probe after the "
                        "traces are read, and keeps torch < 2.13's `import torch` in each of its load checks"),

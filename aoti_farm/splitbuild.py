@@ -357,6 +357,9 @@ def _is_wrapper_build(b) -> bool:
 
 def _patched_build(self) -> None:
     if getattr(_tls, "depth", 0) > 0 and _is_wrapper_build(self):
+        before = getattr(_tls, "before", None)
+        if before is not None:
+            before(self._sources_args)   # may raise: then nothing is built (the caller's refusal)
         info = None
         if not enabled():
             _tls.last = {"wrapper": "whole", "reason": f"AOTI_FARM_DEV={DEV}=0"}
@@ -378,8 +381,12 @@ def _patched_build(self) -> None:
 
 
 @contextlib.contextmanager
-def active():
-    """Within this block (this thread only), AOTI wrapper builds are split.
+def active(before_wrapper=None):
+    """Within this block (this thread only), AOTI wrapper builds are split, and
+    ``before_wrapper(wrapper_source_path)``, where given, runs before each wrapper's build
+    (whole or split); what it raises ends that build and leaves ``aot_compile`` wrapped in
+    Inductor's error (:func:`aoti_farm.abortscan.check_before_build` reads the generated
+    kernel there).
 
     Patch of a torch internal: ``torch._inductor.cpp_builder.CppBuilder.build`` is replaced
     while a block is active, and :func:`_is_wrapper_build` reads CppBuilder's private
@@ -399,9 +406,11 @@ def active():
         _patched += 1
     _tls.depth = getattr(_tls, "depth", 0) + 1
     _tls.last = None
+    outer, _tls.before = getattr(_tls, "before", None), before_wrapper
     try:
         yield
     finally:
+        _tls.before = outer
         _tls.depth -= 1
         with _lock:
             _patched -= 1

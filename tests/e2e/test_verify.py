@@ -130,7 +130,10 @@ def test_an_infinity_among_finite_values_is_checked(tmp_path):
     assert out.error == "kernel disagrees with eager on adversarial inputs: isolated infinities", out.error
 
 
-def test_negative_index_where_eager_raises_is_refused(tmp_path):
+def test_negative_index_where_eager_raises_is_refused(tmp_path, monkeypatch):
+    # verification itself: without the scan that refuses this kernel before its build
+    # (tests/e2e/test_abortscan.py)
+    monkeypatch.setenv("AOTI_FARM_DEV", "abort_scan=0")
     cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
     w, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
     sig = S.from_call(torch.ops.aten.index_select.default, (w, 0, idx), {})

@@ -1,0 +1,80 @@
+"""The refusal before the C++ build (aoti_farm/abortscan.py), against verification itself:
+each CPU op whose kernel checks an index that eager rejects is compiled for real twice,
+with the scan and with ``AOTI_FARM_DEV=abort_scan=0``.  Both refuse it, and neither
+publishes anything.  With the scan, no wrapper is built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aoti_farm import signature as S
+from aoti_farm import splitbuild
+from aoti_farm.cache.store import Cache
+from aoti_farm.compiler import AOTICompiler, is_verification_refusal
+from aoti_farm.fingerprint import fingerprint
+from aoti_farm.job import compile_and_publish
+
+PREDICTED = ("kernel aborts the process where eager raises (its generated code checks an index inside an "
+             "OpenMP region; refused before its C++ build): index out of bounds: ")
+
+
+def _sig(op):
+    """Small signatures of the three index ops a recorded BERT or GPT-2 has, with their
+    indices' recorded range (in bounds: eager accepts the example inputs)."""
+    i64 = torch.int64
+    if op == "gather":
+        sig = S.from_call(torch.ops.aten.gather.default, (torch.empty(2, 16, dtype=i64), 1,
+                                                          torch.empty(2, 4, dtype=i64)), {})
+        return S.Signature(sig.op, sig.args, {"index": {"range": [0, 15]}})
+    if op == "embedding":
+        sig = S.from_call(torch.ops.aten.embedding.default, (torch.empty(12, 8), torch.empty(2, 5, dtype=i64)), {})
+        return S.Signature(sig.op, sig.args, {"indices": {"range": [0, 11]}})
+    sig = S.from_call(torch.ops.aten.index_select.default, (torch.empty(10, 4), 0, torch.empty(3, dtype=i64)), {})
+    return S.Signature(sig.op, sig.args, {"index": {"range": [0, 9]}})
+
+
+def _built_wrappers() -> int:
+    st = splitbuild.stats()
+    return st["split"] + st["whole"]
+
+
+@pytest.mark.parametrize("op", ["gather", "embedding", "index_select"])
+def test_refused_before_its_build_as_verification_refuses_it(op, tmp_path, monkeypatch):
+    fp, sig = fingerprint("cpu"), _sig(op)
+    monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
+    cache = Cache(tmp_path / "scan")
+    before = _built_wrappers()
+    out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+    assert out.status == "failed" and out.error.startswith(PREDICTED), (out.status, out.error)
+    assert out.evidence["before_build"] is True and out.evidence["abort"] in out.error
+    assert _built_wrappers() == before                       # no wrapper was built
+    assert cache.failure(fp.id, sig.key)["reason"] == out.error
+    assert not cache.has_entry(fp.id, sig.key)
+
+    monkeypatch.setenv("AOTI_FARM_DEV", "abort_scan=0")      # built, loaded, verified
+    cache = Cache(tmp_path / "full")
+    out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+    assert _built_wrappers() == before + 1
+    assert out.status == "failed" and is_verification_refusal(out.error), (out.status, out.error)
+    assert out.error.startswith(("kernel aborts the process where eager raises (signal 6): index out of bounds",
+                                 "kernel does not raise where eager raises: negative index")), out.error
+    assert not cache.has_entry(fp.id, sig.key)
+
+
+def test_a_class_where_eager_rejects_an_index_is_refused_before_its_build(tmp_path):
+    """A class kernel is never verified in the verification child, so its members are
+    compiled exactly; that is known before the class's compile, which is not run."""
+    from aoti_farm import shapes as SH
+
+    i64 = torch.int64
+    sigs = []
+    for n in (3, 5, 7):
+        sig = S.from_call(torch.ops.aten.index_select.default, (torch.empty(10, 4), 0, torch.empty(n, dtype=i64)), {})
+        sigs.append(S.Signature(sig.op, sig.args, {"index": {"range": [0, 9]}}))
+    (cls,), rest = SH.classes(sigs)
+    assert not rest
+    fp, before = fingerprint("cpu"), _built_wrappers()
+    out = compile_and_publish(Cache(tmp_path / "c"), AOTICompiler(measure_speed=False), fp, cls, owner="t")
+    assert out.status == "failed" and out.error.startswith("eager raises on an adversarial input"), out.error
+    assert _built_wrappers() == before                       # no wrapper was built
