@@ -100,11 +100,13 @@ def _block_end(text: str, i: int) -> int:
 
 def parallel_regions(source: str) -> list[tuple[int, int]]:
     """(start, end) of each ``#pragma omp parallel`` region: the pragma's line through the
-    end of the braced block that follows it (a ``parallel for``'s loop body included)."""
+    end of the braced block that follows it, directly or after a ``for (...)`` header (a
+    ``parallel for``'s loop body).  A pragma followed by anything else is not counted."""
     out = []
     for m in _PARALLEL.finditer(source):
         brace = source.find("{", m.end())
-        if brace >= 0:
+        between = source[m.end():brace].strip() if brace >= 0 else ";"
+        if not between or (re.match(r"for\s*\(", between) and between.endswith(")")):
             out.append((m.start(), _block_end(source, brace)))
     return out
 

@@ -117,6 +117,13 @@ def test_a_check_outside_every_parallel_region_is_not():
                           "    inductor_cpu_integer_div_error_flag = nullptr;")
     assert abortscan.index_check_in_parallel_region(moved) is None
     assert abortscan.index_check_in_parallel_region(PARALLEL.replace("index out of bounds", "other")) is None
+    # a pragma over one statement: the block after it is no region
+    one = PARALLEL.replace("#pragma omp parallel\n", "#pragma omp parallel\n    noop();\n", 1)
+    assert one != PARALLEL and abortscan.parallel_regions(one) == []
+    assert abortscan.index_check_in_parallel_region(one) is None
+    # a parallel for: its loop body is the region
+    pfor = PARALLEL.replace("#pragma omp parallel\n", "#pragma omp parallel for\n    for(int i=0; i<1; i++)\n", 1)
+    assert abortscan.index_check_in_parallel_region(pfor) == CHECK
 
 
 def test_a_region_that_catches_what_it_throws_is_not_counted():
