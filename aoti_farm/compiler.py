@@ -223,6 +223,7 @@ class AOTICompiler:
                 # a kernel that would end its verification where eager rejects an index is
                 # refused before its C++ build (aoti_farm/abortscan.py)
                 scan = (abortscan.check_before_build if cls is None and device == "cpu" and abortscan.enabled()
+                        and set(sig.info().arg_names) & set(adversarial.INDEX_ARGS)
                         and eager_raises_on_adversarial(sig, only=BAD_INDEX_CASES) else None)
                 mod = _OpModule(sig, args, kwargs)
                 if cls is not None and cls.stride_symbols:
