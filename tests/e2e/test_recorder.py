@@ -4,8 +4,8 @@ The MLP test records a real model, warms the cache from the trace with real comp
 (three signatures: index_select, addmm, relu), installs the hook and replays: every
 call of a served signature (addmm, relu) is a hit, the embedding's index_select -- refused,
 because its compiled kernel checks an index inside an OpenMP region and would end the
-process where eager raises (aoti_farm/abortscan.py) -- runs eager on every call (a recorded failure: no hit, no miss queued), and every
-output equals eager.
+process where eager raises (aoti_farm/abortscan.py) -- runs eager on every call (a
+recorded failure: no hit, no miss queued), and every output equals eager.
 
 The unit tests of this module (no compile, no Ray, no subprocess) are in tests/unit/test_recorder.py.
 """
