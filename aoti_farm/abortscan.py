@@ -31,9 +31,9 @@ matching here and this module can go.
 
 Read from the sources Inductor generates in torch 2.13.0 (CPU); on another torch,
 what does not match is left to verification.  It only ever refuses, so it cannot make a
-wrong result servable. A wrong prediction
-would cost a kernel, not a result. The end-to-end differential test compiles each such
-op both ways and checks that verification refuses it too. Anything it does not
+wrong result servable: a wrong prediction would cost a kernel, not a result.  The
+end-to-end differential test compiles each such op both ways and checks that
+verification refuses it too. Anything it does not
 recognise (no kernel source found, a check outside any parallel region, no check) leaves
 the compile to run and be verified as before. ``AOTI_FARM_DEV=abort_scan=0`` turns it
 off (the A/B in docs/benchmarks.md).

@@ -205,6 +205,7 @@ class AOTICompiler:
         refused = CompileRefused if cls is None else dyncompile.DynamicUnsupported
         t0 = time.perf_counter()
         stage = "export"
+        build = os.path.join(workdir, "build")
         try:
             args, kwargs = S.materialize(sig, seed=0)
             why = adversarial.unverifiable(sig, args, kwargs)
@@ -238,7 +239,6 @@ class AOTICompiler:
                     graph, inputs = ep.module(), tuple(tensors)
                 stage = "inductor"
                 t1 = time.perf_counter()
-                build = os.path.join(workdir, "build")
                 opts = {k: v for k, v in self._options.items() if not k.startswith(FARM_OPTION_PREFIX)}
                 opts["aot_inductor.output_path"] = os.path.join(build, "kernel.so")
                 if device == "cuda" and hasattr(torch._inductor.config.aot_inductor, "embed_kernel_binary"):
@@ -260,7 +260,7 @@ class AOTICompiler:
         except Exception as e:
             predicted = abortscan.find(e)
             if predicted is not None:
-                shutil.rmtree(os.path.join(workdir, "build"), ignore_errors=True)
+                shutil.rmtree(build, ignore_errors=True)
                 raise CompileRefused(abortscan.refusal(str(predicted)),
                                      {"abort": str(predicted), "before_build": True}) from None
             if own_code_error(e) is not None:
