@@ -75,6 +75,12 @@ def _pattern(values: list, n: int, i: int, dtype: torch.dtype, device) -> torch.
 FLOAT_CASES = ("finite special values", "infinities and NaN", "magnitudes", "isolated infinities",
                "isolated NaN")
 
+#: The index cases, in the order they run, each with the index value it puts first: the
+#: last in-bounds index, then the two that put an index out of its bounds
+#: (:data:`BAD_INDEX_CASES`, where eager raises).
+INDEX_CASES = ("index at the bound", "negative index", "index out of range")
+BAD_INDEX_CASES = INDEX_CASES[1:]
+
 
 def _sprinkle(t: torch.Tensor, case: str) -> torch.Tensor:
     """The random storage of ``t`` with a few non-finite values: +inf and -inf far apart
@@ -207,7 +213,7 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
     for (n, j), bound in bounds.items():
         t = valid[(n, j)]
         where = n if j is None else f"{n}[{j}]"
-        for case, v in (("index at the bound", bound - 1), ("negative index", -1), ("index out of range", bound)):
+        for case, v in zip(INDEX_CASES, (bound - 1, -1, bound)):
             flat = _flat(t)
             first = flat[0].item()
             if case == "index at the bound":

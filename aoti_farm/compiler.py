@@ -225,7 +225,7 @@ class AOTICompiler:
                 # refused before its C++ build (aoti_farm/abortscan.py)
                 scan = (abortscan.check_before_build if cls is None and device == "cpu" and abortscan.enabled()
                         and set(sig.info().arg_names) & set(adversarial.INDEX_ARGS)
-                        and eager_raises_on_adversarial(sig, only=BAD_INDEX_CASES) else None)
+                        and eager_raises_on_adversarial(sig, only=adversarial.BAD_INDEX_CASES) else None)
                 mod = _OpModule(sig, args, kwargs)
                 if cls is not None and cls.stride_symbols:
                     # a stride no size implies: symbolic input strides (aoti_farm/stridesym.py)
@@ -516,10 +516,6 @@ VERIFICATION_REFUSALS = ("kernel disagrees with eager", "kernel does not raise w
 
 def is_verification_refusal(reason: str | None) -> bool:
     return bool(reason) and str(reason).startswith(VERIFICATION_REFUSALS)
-
-
-#: The adversarial cases that put an index out of its bounds (:func:`aoti_farm.adversarial.cases`).
-BAD_INDEX_CASES = ("negative index", "index out of range")
 
 
 def eager_raises_on_adversarial(sig: S.Signature, only: tuple[str, ...] = ()) -> bool:
