@@ -36,6 +36,7 @@ import tempfile
 import time
 import warnings
 
+from aoti_farm import spawn
 from aoti_farm.counters import Counters
 from aoti_farm.fsutil import atomic_write
 
@@ -118,11 +119,10 @@ def prepare_in_child(inductor_options: dict | None = None, timeout: float = 900.
     answer, plus ``"child": True``.  Never raises: a child that fails or says nothing is
     ``{"status": "failed", "error": ...}``."""
     import subprocess
-    import sys
 
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", "aoti_farm.hostprep", json.dumps(inductor_options or {})],
+        p = subprocess.run(spawn.python("-m", "aoti_farm.hostprep", json.dumps(inductor_options or {})),
                            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         for line in reversed(p.stdout.splitlines()):
             if line.startswith(_REPLY):
@@ -171,13 +171,12 @@ class IsaChild:
 
     def __init__(self) -> None:
         import subprocess
-        import sys
 
         self.t0 = time.time()
         self.end: float | None = None
         self._answer: dict | None = None
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "aoti_farm.hostprep", "--isa"],
+            self._proc = subprocess.Popen(spawn.python("-m", "aoti_farm.hostprep", "--isa"),
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           stdin=subprocess.DEVNULL)
         except (OSError, ValueError) as e:

@@ -33,6 +33,7 @@ import sys
 #: torch 2.13's load code on Linux (``VecISA._avx_py_load`` without its non-Linux import)
 LOAD_CODE = 'from ctypes import cdll\ncdll.LoadLibrary("__lib_path__")\n'
 DEV = "fresh_isa"   # its key in AOTI_FARM_DEV (aoti_farm/config.py), with warm's early ISA child
+from aoti_farm import spawn  # noqa: E402
 from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 
 
@@ -64,13 +65,15 @@ class _Stand:
             env = dict(kwargs.get("env") or os.environ)
             env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (self._lib_dir, env.get("LD_LIBRARY_PATH")) if p)
             try:
-                subprocess.run([cmd[0], "-c", LOAD_CODE.replace("__lib_path__", path)], cwd=kwargs.get("cwd"),
+                subprocess.run(spawn.python("-c", LOAD_CODE.replace("__lib_path__", path)), cwd=kwargs.get("cwd"),
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env=env, timeout=60, check=True)
                 self.fast += 1
                 return 0
             except (OSError, subprocess.SubprocessError):
                 self.fallback += 1   # the old way decides
+        if isinstance(cmd, list) and cmd and cmd[0] == sys.executable and spawn.SAFE_PATH not in cmd:
+            cmd = spawn.python(*cmd[1:])   # Inductor's `python -c`: nothing from its working directory
         return subprocess.check_call(cmd, *args, **kwargs)
 
 

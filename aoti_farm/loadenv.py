@@ -26,11 +26,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from functools import lru_cache
 
 import torch
 
+from aoti_farm import spawn
 from aoti_farm.fsutil import memo_dir
 
 CANDIDATES = (
@@ -85,7 +85,7 @@ def _try_load(kernel_path: str, device: str, preload: str | None, timeout: float
     if preload:
         env["LD_PRELOAD"] = preload
     try:
-        r = subprocess.run([sys.executable, "-c", _PROBE, kernel_path, device], env=env,
+        r = subprocess.run(spawn.python("-c", _PROBE, kernel_path, device), env=env,
                            capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False, None

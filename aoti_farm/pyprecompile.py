@@ -41,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+from aoti_farm import spawn
 from aoti_farm.config import dev as _dev   # AOTI_FARM_DEV, parsed in one place
 
 DEV = "precompile"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
@@ -229,7 +230,7 @@ def start(prefix: str | None, n_cpu: int | None = None) -> Precompile | None:
             return None
         k = max(1, min(MAX_WORKERS, n_cpu - 2, len(files)))   # two cores stay for the driver and Ray's start
         env = {key: v for key, v in os.environ.items() if key not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
-        argv = [sys.executable, "-S", "-X", f"pycache_prefix={prefix}", "-c", _CHILD]
+        argv = spawn.python("-S", "-X", f"pycache_prefix={prefix}", "-c", _CHILD)
         procs = []
         for i in range(k):
             # the child reads its whole share first thing (on 16 cores ~20 KB, under a pipe's buffer)
@@ -284,7 +285,7 @@ def record() -> list[str]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "RAY_ADDRESS")}
         env.update(PYTHONPYCACHEPREFIX=prefix, XDG_CACHE_HOME=os.path.join(tmp, "xdg"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"))
-        subprocess.run([sys.executable, "-c", _RECORD, trace, os.path.join(tmp, "cache")], env=env, cwd=tmp,
+        subprocess.run(spawn.python("-c", _RECORD, trace, os.path.join(tmp, "cache")), env=env, cwd=tmp,
                        capture_output=True, text=True, timeout=900, check=True)
         pycs = []
         for root, _, files in os.walk(prefix):

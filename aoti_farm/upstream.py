@@ -1,7 +1,7 @@
 """Interop with torch's own AOTI-eager cache (``torch._inductor.aoti_eager``): the cache
 directory, both ways.  ``export_upstream`` writes upstream's layout from verified entries;
-``import_upstream`` adopts an upstream cache, re-verifying every kernel against eager
-before publishing it.  The metadata upstream's holder matches (and its reading back into a
+``import_upstream`` adopts an upstream cache's signatures and compiles them here (its
+libraries are never loaded: the farm signs only what it built).  The metadata upstream's holder matches (and its reading back into a
 signature) is :mod:`aoti_farm.upstream_meta`; its names are re-exported here.
 """
 
@@ -16,11 +16,10 @@ from typing import Any
 
 import torch
 
-from aoti_farm import sandbox
 from aoti_farm import signature as S
 from aoti_farm.cache.store import KERNEL, BadEntry, Cache, sha256_file
 from aoti_farm.fsutil import atomic_write
-from aoti_farm.errors import CompileRefused, FarmError, Ineligible, UserError
+from aoti_farm.errors import FarmError, Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
 from aoti_farm.upstream_meta import (  # noqa: F401 -- re-exported: the format's names
     DEVICES, LIB_SUBDIR, meta_info, op_file_names, signature_from_meta)
@@ -156,18 +155,28 @@ def export_upstream(cache: Cache, to_dir: str | os.PathLike, fp: Fingerprint | N
 
 # --- import --------------------------------------------------------------------------------------
 
+#: Largest ``<op>.json`` of an upstream cache read (upstream writes a few hundred bytes an item).
+META_MAX = 16 << 20
+
 
 def import_upstream(cache: Cache, from_dir: str | os.PathLike, *, inductor_options: dict | None = None,
                     compiler: Any = None) -> dict:
-    """Adopt the kernels of an upstream aoti_eager cache (a ``TORCHINDUCTOR_CACHE_DIR``).
+    """Adopt the *signatures* of an upstream aoti_eager cache (a ``TORCHINDUCTOR_CACHE_DIR``)
+    and compile each one here.
 
-    Every item is rebuilt into a Signature, its library is copied, run against eager on
-    fresh random inputs in a sandboxed child (:mod:`aoti_farm.sandbox`: the library is
-    foreign code until then) and, if it agrees, published under this
-    host's fingerprint.  Returns a report: ``adopted``, ``present`` (already cached),
-    ``rejected`` (disagrees with eager or does not load: reason, evidence), ``skipped``
-    (malformed or unsupported items: where, reason)."""
-    from aoti_farm.compiler import AOTICompiler, fixed_thread_options
+    An upstream cache's libraries are someone else's binaries: loading one runs its
+    constructors before any check, and a verdict computed by a process that loaded it is
+    the library's to forge.  So they are never opened, loaded or copied.  Only each op's
+    JSON is read (bounded, no link followed): every item's ``meta_info`` is rebuilt into a
+    Signature, which this farm compiles, verifies against eager and publishes like any warm
+    (:func:`aoti_farm.job.compile_and_publish`), so the cache signs only what the farm built.
+
+    Returns a report: ``adopted`` (compiled and published here), ``present`` (already
+    cached), ``rejected`` (the farm's own compile refused it: reason, evidence),
+    ``skipped`` (malformed or unsupported items: where, reason)."""
+    from aoti_farm.cache.leases import new_owner
+    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.job import COMPILED, CACHED, compile_and_publish
 
     src = Path(from_dir).absolute()
     base = src / "aoti_eager"
@@ -175,87 +184,72 @@ def import_upstream(cache: Cache, from_dir: str | os.PathLike, *, inductor_optio
         raise UserError(f"--from {src}: has no aoti_eager/ directory; pass the TORCHINDUCTOR_CACHE_DIR "
                         "that upstream's _impl_with_aoti_compile filled")
     compiler = compiler or AOTICompiler(inductor_options)
+    owner = new_owner("import-upstream")
     report: dict[str, Any] = {"from": str(src), "adopted": [], "present": [], "rejected": [], "skipped": []}
     seen: set[str] = set()
-    for ns_dir in sorted(p for p in base.iterdir() if p.is_dir()):
-        for dev_dir in sorted(p for p in ns_dir.iterdir() if p.is_dir()):
+    for sig, rec in _upstream_signatures(base, report):
+        if sig.key in seen:
+            continue
+        seen.add(sig.key)
+        fp = fingerprint("cpu" if sig.device == "cpu" else "cuda:0", compiler.options())
+        if cache.has_entry(fp.id, sig.key):
+            try:
+                cache.open_entry(fp, sig.key).close()
+                report["present"].append(rec)
+                continue
+            except BadEntry:
+                cache.remove(fp.id, sig.key)  # a broken entry: compiled again below
+        try:
+            out = compile_and_publish(cache, compiler, fp, sig, owner=owner)
+        except Exception as e:  # noqa: BLE001 -- the host's failure on one signature: reported, the rest go on
+            report["rejected"].append({**rec, "reason": f"compile failed on this host: {type(e).__name__}: "
+                                                        f"{_first_line(e)}", "evidence": {}})
+            continue
+        if out.status == COMPILED:
+            report["adopted"].append(rec)
+        elif out.status == CACHED:
+            report["present"].append(rec)
+        else:   # failed (refused, over the memory budget) or busy (another process compiles it now)
+            report["rejected"].append({**rec, "reason": out.error or out.status, "evidence": out.evidence})
+    return report
+
+
+def _upstream_signatures(base: Path, report: dict):
+    """``(Signature, report record)`` for every well-formed item under ``base``
+    (``<DIR>/aoti_eager``); what cannot be read or rebuilt goes to ``report["skipped"]``.
+    Nothing but the JSON files is opened, each bounded and without following a link."""
+    from aoti_farm.cache.safeio import UnsafeFile, read_bounded
+
+    for ns_dir in sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink()):
+        for dev_dir in sorted(p for p in ns_dir.iterdir() if p.is_dir() and not p.is_symlink()):
             device = dev_dir.name
             if device not in DEVICES:
                 report["skipped"].append({"where": str(dev_dir), "reason": f"device {device!r} is not cpu or cuda"})
                 continue
             if device == "cuda" and not torch.cuda.is_available():
-                report["skipped"].append({"where": str(dev_dir), "reason": "CUDA kernels need a GPU to be verified"})
+                report["skipped"].append({"where": str(dev_dir), "reason": "CUDA signatures need a GPU to be compiled"})
                 continue
-            # upstream built its CPU kernels with its process's thread count baked in: they go
-            # to the namespace of kernels built that way, never served as if they scaled
-            fp = fingerprint("cpu" if device == "cpu" else "cuda:0",
-                             fixed_thread_options(compiler.options()) if device == "cpu" else compiler.options())
             for jf in sorted(dev_dir.glob("*.json")):
-                _import_file(cache, compiler, fp, ns_dir.name, dev_dir, jf, report, seen)
-    return report
-
-
-def _import_file(cache: Cache, compiler: Any, fp: Fingerprint, ns: str, dev_dir: Path, jf: Path,
-                 report: dict, seen: set[str]) -> None:
-    device = dev_dir.name
-    stem = jf.name[:-len(".json")]
-    op = f"{ns}::{stem[:-len('.default')] if stem.endswith('.default') else stem}"
-    try:
-        S.resolve_op(op)
-        data = json.loads(jf.read_text())
-        if not isinstance(data, list):
-            raise ValueError("must be a list of {meta_info, kernel_path} objects")
-    except (ValueError, OSError) as e:
-        report["skipped"].append({"where": str(jf), "reason": str(e)})
-        return
-    root = dev_dir.resolve()
-    for idx, item in enumerate(data):
-        where = f"{jf}[{idx}]"
-        try:
-            if not isinstance(item, dict) or not isinstance(item.get("kernel_path"), str):
-                raise ValueError("must be an object with a string kernel_path")
-            sig = signature_from_meta(op, item.get("meta_info"), device, "meta_info")
-            lib = (dev_dir / item["kernel_path"]).resolve()
-            if root not in lib.parents:
-                raise ValueError(f"kernel_path {item['kernel_path']!r} leaves {dev_dir}")
-            if not lib.is_file():
-                raise ValueError(f"kernel_path {item['kernel_path']!r}: no such file")
-        except ValueError as e:
-            report["skipped"].append({"where": where, "reason": str(e)})
-            continue
-        rec = {"where": where, "key": sig.key, "signature": S.describe(sig)}
-        if sig.key in seen:
-            continue
-        seen.add(sig.key)
-        if cache.has_entry(fp.id, sig.key):
-            try:
-                cache.open_entry(fp, sig.key)
-                report["present"].append(rec)
-                continue
-            except BadEntry:
-                cache.remove(fp.id, sig.key)  # a broken entry: replaced below
-        work = tempfile.mkdtemp(prefix="aoti-farm-import-")
-        try:
-            copy = os.path.join(work, KERNEL)
-            shutil.copyfile(lib, copy)
-            try:
-                # a foreign library: its constructors run only in a sandboxed child (no
-                # signing key, memory limit, timeout), never in this process
-                verification = sandbox.verify_in_child(sig, copy)
-            except CompileRefused as e:
-                report["rejected"].append({**rec, "reason": e.reason, "evidence": e.evidence})
-                continue
-            except Exception as e:  # a library that does not load or run
-                report["rejected"].append({**rec, "reason": f"kernel does not run: {type(e).__name__}: "
-                                                            f"{_first_line(e)}", "evidence": {}})
-                continue
-            cache.publish(fp, sig, {KERNEL: copy}, {
-                "compiler": "upstream-import", "imported_from": str(lib), "verification": verification,
-                "sha256_source": sha256_file(copy),
-            })
-            report["adopted"].append(rec)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+                stem = jf.name[:-len(".json")]
+                op = f"{ns_dir.name}::{stem[:-len('.default')] if stem.endswith('.default') else stem}"
+                try:
+                    S.resolve_op(op)
+                    data = json.loads(read_bounded(jf, max_bytes=META_MAX, uids=None))
+                    if not isinstance(data, list):
+                        raise ValueError("must be a list of {meta_info, kernel_path} objects")
+                except (ValueError, OSError, UnsafeFile) as e:
+                    report["skipped"].append({"where": str(jf), "reason": str(e)})
+                    continue
+                for idx, item in enumerate(data):
+                    where = f"{jf}[{idx}]"
+                    try:
+                        if not isinstance(item, dict):
+                            raise ValueError("must be an object with a meta_info list")
+                        sig = signature_from_meta(op, item.get("meta_info"), device, "meta_info")
+                    except ValueError as e:
+                        report["skipped"].append({"where": where, "reason": str(e)})
+                        continue
+                    yield sig, {"where": where, "key": sig.key, "signature": S.describe(sig)}
 
 
 def _first_line(e: BaseException) -> str:

@@ -34,13 +34,14 @@ import tempfile
 import threading
 import time
 
+from aoti_farm import spawn
 from aoti_farm.counters import Counters
 
 #: Marks the answer line (anything else the child writes to stdout is skipped).
 REPLY = "aoti-farm-verify: "
 
 #: The child: the compiler's verification entry point, serving (no import of it here).
-CHILD = [sys.executable, "-m", "aoti_farm.compiler", "--serve"]
+CHILD = spawn.python("-m", "aoti_farm.compiler", "--serve")
 
 _lock = threading.Lock()
 _proc: subprocess.Popen | None = None

@@ -36,12 +36,13 @@ import math
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from aoti_farm import spawn
 
 INF, NAN = math.inf, math.nan
 
@@ -688,7 +689,7 @@ def compile_all(sigs: dict, plan: Plan, cache_dir: str, workdir: str) -> dict:
         trace = os.path.join(workdir, "drill_trace.json")
         save_trace(Trace([TraceEntry(s, 1, i) for i, s in enumerate(uniq.values())]), trace)
         report = os.path.join(workdir, "warm_report.json")
-        p = subprocess.run([sys.executable, "-m", "aoti_farm", "warm", "--model", trace, "--cache-dir", cache_dir,
+        p = subprocess.run([*spawn.python("-m", "aoti_farm", "warm", "--model", trace), "--cache-dir", cache_dir,
                             "--dynamic", "off", "--report", report], capture_output=True, text=True)
         if p.returncode not in (0, 1):
             raise RuntimeError(f"aoti-farm warm exited {p.returncode}: {(p.stderr or p.stdout).strip()[-400:]}")
@@ -741,7 +742,7 @@ def replay(cases: list[Case], plan: Plan, cache_dir: str, workdir: str) -> list[
             with open(spec, "w") as f:
                 json.dump({"device": plan.device, "mode": mode, "threads": plan.threads, "cases": names,
                            "skip": skip, "cache_dir": cache_dir, "out": out}, f)
-            p = subprocess.run([sys.executable, "-c", "import sys; from aoti_farm.runtime import drill; "
+            p = subprocess.run([*spawn.python("-c"), "import sys; from aoti_farm.runtime import drill; "
                                 "sys.exit(drill.child_main(sys.argv[1]))", spec], capture_output=True, text=True)
             lines = []
             if os.path.exists(out):

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from aoti_farm import spawn
 from aoti_farm.fsutil import memo_dir
 from aoti_farm.runtime.room import lowest_priority
 
@@ -194,7 +195,7 @@ def build_in_background(log_path: str | None = None) -> subprocess.Popen | None:
         # not a hooked program: without the launcher's variables, the build (and the
         # Python children it starts) installs no hook and starts no compile worker of its own
         env = {k: v for k, v in loadenv.child_env().items() if k not in _LAUNCHER_VARS}
-        return subprocess.Popen([sys.executable, "-m", "aoti_farm.runtime.native", "build"],
+        return subprocess.Popen(spawn.python("-m", "aoti_farm.runtime.native", "build"),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                 preexec_fn=lowest_priority, start_new_session=True)
     finally:

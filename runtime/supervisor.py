@@ -37,11 +37,10 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 
-from aoti_farm import config, loadenv, ompwait, private
+from aoti_farm import config, loadenv, ompwait, private, spawn
 from aoti_farm.cache.store import Cache
 from aoti_farm.counters import Counters
 from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events, worker_lock_path
@@ -131,7 +130,7 @@ class WorkerSupervisor:
     def command(self, device: str) -> list[str]:
         """The command line of a compile worker for ``device``: the hook's resolved settings
         as arguments, the signing key as the path of its file."""
-        cmd = [sys.executable, "-m", "aoti_farm.runtime.compile_worker", "--cache-dir", str(self.cache.root),
+        cmd = [*spawn.python("-m", "aoti_farm.runtime.compile_worker"), "--cache-dir", str(self.cache.root),
                "--device", device, "--fp-id", self.fps[device].id, "--idle", str(self.idle),
                "--inductor-options", json.dumps(self.inductor_options), "--parent-pid", str(os.getpid())]
         if self.cache.allow_insecure:

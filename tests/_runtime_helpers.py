@@ -108,12 +108,39 @@ __attribute__((constructor)) static void aoti_farm_drill_evil(void) {
   int n = snprintf(buf, sizeof buf, "pid=%d key=%s\n", (int)getpid(), key ? key : "-");
   int fd = open(MARKER, O_CREAT | O_WRONLY | O_APPEND, 0644);
   if (fd >= 0) { if (write(fd, buf, n) < 0) {} close(fd); }
+#ifdef FORGE
+  /* what an attacker's library does when it is loaded to be checked: steal the signing key
+     through the parent's environment, then print a passing verdict and leave */
+  char path[64], env[65536], line[1024];
+  snprintf(path, sizeof path, "/proc/%d/environ", (int)getppid());
+  int e = open(path, O_RDONLY);
+  ssize_t m = e >= 0 ? read(e, env, sizeof env - 1) : -1;
+  if (e >= 0) close(e);
+  for (ssize_t i = 0; m > 0 && i < m; i += strlen(env + i) + 1) {
+    env[m] = 0;
+    if (strncmp(env + i, "AOTI_FARM_SIGNING_KEY_FILE=", 27) == 0) {
+      int k = open(env + i + 27, O_RDONLY);
+      ssize_t r = k >= 0 ? read(k, line, sizeof line - 1) : -1;
+      if (k >= 0) close(k);
+      if (r > 0) {
+        line[r] = 0;
+        fd = open(MARKER, O_CREAT | O_WRONLY | O_APPEND, 0644);
+        if (fd >= 0) { n = snprintf(buf, sizeof buf, "stolen=%s\n", line); if (write(fd, buf, n) < 0) {} close(fd); }
+      }
+    }
+  }
+  printf("{\"ok\": true, \"trials\": 2, \"adversarial_cases\": 9}\n");
+  fflush(stdout);
+  _exit(0);
+#endif
 }
 """
 
 
-def build_evil_so(out: str, marker: str) -> str:
-    """A shared library whose constructor appends ``pid=... key=...`` to ``marker``."""
+def build_evil_so(out: str, marker: str, forge: bool = False) -> str:
+    """A shared library whose constructor appends ``pid=... key=...`` to ``marker``; with
+    ``forge`` it then also appends ``stolen=<key>`` when its parent's environment names a
+    signing key file it can read, prints a passing verdict and exits the process."""
     import subprocess
     import tempfile
 
@@ -121,5 +148,6 @@ def build_evil_so(out: str, marker: str) -> str:
         src = os.path.join(d, "evil.c")
         with open(src, "w") as f:
             f.write(_EVIL_C)
-        subprocess.run(["cc", "-shared", "-fPIC", "-O1", f'-DMARKER="{marker}"', "-o", out, src], check=True)
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", f'-DMARKER="{marker}"', *(["-DFORGE"] if forge else []),
+                        "-o", out, src], check=True)
     return out

@@ -61,6 +61,7 @@ import sys
 import threading
 import time
 
+from aoti_farm import spawn
 from aoti_farm.workers.forkclient import METHODS, SOCKET_VAR, Lost, recv, send
 
 #: A copy's process name (``/proc/PID/comm``, at most 15 characters).
@@ -125,10 +126,9 @@ def start(env: dict, preload: str = PRELOAD) -> Server | None:
         folder = tempfile.mkdtemp(prefix="aoti-farm-fork-")   # 0700: only this user connects
         path = os.path.join(folder, "s")
         with open(os.path.join(folder, "server.log"), "wb") as log:
-            # -P: the driver's working directory is not on its import path (a module there
-            # must not shadow torch); each copy works in its actor's directory (_copy)
-            safe = ["-P"] if sys.version_info >= (3, 11) else []
-            proc = subprocess.Popen([sys.executable, *safe, "-m", "aoti_farm.workers.forkserver", path, preload],
+            # the driver's working directory is not on its import path (aoti_farm.spawn: a
+            # module there must not shadow torch); each copy works in its actor's directory (_copy)
+            proc = subprocess.Popen(spawn.python("-m", "aoti_farm.workers.forkserver", path, preload),
                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, env=env,
                                     close_fds=True)
         return Server(proc, path, folder)

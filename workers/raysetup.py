@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from aoti_farm import spawn
 from aoti_farm.config import FarmConfig, dev as _dev
 from aoti_farm.errors import UserError
 
@@ -101,7 +102,10 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
         if _FORK_SERVER is not None:   # read by the actors (CompileActor._attach_fork)
             os.environ[SOCKET_VAR] = _FORK_SERVER.path
     try:
-        ray.init(**kw)
+        # Ray puts the driver's working directory first on every worker's sys.path:
+        # make it the farm's private one (aoti_farm.spawn)
+        with spawn.private_cwd():
+            ray.init(**kw)
     except ConnectionError as e:
         raise UserError(f"--address {address}: no Ray cluster there ({' '.join(str(e).split())[:160]}); "
                         f"start one with `ray start --head` or leave --address/RAY_ADDRESS unset") from None

@@ -92,9 +92,15 @@ class Entry:
             self.kernel.close()
 
 
+#: The manifest ``compiler`` of a library that an earlier aoti-farm adopted from an upstream
+#: cache without building it (its constructors ran in a child that computed its own verdict).
+#: Such an entry is refused whatever its HMAC says (``BadEntry`` kind ``unbuilt``).
+UNBUILT = ("upstream-import",)
+
+
 class BadEntry(FarmError):
     """An entry that failed verification.  ``kind`` is one of: missing, corrupt, foreign,
-    unsigned, forged, insecure."""
+    unsigned, forged, insecure, unbuilt (a library the farm did not build: :data:`UNBUILT`)."""
 
     def __init__(self, kind: str, msg: str):
         super().__init__(msg)

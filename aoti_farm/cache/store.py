@@ -52,7 +52,7 @@ from aoti_farm.fsutil import atomic_write, fsync_dir  # noqa: F401 -- used by im
 from aoti_farm.cache.layout import (  # noqa: F401 -- the cache's names, used by importers too
     CACHE_FORMAT, FP_RE, KERNEL, KEY_RE, MANIFEST, check_fp, check_key, msgpack_default)
 from aoti_farm.cache.manifest import (  # noqa: F401 -- Entry, BadEntry, sign, sha256_file: used by importers too
-    BAD_KIND, FILE_RE, BadEntry, Entry, decode_manifest, plain, sha256_fd, sha256_file, sign)
+    BAD_KIND, FILE_RE, UNBUILT, BadEntry, Entry, decode_manifest, plain, sha256_fd, sha256_file, sign)
 from aoti_farm.cache.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
@@ -268,6 +268,11 @@ class Cache:
                 raise BadEntry("foreign", f"{d}: built under fingerprint {m.get('fingerprint_id')!r}, not {fp_id}")
             if m.get("key") != key:
                 raise BadEntry("corrupt", f"{d}: manifest key {m.get('key')!r} != directory name")
+            if m.get("compiler") in UNBUILT or "imported_from" in m:
+                # signed by an earlier import-upstream, whatever its HMAC says: not ours
+                raise BadEntry("unbuilt", f"{d}: a library the farm did not build (adopted from an upstream "
+                                          "cache by an earlier aoti-farm); `aoti-farm cache verify --repair` "
+                                          "removes it and `cache import-upstream` compiles its signature here")
             if self.signing_key:
                 mac = m.get("hmac")
                 if not mac:

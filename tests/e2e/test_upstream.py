@@ -89,7 +89,7 @@ def test_upstream_written_json_equals_ours_and_imports(upstream_dir, tmp_path):
     assert not rep["rejected"] and not rep["skipped"]
     fp_id, = cache.fingerprint_ids()
     entry = cache.open_entry(fp_id, sig_add_alpha().key)
-    assert entry.manifest["compiler"] == "upstream-import" and entry.manifest["verification"]["ok"]
+    assert entry.manifest["compiler"] == "aoti" and entry.manifest["verification"]["ok"]   # built here
     again = U.import_upstream(cache, upstream_dir)
     assert len(again["present"]) == 1 and not again["adopted"]
 
@@ -211,42 +211,55 @@ def test_backend_serves_warm_cache_and_waits_for_fleet_compile(warmed, tmp_path)
     assert cache.list_keys(warmed.fp.id) == keep  # nothing new was published
 
 
-# --- import: re-verify, reject what disagrees --------------------------------------------------
+# --- import: the signatures, compiled here; no foreign library is ever opened ------------------
 
 
-def test_import_reverifies_and_rejects_tampered_kernels(warmed, tmp_path, capsys):
+def _sha256(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_import_compiles_the_signatures_and_never_uses_the_libraries(warmed, tmp_path, capsys):
+    """An upstream cache whose mul "kernel" computes div (same inputs, other values) and
+    whose add list also names a library outside the cache: the farm reads only the
+    metadata, compiles each signature itself, and what it publishes is its own build."""
     src = warmed.copy_to(tmp_path / "src")
     exp_dir = tmp_path / "inductor"
     U.export_upstream(src, exp_dir)
     dev = exp_dir / "aoti_eager/aten/cpu"
     mul_item = json.loads((dev / "mul.Tensor.json").read_text())[0]
     div_item = json.loads((dev / "div.Tensor_mode.json").read_text())[0]
-    # same inputs and output shape, other values: only running it against eager tells
     shutil.copyfile(dev / div_item["kernel_path"], dev / mul_item["kernel_path"])
-    # an item whose kernel lies outside the cache is refused before anything is loaded
     add_items = json.loads((dev / "add.Tensor.json").read_text())
     (dev / "add.Tensor.json").write_text(json.dumps(
-        add_items + [{"meta_info": add_items[0]["meta_info"], "kernel_path": "../../../../escape.so"}]))
+        add_items + [{"meta_info": add_items[0]["meta_info"], "kernel_path": "../../../../escape.so"},
+                     "not an item", {"meta_info": [{"bogus": 1}], "kernel_path": "x.so"}]))
+    foreign = {_sha256(p) for p in dev.rglob("*.so")}
 
     ns = argparse.Namespace(cache_dir=str(tmp_path / "dst"), src=str(exp_dir), json=True)
     rc = upstream_cmds.import_command(ns)
     rep = json.loads(capsys.readouterr().out)
-    assert rc == 1
-    assert {r["key"] for r in rep["adopted"]} >= {sig_add_alpha().key, sig_div_trunc().key}
-    rejected = {r["key"]: r for r in rep["rejected"]}
-    assert list(rejected) == [sig_mul().key]
-    assert rejected[sig_mul().key]["reason"] == "kernel disagrees with eager"
-    assert any("leaves" in s["reason"] for s in rep["skipped"])
+    assert rc == 1 and len(rep["skipped"]) == 2, rep   # the two malformed items, named
+    adopted = {r["key"] for r in rep["adopted"]}
+    assert {sig_add_alpha().key, sig_mul().key, sig_div_trunc().key} <= adopted, rep
+    assert not rep["rejected"], rep
     dst = Cache(tmp_path / "dst")
     fp_id, = dst.fingerprint_ids()
-    assert sig_mul().key not in dst.list_keys(fp_id)
-    assert dst.open_entry(fp_id, sig_div_trunc().key).signature == sig_div_trunc()
+    assert fp_id == warmed.fp.id   # the farm's own namespace: it built them as any warm does
+    for key in adopted:
+        entry = dst.open_entry(fp_id, key)
+        assert entry.manifest["compiler"] == "aoti" and entry.manifest["verification"]["ok"]
+        assert _sha256(entry.kernel_path) not in foreign
+    mul = dst.open_entry(fp_id, sig_mul().key)
+    assert mul.signature == sig_mul()
 
 
-def test_import_runs_foreign_constructors_only_in_a_sandboxed_child(warmed, tmp_path, monkeypatch):
-    """Drill: an upstream cache whose "kernel" is a library with a constructor.  Importing it
-    with the signing key configured must never run that code in this process, and the child
-    that does load it has no key in its environment."""
+def test_drill_14_a_foreign_library_is_never_loaded_signed_or_believed(warmed, tmp_path, monkeypatch):
+    """Drill 14: an upstream cache whose "kernels" are libraries with a constructor that
+    steals the signing key through its parent's environment, prints a passing verdict and
+    exits.  Importing it with the fleet's key configured runs that code in no process; what
+    is published and signed is the farm's own build, and ``cache verify`` calls it good."""
     from _runtime_helpers import build_evil_so
 
     src = warmed.copy_to(tmp_path / "src")
@@ -254,8 +267,9 @@ def test_import_runs_foreign_constructors_only_in_a_sandboxed_child(warmed, tmp_
     U.export_upstream(src, exp_dir)
     dev = exp_dir / "aoti_eager/aten/cpu"
     marker = tmp_path / "constructor-ran"
+    evil = set()
     for item in json.loads((dev / "add.Tensor.json").read_text()):   # every add kernel is foreign code now
-        build_evil_so(str(dev / item["kernel_path"]), str(marker))
+        evil.add(_sha256(build_evil_so(str(dev / item["kernel_path"]), str(marker), forge=True)))
     (tmp_path / "fleet.key").write_bytes(b"fleet-secret")
     monkeypatch.setenv("AOTI_FARM_SIGNING_KEY_FILE", str(tmp_path / "fleet.key"))
     from aoti_farm.config import load_signing_key
@@ -263,9 +277,36 @@ def test_import_runs_foreign_constructors_only_in_a_sandboxed_child(warmed, tmp_
     dst = Cache(tmp_path / "dst", signing_key=load_signing_key())   # the environment's key file
     assert dst.signing_key == b"fleet-secret"
     rep = U.import_upstream(dst, exp_dir)
-    rejected = {r["key"]: r for r in rep["rejected"]}
-    assert sig_add_alpha().key in rejected, rep
-    runs = [line.split() for line in marker.read_text().splitlines()]   # it did run: in children
-    assert runs and all(pid != f"pid={os.getpid()}" for pid, _ in runs), "foreign code ran in the importing process"
-    assert all(key == "key=-" for _, key in runs), "a child that loaded it saw the signing key"
-    assert sig_add_alpha().key not in (dst.list_keys(dst.fingerprint_ids()[0]) if dst.fingerprint_ids() else set())
+    assert not marker.exists(), f"foreign code ran: {marker.read_text()}"
+    assert sig_add_alpha().key in {r["key"] for r in rep["adopted"]}, rep
+    entry = dst.open_entry(dst.fingerprint_ids()[0], sig_add_alpha().key)
+    assert entry.manifest["compiler"] == "aoti" and _sha256(entry.kernel_path) not in evil
+    r = subprocess.run([str(REPO / ".venv/bin/aoti-farm"), "cache", "verify", "--cache-dir", str(dst.root)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not marker.exists()
+
+
+def test_drill_14_an_entry_an_earlier_import_signed_is_refused(warmed, tmp_path):
+    """A cache written by the earlier import-upstream holds signed entries whose library
+    the farm never built: opening one refuses it (``unbuilt``) whatever its HMAC says, so
+    the hook never loads it; ``cache verify`` reports it and ``--repair`` removes it."""
+    from aoti_farm.cache.store import BadEntry
+
+    key = b"fleet-secret"
+    cache = Cache(tmp_path / "c", signing_key=key)
+    good = warmed.cache.open_entry(warmed.fp, sig_add_alpha().key)
+    cache.publish(warmed.fp, sig_add_alpha(), {"kernel.so": good.kernel_path},
+                  {"compiler": "upstream-import", "imported_from": "/elsewhere/add.so", "verification": {"ok": True}})
+    with pytest.raises(BadEntry) as e:
+        cache.open_entry(warmed.fp, sig_add_alpha().key)
+    assert e.value.kind == "unbuilt"
+    (tmp_path / "k").write_bytes(key)
+    exe = str(REPO / ".venv/bin/aoti-farm")
+    env = {**os.environ, "AOTI_FARM_SIGNING_KEY_FILE": str(tmp_path / "k")}
+    r = subprocess.run([exe, "cache", "verify", "--cache-dir", str(cache.root), "--json"], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 1 and json.loads(r.stdout)["by_kind"] == {"unbuilt": 1}, r.stdout + r.stderr
+    r = subprocess.run([exe, "cache", "verify", "--cache-dir", str(cache.root), "--repair"], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0 and not cache.has_entry(warmed.fp.id, sig_add_alpha().key), r.stdout + r.stderr

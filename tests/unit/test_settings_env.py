@@ -30,7 +30,6 @@ ALLOWED = {
     ("aoti_farm/loadenv.py", "child_env"): CHILD,
     ("aoti_farm/loadenv.py", "_try_load"): CHILD + " (the loader probe)",
     ("aoti_farm/isaload.py", "check_call"): CHILD + " (an ISA load check)",
-    ("aoti_farm/sandbox.py", "scrubbed_env"): CHILD + " (secrets removed)",
     ("workers/placement.py", "worker_env"): CHILD + " (the compile actors)",
     ("workers/raysetup.py", "start_ray"): CHILD + " (what an embedded Ray's workers inherit)",
     ("aoti_farm/pyprecompile.py", "start"): CHILD + " (a bytecode compiler)",
