@@ -75,6 +75,17 @@ def _pattern(values: list, n: int, i: int, dtype: torch.dtype, device) -> torch.
 FLOAT_CASES = ("finite special values", "infinities and NaN", "magnitudes", "isolated infinities",
                "isolated NaN")
 
+#: The precision cases: ill-conditioned finite inputs, on which a kernel must be at least as
+#: accurate as eager wherever eager is accurate (``tolerance.precision``, against a float64
+#: reference): a large offset with a small spread (a variance of ``3e4 + N(0, 1)`` rows),
+#: and cancellation (pairs ``x, -x`` of neighbouring elements, ``x = 1e4 + |N(0, 1)|``: a
+#: row's sum or mean is exactly 0).
+#: Eager's CPU kernels accumulate some reductions in float64 or pairwise, a generated
+#: kernel in float32 lanes; random normal and special values never tell them apart.
+PRECISION_CASES = ("large offset", "cancellation")
+#: (offset, cancelling magnitude) per narrow float dtype: its spread of 1 stays resolved.
+ILL_CONDITIONED = {torch.float32: (3e4, 1e4), torch.float16: (64.0, 1e2), torch.bfloat16: (8.0, 1e2)}
+
 #: The index cases, in the order they run, each with the index value it puts first: the
 #: last in-bounds index, then the two that put an index out of its bounds
 #: (:data:`BAD_INDEX_CASES`, where eager raises).
@@ -208,6 +219,19 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
                 repl[(n, j)] = _view(t, flat)
         if len(repl) > len(valid):
             out.append((case, *build(repl)))
+    narrow = [(n, j, t) for n, j, t in floats if t.dtype in ILL_CONDITIONED]
+    for case in PRECISION_CASES if narrow else ():
+        repl = dict(valid)
+        for n, j, t in narrow:
+            offset, size = ILL_CONDITIONED[t.dtype]
+            noise = _flat(t).double()
+            if case == "large offset":
+                flat = offset + noise
+            else:   # x, -x in neighbouring elements: sums along the innermost dim cancel exactly
+                k = torch.arange(noise.numel(), device=noise.device)
+                flat = (1 - 2 * (k % 2)) * (size + noise.abs()[k - k % 2])
+            repl[(n, j)] = _view(t, flat.to(t.dtype))
+        out.append((case, *build(repl)))
     if not all(_on_cpu(t) for t in valid.values()):
         bounds = {}   # eager's bound check on CUDA is a device-side assert: see unverifiable()
     for (n, j), bound in bounds.items():

@@ -38,7 +38,7 @@ from aoti_farm import abortscan, adversarial, dyncompile, loadenv, splitbuild, s
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
-from aoti_farm.tolerance import TOLERANCES, compare, flag_tolerance, length_tolerance  # noqa: F401 -- re-exported
+from aoti_farm.tolerance import TOLERANCES, compare, flag_tolerance, length_tolerance, precision  # noqa: F401 -- re-exported
 from aoti_farm.fingerprint import effective_options, seed_inductor_vec_isa
 from aoti_farm.runner import flat_tensors  # noqa: F401 -- re-exported (the runner's inputs)
 
@@ -124,11 +124,30 @@ def load_runner(kernel_path: str, device: str):
     return torch._C._aoti.AOTIModelContainerRunnerCpu(kernel_path, CPU_MODELS)
 
 
-class _OpModule(torch.nn.Module):
-    """forward(*tensors) -> op(*args) with every non-tensor argument baked in."""
+def _output_strides(out) -> list | None:
+    """Per output of eager's result, its strides (None for a non-tensor)."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return [tuple(o.stride()) if isinstance(o, torch.Tensor) else None for o in outs]
 
-    def __init__(self, sig: S.Signature, args: tuple, kwargs: dict):
+
+def _only_size1_differ(sizes, have, want) -> bool:
+    return len(have) == len(want) and all(h == w or n == 1 for n, h, w in zip(sizes, have, want))
+
+
+class _OpModule(torch.nn.Module):
+    """forward(*tensors) -> op(*args) with every non-tensor argument baked in.
+
+    ``eager_strides`` (exact kernels): eager's output strides.  Where the traced output's
+    strides differ from them only in size-1 dims (the op's meta function lays a
+    channels-last ``[N, C, 1, 1]`` result out as its input, eager's TensorIterator
+    contiguously), the output is restrided to eager's: the same elements at the same
+    addresses (a size-1 dim's stride addresses nothing), so no copy, and the memory
+    format torch later suggests for the result is eager's (:func:`tolerance.compare`
+    checks it)."""
+
+    def __init__(self, sig: S.Signature, args: tuple, kwargs: dict, eager_strides: list | None = None):
         super().__init__()
+        self.eager_strides = eager_strides
         self.op = S.resolve_op(sig.op)
         self.positions = S.tensor_positions(sig)
         self.template_args = list(args)
@@ -151,7 +170,15 @@ class _OpModule(torch.nn.Module):
                     kwargs[name] = t
                 else:
                     kwargs[name][j] = t
-        return self.op(*args, **kwargs)
+        out = self.op(*args, **kwargs)
+        if not self.eager_strides:
+            return out
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        for n, (o, want) in enumerate(zip(outs, self.eager_strides)):
+            if (isinstance(o, torch.Tensor) and want is not None and tuple(o.stride()) != want
+                    and _only_size1_differ(o.shape, o.stride(), want)):
+                outs[n] = o.as_strided(o.shape, want, o.storage_offset())
+        return type(out)(outs) if isinstance(out, (tuple, list)) else outs[0]
 
 
 def before_compile(info: S.OpInfo, device: str, workdir: str, what: str) -> None:
@@ -217,7 +244,7 @@ class AOTICompiler:
             with torch.no_grad():
                 # eager must accept the example inputs, or the signature itself is bad
                 try:
-                    S.resolve_op(sig.op)(*args, **kwargs)
+                    eager_out = S.resolve_op(sig.op)(*args, **kwargs)
                 except Exception as e:
                     what = "the example inputs" if cls is None else "the export's example shape"
                     raise refused(f"eager rejects {what}: {type(e).__name__}: {_first_line(e)}") from None
@@ -226,7 +253,7 @@ class AOTICompiler:
                 scan = (abortscan.check_before_build if cls is None and device == "cpu" and abortscan.enabled()
                         and set(sig.info().arg_names) & set(adversarial.INDEX_ARGS)
                         and eager_raises_on_adversarial(sig, only=adversarial.BAD_INDEX_CASES) else None)
-                mod = _OpModule(sig, args, kwargs)
+                mod = _OpModule(sig, args, kwargs, _output_strides(eager_out) if cls is None else None)
                 if cls is not None and cls.stride_symbols:
                     # a stride no size implies: symbolic input strides (aoti_farm/stridesym.py)
                     try:
@@ -473,7 +500,10 @@ class AOTICompiler:
             args, kwargs = S.materialize(sig0, seed=points[0][1])
             for name, cargs, ckwargs in adversarial.cases(sig0, args, kwargs):
                 n_cases += 1
-                check_case(sig0, op, runner, name, cargs, ckwargs)
+                if name in adversarial.PRECISION_CASES:
+                    check_precision(sig0, op, runner, name, cargs, ckwargs)
+                else:
+                    check_case(sig0, op, runner, name, cargs, ckwargs)
         finally:
             if threads:
                 torch.set_num_threads(saved)
@@ -627,6 +657,38 @@ def check_case(sig: S.Signature, op, runner, name: str, args: tuple, kwargs: dic
     if bad is not None:
         bad["case"] = name
         raise CompileRefused(f"kernel disagrees with eager on adversarial inputs: {name}", bad)
+
+
+def _widened(x):
+    """``x`` with every narrow float tensor as a float64 copy (lists too)."""
+    if isinstance(x, torch.Tensor):
+        return x.double() if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else x.clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_widened(v) for v in x)
+    return x
+
+
+def check_precision(sig: S.Signature, op, runner, name: str, args: tuple, kwargs: dict) -> None:
+    """A precision case (ill-conditioned finite inputs: :data:`adversarial.PRECISION_CASES`):
+    the kernel must be at least as accurate as eager against the same call in float64,
+    wherever eager is (:func:`tolerance.precision`).  A case eager or the float64 call
+    rejects is skipped (raising is the edge cases' to check); the kernel raising where
+    eager does not is refused as anywhere."""
+    wide_args, wide_kwargs = _widened(args), _widened(kwargs)
+    expected, e_err = _raises(lambda: op(*args, **kwargs))
+    if e_err is not None:
+        return
+    got, k_err = _raises(lambda: runner.run(flat_tensors(sig, args, kwargs)))
+    if k_err is not None:
+        raise CompileRefused(f"kernel raises where eager does not: {name}",
+                             {"case": name, "kernel_error": f"{type(k_err).__name__}: {_first_line(k_err)}"})
+    truth, t_err = _raises(lambda: op(*wide_args, **wide_kwargs))
+    if t_err is not None:
+        return
+    bad = precision(expected, got, truth, _tolerance(sig, args, kwargs, expected))
+    if bad is not None:
+        bad["case"] = name
+        raise CompileRefused(f"kernel less accurate than eager on ill-conditioned inputs: {name}", bad)
 
 
 #: Words of a C++ compiler's output that say the host failed it, not the code.

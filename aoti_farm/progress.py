@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -236,11 +237,27 @@ def _speed_lines(results: list[dict]) -> list[str]:
     return out
 
 
+def strict_json(x):
+    """``x`` with every non-finite float as the string ``"inf"``, ``"-inf"`` or ``"nan"``:
+    JSON has no such numbers (``Infinity`` is Python's extension, and the report reader
+    refuses it, since a hostile report would draw to infinity), while a refusal's evidence
+    may hold them (eager's value where the kernel's was finite)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if x != x else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: strict_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict_json(v) for v in x]
+    return x
+
+
 def write_report(path: str, results: list[dict], extra: dict | None = None) -> None:
-    """JSON: ``{"signatures": [{key, op, status, seconds, worker, attempts, error, ...}], ...extra}``."""
+    """JSON: ``{"signatures": [{key, op, status, seconds, worker, attempts, error, ...}], ...extra}``,
+    strict (:func:`strict_json`), so ``aoti-farm report`` reads every report warm writes."""
     doc = {"format": "aoti-farm-warm-report", "version": 1, **(extra or {}), "signatures": results}
     try:
-        atomic_write(path, json.dumps(doc, indent=1, default=str).encode())
+        atomic_write(path, json.dumps(strict_json(json.loads(json.dumps(doc, default=str))), indent=1,
+                                      allow_nan=False).encode())
     except OSError as e:
         raise UserError(f"report {path}: cannot write ({e.strerror}); pass a writable --report path") from None
 

@@ -45,8 +45,32 @@ MAX_SYMBOLS = 64
 # --- layout classes ---------------------------------------------------------------------
 
 
+def memory_format(sizes, strides) -> str:
+    """The memory format torch suggests for a tensor of these sizes and strides
+    (``Tensor.suggest_memory_format()``): ``channels_last`` (rank 4) or
+    ``channels_last_3d`` (rank 5) when the strides are like channels-last, else
+    ``contiguous``.  The strides of size-1 dims count here: ``[N, C, 1, 1]`` with strides
+    ``(C, 1, C, C)`` is channels-last, with ``(C, 1, 1, 1)`` contiguous, and ops that
+    allocate "like" an input (``interpolate``, ``empty_like``) follow it.  c10's
+    ``is_channels_last_strides_2d_s4``/``_3d_s5``, as ported in
+    ``torch._prims_common.are_strides_like_channels_last_or_false``
+    (tests/unit/test_layout_format.py holds this to torch's own answer)."""
+    n = len(sizes)
+    if n not in (4, 5) or strides[1] == 0:
+        return "contiguous"
+    low = 0
+    for d in ((1, 3, 2, 0) if n == 4 else (1, 4, 3, 2, 0)):
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return "contiguous"
+        low = strides[d] * sizes[d]
+    return "channels_last" if n == 4 else "channels_last_3d"
+
+
 def tensor_layout(sizes: tuple, strides: tuple) -> tuple | None:
-    """(order, bcast, small) of a tensor, or None when it is not dense in its stride order.
+    """(order, bcast, small) of a tensor, or None when it is not dense in its stride order
+    or when its size-1 dims' strides decide another memory format than the dense strides
+    of that order would (:func:`memory_format`: such a tensor's class must keep its exact
+    strides, the strided class does).
 
     ``order``: the dims of size >= 2 and non-zero stride, outermost first; ``bcast``: the
     dims of size >= 2 with stride 0; ``small``: ``(dim, size)`` of the dims of size 0 or 1."""
@@ -59,6 +83,8 @@ def tensor_layout(sizes: tuple, strides: tuple) -> tuple | None:
         if strides[d] != expect:
             return None
         expect *= sizes[d]
+    if small and memory_format(sizes, strides) != memory_format(sizes, dense_strides(sizes, order, bcast)):
+        return None
     return order, bcast, small
 
 
@@ -478,4 +504,4 @@ def export_point(cls: ShapeClass) -> dict[str, int]:
 
 
 __all__ = ["ShapeClass", "classes", "group_of", "group_key", "parse_class", "sample_points", "export_point",
-           "tensor_layout", "dense_strides", "stride_order", "overlaps", "distinct_shapes", "CLASS_VERSION", "STRIDED"]
+           "tensor_layout", "memory_format", "dense_strides", "stride_order", "overlaps", "distinct_shapes", "CLASS_VERSION", "STRIDED"]

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from aoti_farm import signature as S
+from aoti_farm.shapes import memory_format
 
 #: (rtol, atol) per output dtype.  Integers and bools compare exactly.
 TOLERANCES = {
@@ -122,7 +123,8 @@ def flag_tolerance(sig: S.Signature, args: tuple, kwargs: dict, flags: dict | No
 
 def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] = (0.0, 0.0)) -> dict | None:
     """None if ``got`` matches eager's ``expected``, else the evidence of the mismatch:
-    output count, dtype, shape, device, strides (of dims longer than 1), NaN in the same
+    output count, dtype, shape, device, strides (of dims longer than 1), the memory format
+    the strides suggest (size-1 dims' strides included: :func:`shapes.memory_format`), NaN in the same
     places, infinities equal with their sign (``isclose`` is exact on them), zeros of the
     same sign where both are zero, then values within the tolerance.  ``extra`` = (rtol,
     atol) added to the dtype's tolerances (:func:`length_tolerance`)."""
@@ -140,6 +142,12 @@ def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] =
             return {"output": n, "problem": "device", "eager": str(e.device), "kernel": str(g.device)}
         if any(se != sg for se, sg, sz in zip(e.stride(), g.stride(), e.shape) if sz > 1):
             return {"output": n, "problem": "strides", "eager": list(e.stride()), "kernel": list(g.stride())}
+        # size-1 dims' strides decide the memory format torch suggests for the result, and
+        # what a later op allocates like it (interpolate, empty_like): they must agree too
+        if memory_format(e.shape, e.stride()) != memory_format(g.shape, g.stride()):
+            return {"output": n, "problem": "memory format", "eager": list(e.stride()), "kernel": list(g.stride()),
+                    "eager_format": memory_format(e.shape, e.stride()),
+                    "kernel_format": memory_format(g.shape, g.stride())}
         if e.dtype in TOLERANCES:
             rtol, atol = TOLERANCES[e.dtype]
             rtol, atol = rtol + extra[0], atol + extra[1]
@@ -176,4 +184,39 @@ def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] =
             bad = (e.cpu() != g.cpu()).flatten().nonzero()
             return {"output": n, "problem": "values", "mismatched": int(bad.numel()), "numel": e.numel(),
                     "first_index": int(bad[0])}
+    return None
+
+
+def precision(expected: Any, got: list, truth: Any, extra: tuple[float, float] = (0.0, 0.0)) -> dict | None:
+    """None if ``got`` is at least as accurate as eager's ``expected`` against ``truth`` (the
+    same call in float64), else the evidence.  Per narrow-float output where eager is
+    accurate everywhere it is finite (within the dtype's tolerance of ``truth``): every
+    element of the kernel's within eager's own error plus that tolerance (plus ``extra``,
+    :func:`length_tolerance`) of ``truth``.  Where eager itself is off by more than the
+    tolerance somewhere, it accumulates no wider than the kernel does and the output is
+    not judged here (the comparison with eager holds it).  Positions where any of the three
+    is not finite are left to the edge cases."""
+    exp = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    tru = list(truth) if isinstance(truth, (tuple, list)) else [truth]
+    for n, (e, g, t) in enumerate(zip(exp, got, tru)):
+        if not (isinstance(e, torch.Tensor) and isinstance(g, torch.Tensor) and isinstance(t, torch.Tensor)):
+            continue
+        if e.dtype not in (torch.float32, torch.float16, torch.bfloat16) or e.shape != t.shape or g.shape != e.shape:
+            continue
+        rtol, atol = TOLERANCES[e.dtype]
+        ec, gc, tc = (x.detach().cpu().double() for x in (e, g, t))
+        finite = torch.isfinite(ec) & torch.isfinite(gc) & torch.isfinite(tc)
+        if not bool(finite.any()):
+            continue
+        bound = atol + rtol * tc.abs()
+        e_err, g_err = (ec - tc).abs(), (gc - tc).abs()
+        if bool((finite & (e_err > bound)).any()):
+            continue   # eager is not accurate here either
+        bad = finite & (g_err > e_err + bound + extra[1] + extra[0] * tc.abs())
+        if bool(bad.any()):
+            i = int(bad.flatten().nonzero()[0])
+            return {"output": n, "problem": "precision", "mismatched": int(bad.sum()), "numel": e.numel(),
+                    "first_index": i, "float64": float(tc.flatten()[i]), "eager": float(ec.flatten()[i]),
+                    "kernel": float(gc.flatten()[i]), "kernel_error": float(g_err.flatten()[i]),
+                    "eager_error": float(e_err.flatten()[i]), "rtol": rtol, "atol": atol}
     return None

@@ -30,9 +30,12 @@ def _threads(n):
         torch.set_num_threads(saved)
 
 
-def _var_mean_sig():
+def _reduction_sig():
+    """A parallel reduction over (2, 3) of a U-Net-sized activation.  (The U-Net block's
+    own var_mean accumulates in float32 where eager's accumulates in float64, and is
+    refused on the precision case: test_a_variance_less_accurate_than_eager_is_refused.)"""
     x = torch.empty(2, 32, 64, 64)
-    return S.from_call(torch.ops.aten.var_mean.correction, (x, [2, 3]), {"correction": 1, "keepdim": True})
+    return S.from_call(torch.ops.aten.sum.dim_IntList, (x, [2, 3]), {"keepdim": True})
 
 
 def _build_unverified(sig, workdir, monkeypatch, threads=1):
@@ -67,11 +70,11 @@ def _parallel_like_64_threads():
         cpp_codegen.CppKernel.decide_parallel_depth = orig
 
 
-def test_var_mean_is_published_right_at_every_thread_count(tmp_path):
-    """The U-Net block's var_mean kernel, built with the defaults at 1 thread (a Ray
-    actor's count): published with verified_threads [1, 2, cores], and equal to eager at
-    1 and 2 threads on fresh inputs."""
-    cache, fp, sig = Cache(tmp_path / "c"), fingerprint("cpu"), _var_mean_sig()
+def test_a_reduction_is_published_right_at_every_thread_count(tmp_path):
+    """A parallel reduction kernel, built with the defaults at 1 thread (a Ray actor's
+    count): published with verified_threads [1, 2, cores], and equal to eager at 1 and 2
+    threads on fresh inputs."""
+    cache, fp, sig = Cache(tmp_path / "c"), fingerprint("cpu"), _reduction_sig()
     with _threads(1):
         out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
         assert torch.get_num_threads() == 1   # verification restored the builder's count
@@ -83,7 +86,7 @@ def test_var_mean_is_published_right_at_every_thread_count(tmp_path):
     x = torch.randn(2, 32, 64, 64) * 3 + 1
     for n in (1, 2):
         with _threads(n):
-            expected = torch.ops.aten.var_mean.correction(x, [2, 3], correction=1, keepdim=True)
+            expected = torch.ops.aten.sum.dim_IntList(x, [2, 3], keepdim=True)
             got = runner.run([x])
         assert compare(expected, got) is None, n
     # a manifest from before verified_threads: verified at 1 thread only
@@ -93,7 +96,8 @@ def test_var_mean_is_published_right_at_every_thread_count(tmp_path):
 
 
 def test_a_kernel_wrong_at_two_threads_is_refused_naming_the_count(tmp_path, monkeypatch):
-    sig = _var_mean_sig()
+    x = torch.empty(2, 32, 64, 64)
+    sig = S.from_call(torch.ops.aten.var_mean.correction, (x, [2, 3]), {"correction": 1, "keepdim": True})
     with _parallel_like_64_threads():
         path = _build_unverified(sig, tmp_path, monkeypatch)
     with pytest.raises(CompileRefused) as ei:
@@ -101,9 +105,12 @@ def test_a_kernel_wrong_at_two_threads_is_refused_naming_the_count(tmp_path, mon
     ev = ei.value.evidence
     assert ei.value.reason == "kernel disagrees with eager at 2 intra-op threads", ei.value.reason
     assert ev["threads"] == 2 and ev["problem"] == "values" and ev["output"] == 0   # the variance
-    # at 1 thread alone it passed, as it did before
+    # at 1 thread alone its values pass, as they did before; what refuses it then is its
+    # float32 accumulation (eager's is float64), on the precision case
     monkeypatch.setattr("aoti_farm.compiler.verify_thread_counts", lambda device: [1])
-    assert AOTICompiler(measure_speed=False).verify(sig, path)["ok"] is True
+    with pytest.raises(CompileRefused) as again:
+        AOTICompiler(measure_speed=False).verify(sig, path)
+    assert again.value.evidence["problem"] == "precision", again.value.evidence
 
 
 def test_float_floor_division_is_refused_on_adversarial_inputs(tmp_path):
@@ -216,3 +223,35 @@ def test_reduction_corpus_matches_eager_at_one_to_n_threads(tmp_path, monkeypatc
                 wrong.setdefault(name, {})[n] = bad
     assert not wrong, {name: {n: (bad["problem"], bad.get("output")) for n, bad in per.items()}
                        for name, per in wrong.items()}
+
+
+def test_a_channels_last_size1_result_has_eagers_memory_format(tmp_path):
+    """sigmoid of a channels-last ``[N, C, 1, 1]`` (what adaptive_avg_pool2d returns for a
+    channels-last input): eager's result has strides ``(C, 1, 1, 1)`` (contiguous), the
+    op's meta function keeps the input's ``(C, 1, C, C)`` (channels-last), and a later
+    ``interpolate`` follows whichever it gets.  The kernel is published with eager's
+    strides, and a kernel that kept the meta's would be refused (tests/unit/test_layout_format.py)."""
+    c = 16
+    x = torch.empty_strided((4, c, 1, 1), (c, 1, c, c)).normal_()
+    sig = S.from_call(torch.ops.aten.sigmoid.default, (x,), {})
+    cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
+    out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+    assert out.status == "compiled", (out.error, out.evidence)
+    got, = load_runner(cache.open_entry(fp, sig.key).kernel_path, "cpu").run([x])
+    want = torch.sigmoid(x)
+    assert got.stride() == want.stride() == (c, 1, 1, 1)
+    assert compare(want, [got]) is None
+    up = torch.nn.functional.interpolate(got, size=(2, 2))
+    assert up.stride() == torch.nn.functional.interpolate(want, size=(2, 2)).stride()
+
+
+def test_a_variance_less_accurate_than_eager_is_refused(tmp_path):
+    """var of rows ``3e4 + N(0, 1)``: eager's CPU kernel accumulates in float64 (error ~1e-8),
+    the generated one in float32 (~1e-4, past the float32 tolerance of the true 0.99): a
+    result no user of eager would get, refused on the precision case, never served."""
+    sig = S.from_call(torch.ops.aten.var.correction, (torch.empty(8, 4096), [1]), {"correction": 1})
+    out = compile_and_publish(Cache(tmp_path / "c"), AOTICompiler(measure_speed=False), fingerprint("cpu"), sig,
+                              owner="t")
+    assert out.status == "failed" and out.evidence.get("problem") == "precision", (out.error, out.evidence)
+    assert out.evidence["case"] == "large offset"
+    assert out.evidence["kernel_error"] > out.evidence["eager_error"] + 1e-4
