@@ -75,6 +75,18 @@ def _pattern(values: list, n: int, i: int, dtype: torch.dtype, device) -> torch.
 FLOAT_CASES = ("finite special values", "infinities and NaN", "magnitudes", "isolated infinities",
                "isolated NaN")
 
+#: The cases whose inputs are not all finite: a difference there is an edge note, not a
+#: refusal, under the finite contract (compiler.edge_class).
+NONFINITE_CASES = ("infinities and NaN", "isolated infinities", "isolated NaN")
+#: Ops that reduce (besides the norms, every op with "norm" in its name): where a sum of
+#: squares of the magnitudes case overflows, eager's and a kernel's ways of accumulating
+#: differ by more than rounding (compiler.edge_class).
+REDUCING_OPS = frozenset({"sum", "nansum", "mean", "nanmean", "var", "std", "var_mean", "std_mean", "norm",
+                          "linalg_vector_norm", "logsumexp", "_softmax", "_log_softmax", "softmax", "log_softmax",
+                          "prod", "cumsum", "cumprod", "trace", "mm", "bmm", "addmm", "matmul", "linear", "dot",
+                          "mv", "addmv", "baddbmm", "addbmm", "convolution", "_convolution", "cdist", "dist",
+                          "_euclidean_dist", "rms_norm", "_fused_rms_norm"})
+
 #: The precision cases: ill-conditioned finite inputs, on which a kernel must be at least as
 #: accurate as eager wherever eager is accurate (``tolerance.precision``, against a float64
 #: reference): a large offset with a small spread (a variance of ``3e4 + N(0, 1)`` rows),

@@ -400,7 +400,7 @@ class AOTICompiler:
         _refuse_class_where_eager_raises(points)
         t0 = time.perf_counter()
         runner = self.load(kernel_path, cls.device)
-        n_cases = self._check(points, runner)
+        n_cases, notes = self._check(points, runner)
         timing["check"] = time.perf_counter() - t0
         samples = [{"at": env} for _sig, _seed, env in points]
         if self.measure_speed:
@@ -409,7 +409,8 @@ class AOTICompiler:
                 one["speed"] = _time_against_eager(runner, sig, seed, budget_s=dyncompile.SAMPLE_SPEED_BUDGET_S)
             timing["speed"] = time.perf_counter() - t1
         verification = {"ok": True, "samples": len(samples), "shapes": [s["at"] for s in samples],
-                        "adversarial_cases": n_cases, "timing": {k: round(v, 4) for k, v in timing.items()}}
+                        "adversarial_cases": n_cases, **({"edge_notes": notes} if notes else {}),
+                        "timing": {k: round(v, 4) for k, v in timing.items()}}
         return samples, verification
 
     def _verify_in_child(self, sig: S.Signature, kernel_path: str) -> dict:
@@ -437,8 +438,9 @@ class AOTICompiler:
         t0 = time.perf_counter()
         runner = self.load(kernel_path, device)
         threads = verify_thread_counts(device)
-        n_cases = self._check([(sig, 1000 + trial, None) for trial in range(self.verify_trials)], runner)
+        n_cases, notes = self._check([(sig, 1000 + trial, None) for trial in range(self.verify_trials)], runner)
         out = {"trials": self.verify_trials, "ok": True, "adversarial_cases": n_cases,
+               **({"edge_notes": notes} if notes else {}),
                **({"threads": threads} if threads else {}), **({"flags": eager_flags()} if device == "cuda" else {})}
         t1 = time.perf_counter()
         out["timing"] = {"check": round(t1 - t0, 4)}
@@ -463,6 +465,7 @@ class AOTICompiler:
         threads = verify_thread_counts(sig0.device)
         saved = torch.get_num_threads()
         n_cases = 0
+        notes: list[dict] = []
         try:
             for i, (sig, seed, at) in enumerate(points):
                 args, kwargs = S.materialize(sig, seed=seed)
@@ -482,6 +485,9 @@ class AOTICompiler:
                         continue
                     extra = _tolerance(sig, args, kwargs, expected)
                     bad = compare(expected, got, extra)
+                    if bad is not None and bad.get("problem") == "sign of zero":
+                        _note(notes, edge_note("sign of zero", f"random inputs {i}", bad))
+                        bad = compare(expected, got, extra, zero_sign=False)
                     if bad is not None:
                         if at is None:
                             bad["trial"] = i
@@ -503,11 +509,11 @@ class AOTICompiler:
                 if name in adversarial.PRECISION_CASES:
                     check_precision(sig0, op, runner, name, cargs, ckwargs)
                 else:
-                    check_case(sig0, op, runner, name, cargs, ckwargs)
+                    check_case(sig0, op, runner, name, cargs, ckwargs, notes=notes)
         finally:
             if threads:
                 torch.set_num_threads(saved)
-        return n_cases
+        return n_cases, notes
 
 
 def _time_against_eager(runner, sig: S.Signature, seed: int, **kw) -> dict:
@@ -632,11 +638,27 @@ def _raises(fn) -> tuple[object, BaseException | None]:
 
 
 def check_case(sig: S.Signature, op, runner, name: str, args: tuple, kwargs: dict,
-               eager: tuple | None = None, kernel: tuple | None = None) -> None:
+               eager: tuple | None = None, kernel: tuple | None = None, notes: list | None = None) -> None:
     """One case (adversarial, or random inputs on which one side raised): eager and the
     kernel must both raise, or both return the same thing; CompileRefused otherwise
     (evidence names the case and the error).  ``eager``/``kernel``: (result, error) already
-    run."""
+    run.
+
+    ``notes`` (the verification's edge notes, docs/verification.md "The contract"): a
+    difference the finite contract does not call one is appended there instead of refused:
+    on an edge case (:func:`edge_class`: non-finite inputs, or magnitudes whose sum of
+    squares overflows a reduction's accumulation), any difference; on any case, the sign of
+    a zero result (the values are then compared without it)."""
+    if notes is not None:
+        cls = edge_class(sig, name, args, kwargs)
+        if cls is not None:
+            try:
+                check_case(sig, op, runner, name, args, kwargs, eager, kernel)
+            except CompileRefused as e:
+                if e.reason == PROXY_EXECUTOR_REFUSAL:
+                    raise
+                _note(notes, edge_note(cls, name, e.evidence or {}, e.reason))
+            return
     expected, e_err = eager or _raises(lambda: op(*args, **kwargs))
     got, k_err = kernel or _raises(lambda: runner.run(flat_tensors(sig, args, kwargs)))
     if e_err is not None and k_err is not None:
@@ -654,9 +676,51 @@ def check_case(sig: S.Signature, op, runner, name: str, args: tuple, kwargs: dic
                              {"case": name, "kernel_error": f"{type(k_err).__name__}: {_first_line(k_err)}"})
     extra = _tolerance(sig, args, kwargs, expected)
     bad = compare(expected, got, extra)
+    if bad is not None and notes is not None and bad.get("problem") == "sign of zero":
+        _note(notes, edge_note("sign of zero", name, bad))
+        bad = compare(expected, got, extra, zero_sign=False)
     if bad is not None:
         bad["case"] = name
         raise CompileRefused(f"kernel disagrees with eager on adversarial inputs: {name}", bad)
+
+
+#: The classes of edge notes (docs/verification.md, "The contract"): differences the finite
+#: contract does not call differences, recorded on the entry; ``contract="strict"`` serves
+#: no kernel that has one.
+EDGE_CLASSES = ("sign of zero", "non-finite inputs", "overflowing magnitudes")
+
+
+def edge_class(sig: S.Signature, case: str, args: tuple, kwargs: dict) -> str | None:
+    """The edge class of adversarial case ``case`` of this call, or None (an ordinary case,
+    where every difference is refused): the cases whose inputs are not finite, and the
+    magnitudes case where the op reduces or normalises and the sum of squares of a
+    floating input overflows its dtype (a result eager itself gets only by accumulating
+    otherwise: a Welford mean against a sum, float64 against float32)."""
+    if case in adversarial.NONFINITE_CASES:
+        return "non-finite inputs"
+    if case != "magnitudes":
+        return None
+    ins = [t for t in flat_tensors(sig, args, kwargs) if t.is_floating_point() and t.numel()]
+    name = sig.op.split("::")[-1].split(".")[0]
+    reduces = "norm" in name or name in adversarial.REDUCING_OPS
+    for t in ins:
+        if reduces and float(t.detach().double().square().sum()) > torch.finfo(t.dtype).max:
+            return "overflowing magnitudes"
+    return None
+
+
+def edge_note(cls: str, case: str, evidence: dict, reason: str | None = None) -> dict:
+    """One edge note: its class, the case, and the difference (the evidence's problem and
+    first values: small enough for a manifest)."""
+    keep = {k: evidence[k] for k in ("output", "problem", "flat_index", "first_index", "eager", "kernel")
+            if k in evidence}
+    return {"class": cls, "case": case, **keep, **({"reason": reason} if reason else {})}
+
+
+def _note(notes: list, note: dict) -> None:
+    """At most one note per (class, case)."""
+    if not any(n["class"] == note["class"] and n["case"] == note["case"] for n in notes):
+        notes.append(note)
 
 
 def _widened(x):

@@ -152,6 +152,7 @@ class HookConfig:
     install_trial: float = 5.0            # seconds install() may time kernels here before routing (runtime/pretrial.py); 0: off
     queue_cap: int = 1024                 # most signatures one serving process writes to the miss queue (runtime/misswriter.py)
     queue_cap_per_op: int = 128           # ... of them for one op
+    contract: str = "finite"              # finite: kernels with edge notes are served | strict: they are not (docs/verification.md)
 
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
@@ -159,7 +160,7 @@ _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
 #: The fields a variable ``AOTI_FARM_<FIELD>`` sets (every other field is a flag, an
 #: ``install()`` argument or a TOML key only; see the module docstring).
 ENV_FIELDS = ("cache_dir", "signing_key_file", "address", "memory_budget", "dynamic",
-              "on_miss", "serve", "ops", "yield_core", "explain_misses", "widen", "install_trial")
+              "on_miss", "serve", "ops", "yield_core", "explain_misses", "widen", "install_trial", "contract")
 
 #: Every user-facing variable and what it sets (docs/settings.md has the full table).
 ENV_VARS = {
@@ -231,6 +232,20 @@ def check_serve(value) -> str:
     if value not in ("faster", "always"):
         raise UserError(f"serve: {value!r} is not one of faster, always; fix --serve, "
                         f"AOTI_FARM_SERVE or [hook] serve")
+    return value
+
+
+#: The verification contract a served kernel meets (docs/verification.md, "The contract"):
+#: "finite" serves a kernel whose only differences from eager are edge notes (non-finite
+#: inputs, overflowing magnitudes, the sign of a zero); "strict" serves none that has one.
+CONTRACTS = ("finite", "strict")
+
+
+def check_contract(value) -> str:
+    """The one check of ``contract`` (the config path and ``install()``'s argument)."""
+    if value not in CONTRACTS:
+        raise UserError(f"contract: {value!r} is not one of {', '.join(CONTRACTS)}; fix install(contract=...), "
+                        f"--contract, AOTI_FARM_CONTRACT or [hook] contract")
     return value
 
 
@@ -527,6 +542,7 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
         check_on_miss(cfg.on_miss)
     if isinstance(cfg, HookConfig):
         check_serve(cfg.serve)
+        check_contract(cfg.contract)
         check_widen(cfg.widen)
         check_install_trial(cfg.install_trial)
         for n in ("queue_cap", "queue_cap_per_op"):

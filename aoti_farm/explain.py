@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Iterable
 
+from aoti_farm.cache.manifest import edge_notes
 from aoti_farm.cache.store import Cache
 from aoti_farm.errors import UserError
 from aoti_farm.cache.index import CacheIndex, Namespace, category, field_diff, fingerprint_diff, flatten_args
@@ -138,9 +139,10 @@ class Explainer:
     (``{"cpu": fp, "cuda": fp}``).  ``explain(sig)`` never raises for what the cache holds."""
 
     def __init__(self, cache: Cache, fps: dict, *, index: CacheIndex | None = None,
-                 unserved: dict[str, str] | None = None, serve: str | None = None):
+                 unserved: dict[str, str] | None = None, serve: str | None = None, contract: str = "finite"):
         self.cache, self.fps = cache, fps
         self.serve = serve_policy(serve)
+        self.contract = contract   # config.CONTRACTS: "strict" runs eager for a kernel with an edge note
         self.index = index or CacheIndex(cache)
         self.unserved = unserved or {}   # device type -> why it is not served here
         self._here: dict[str, dict] = {}   # fp id -> this host's kept gate decisions (hostgate)
@@ -320,10 +322,20 @@ class Explainer:
             ex.reason = f"{times} > {limit}: not faster than eager by the gate's margin, eager runs"
             ex.details.append("serve='always' (AOTI_FARM_SERVE=always) serves it")
             return ex
+        notes = edge_notes(m)
+        if notes and self.contract == "strict":
+            ex.outcome, ex.category = "ineligible", "contract"
+            ex.reason = (f"contract='strict': the kernel has edge notes ({', '.join(notes)}), eager runs")
+            ex.details.append("contract='finite' (the default; AOTI_FARM_CONTRACT=finite) serves it; "
+                              "docs/verification.md, \"The contract\"")
+            return ex
         ex.outcome = "hit"
         ex.reason = "exact entry published under this host's fingerprint"
         if times:
             ex.details.append(times + ("" if self.serve == "always" else f" <= {limit}"))
+        if notes:
+            ex.details.append(f"edge notes: {', '.join(notes)} (served under contract='finite'; "
+                              "contract='strict' runs eager)")
         ex.details += serving_conditions(m, ex.device)
         return self._on_this_host(ex, fp_id, ex.key)
 
@@ -407,6 +419,9 @@ def add_explain_args(p) -> None:
     p.add_argument("--serve", choices=("faster", "always"), default=None,
                    help="the hook's policy (default: $AOTI_FARM_SERVE, [hook] serve, else faster: only kernels faster "
                         "than eager)")
+    p.add_argument("--contract", choices=("finite", "strict"), default=None,
+                   help="the hook's contract (default: $AOTI_FARM_CONTRACT, [hook] contract, else finite: kernels "
+                        "with edge notes are served)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(freeze_at_exit=True)   # nothing to finalise at exit (see cli.main)
 
@@ -466,7 +481,8 @@ def _explain_command(ns) -> int:
     cache = Cache(cfg.cache_dir, signing_key=None)
     fps, unserved = host_fingerprints(ns.device, cfg.inductor_options)
     t0 = time.perf_counter()
-    ex = Explainer(cache, fps, unserved=unserved, serve=resolve(HookConfig, cli={"serve": ns.serve}, config_path=ns.config).serve)
+    hook = resolve(HookConfig, cli={"serve": ns.serve, "contract": getattr(ns, "contract", None)}, config_path=ns.config)
+    ex = Explainer(cache, fps, unserved=unserved, serve=hook.serve, contract=hook.contract)
     rows = [ex.explain(e.sig, i) for i, e in entries]
     seconds = time.perf_counter() - t0
     counts = {o: sum(r.outcome == o for r in rows) for o in OUTCOMES}

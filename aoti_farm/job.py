@@ -136,9 +136,12 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
                if getattr(res, "verified_threads", None) else {}),
         })
         ev = {}
+        notes = (res.verification or {}).get("edge_notes") if isinstance(res.verification, dict) else None
+        if notes:   # the classes of its edge notes: warm's summary counts them
+            ev["edge_notes"] = sorted({n.get("class", "?") for n in notes if isinstance(n, dict)})
         if cls is not None:
             dyncompile.write_hint(cache, fp, cls)
-            ev = {"ranges": dyncompile.ranges(cls), "serve_range": (res.speed or {}).get("serve_range")}
+            ev.update({"ranges": dyncompile.ranges(cls), "serve_range": (res.speed or {}).get("serve_range")})
         return Outcome(key, COMPILED, time.perf_counter() - t0, worker, phases=res.phases,
                        build=getattr(res, "build", None) or {}, evidence=ev)
     finally:

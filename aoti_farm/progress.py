@@ -159,6 +159,14 @@ class Progress:
         out += speed
         refused = [r for r in results if r["status"] == "failed" and r.get("refused")]
         failed = [r for r in results if r["status"] == "failed" and not r.get("refused")]
+        noted = [r for r in results if r["status"] == "compiled" and (r.get("evidence") or {}).get("edge_notes")]
+        if noted:
+            by: dict[str, int] = {}
+            for r in noted:
+                for c in r["evidence"]["edge_notes"]:
+                    by[c] = by.get(c, 0) + 1
+            out.append(f"edge notes on {len(noted)} published kernel(s), served under contract='finite' (the default), "
+                       f"not under 'strict': " + ", ".join(f"{c} {n}" for c, n in sorted(by.items())))
         if refused:
             out.append(f"refused by verification ({len(refused)}; recorded, eager serves them; "
                        f"`aoti-farm cache ls --failed` lists them):")

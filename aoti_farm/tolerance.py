@@ -121,13 +121,15 @@ def flag_tolerance(sig: S.Signature, args: tuple, kwargs: dict, flags: dict | No
     return 0.0, 0.0
 
 
-def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] = (0.0, 0.0)) -> dict | None:
+def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] = (0.0, 0.0), *,
+            zero_sign: bool = True) -> dict | None:
     """None if ``got`` matches eager's ``expected``, else the evidence of the mismatch:
     output count, dtype, shape, device, strides (of dims longer than 1), the memory format
     the strides suggest (size-1 dims' strides included: :func:`shapes.memory_format`), NaN in the same
     places, infinities equal with their sign (``isclose`` is exact on them), zeros of the
     same sign where both are zero, then values within the tolerance.  ``extra`` = (rtol,
-    atol) added to the dtype's tolerances (:func:`length_tolerance`)."""
+    atol) added to the dtype's tolerances (:func:`length_tolerance`).  ``zero_sign=False``:
+    the sign of a zero result is not compared (the verification records it as an edge note)."""
     exp = list(expected) if isinstance(expected, (tuple, list)) else [expected]
     if len(exp) != len(got):
         return {"problem": "output count", "eager": len(exp), "kernel": len(got)}
@@ -162,7 +164,7 @@ def compare(expected: Any, got: list[torch.Tensor], extra: tuple[float, float] =
                 idx = int((e_nan & ~g_nan).flatten().nonzero()[0])
                 return {"output": n, "problem": "a number where eager has NaN", "flat_index": idx,
                         "kernel": complex(gc.flatten()[idx]).real if not gc.is_complex() else str(gc.flatten()[idx])}
-            if not ec.is_complex():
+            if zero_sign and not ec.is_complex():
                 # the sign of a zero is part of the result (1/x, atan2, copysign see it):
                 # where both are zero, the sign bits must agree
                 zs = (ec == 0) & (gc == 0) & (torch.signbit(ec) != torch.signbit(gc))

@@ -56,6 +56,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -174,6 +175,68 @@ void adopt_lowered(const py::dict& saved) {
   g_gen++;  // every thread looks again
 }
 
+// --- the stage profile (scripts/bench/served_call.py) ---------------------------------------
+//
+// Off unless a benchmark turns it on: then one relaxed load per call decides.  On, every
+// call of a served op adds the time of each of its stages to process-wide totals, by
+// outcome: a served call (key, lookup, inputs: runner inputs and AOTI handles and a
+// container checked out, run: AOTInductor's container run, i.e. the kernel with its output
+// allocation, outputs: stolen handles wrapped as tensors and pushed), or a remembered eager
+// decision (key, lookup, eager: the original kernel from the boxed stack).  What the
+// dispatcher does before and after (boxing, unboxing) is the benchmark's remainder.
+
+enum Stage { ST_KEY, ST_LOOKUP, ST_INPUTS, ST_RUN, ST_OUTPUTS, ST_EAGER, N_STAGES };
+enum Outcome { OC_SERVED, OC_EAGER, N_OUTCOMES };
+std::atomic<bool> g_profile{false};
+std::array<std::array<std::atomic<uint64_t>, N_STAGES>, N_OUTCOMES> g_ticks{};
+std::array<std::atomic<uint64_t>, N_OUTCOMES> g_prof_calls{};
+
+inline uint64_t ticks() {
+#if defined(__x86_64__)
+  return __builtin_ia32_rdtsc();
+#else
+  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
+
+// Nanoseconds per tick, measured against the steady clock over `ms` milliseconds.
+double ns_per_tick(int ms = 50) {
+  auto c0 = std::chrono::steady_clock::now();
+  uint64_t t0 = ticks();
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  uint64_t t1 = ticks();
+  double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - c0).count();
+  return t1 > t0 ? ns / static_cast<double>(t1 - t0) : 1.0;
+}
+
+void set_profile(bool on) { g_profile.store(on); }
+
+void reset_profile() {
+  for (auto& o : g_ticks)
+    for (auto& t : o) t.store(0);
+  for (auto& c : g_prof_calls) c.store(0);
+}
+
+py::dict profile_stats() {
+  static const char* names[N_STAGES] = {"key", "lookup", "inputs", "run", "outputs", "eager"};
+  const double scale = ns_per_tick();
+  py::dict d;
+  for (int o = 0; o < N_OUTCOMES; ++o) {
+    py::dict one;
+    one["calls"] = g_prof_calls[o].load();
+    for (int s = 0; s < N_STAGES; ++s) one[names[s]] = static_cast<double>(g_ticks[o][s].load()) * scale;
+    d[o == OC_SERVED ? "served" : "eager"] = one;
+  }
+  d["ns_per_tick"] = scale;
+  return d;
+}
+
+inline void account(int outcome, const uint64_t* marks, const int* stages, int n) {
+  for (int i = 0; i < n; ++i)
+    g_ticks[outcome][stages[i]].fetch_add(marks[i + 1] - marks[i], std::memory_order_relaxed);
+  g_prof_calls[outcome].fetch_add(1, std::memory_order_relaxed);
+}
+
 // --- a loaded kernel: one library, a pool of single-threaded model containers --------------
 //
 // AOTI's container, run the default way (AOTInductorModelContainerRun), hands each call a
@@ -227,13 +290,16 @@ class Kernel {
   Kernel(const Kernel&) = delete;
   Kernel& operator=(const Kernel&) = delete;
 
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) {
+  // `marks` (the stage profile, or null): the time the inputs were ready and the time the
+  // container returned.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, uint64_t* marks = nullptr) {
     void* stream = nullptr;
     if (dev_.is_cuda())
       stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev_).native_handle();
     auto in = torch::aot_inductor::unsafe_alloc_new_handles_from_tensors(inputs);
     std::vector<AtenTensorHandle> out(n_out_, nullptr);
     Handle h = checkout();
+    if (marks) marks[0] = ticks();
     AOTIRuntimeError rc;
     try {
       rc = run_(h, in.data(), in.size(), out.data(), out.size(), reinterpret_cast<AOTInductorStreamHandle>(stream),
@@ -242,6 +308,7 @@ class Kernel {
       delete_(h);  // never reuse a container left in an unknown state
       throw;
     }
+    if (marks) marks[1] = ticks();
     if (rc != AOTI_RUNTIME_SUCCESS) {
       delete_(h);
       TORCH_CHECK(false, "AOTInductorModelContainerRunSingleThreaded failed");
@@ -316,6 +383,7 @@ struct Slot {
   std::vector<int> special;         // per argument: 0 plain, 1 dtype, 2 layout, 3 memory format
   std::unordered_map<std::string, Decision> known;   // guarded by State::mu
   Counters c;
+  bool cuda = false;                // registered at the CUDA key (key_conditions' fields)
   Slot(c10::OperatorHandle o, c10::SafeKernelFunction k, std::string n)
       : op(std::move(o)), orig(std::move(k)), name(std::move(n)) {}
 };
@@ -361,27 +429,43 @@ inline void put(std::string& k, const void* p, size_t n) {
 inline void put64(std::string& k, int64_t v) { put(k, &v, sizeof v); }
 
 // The globals a served result depends on (aoti_farm/signature/conditions.py names them),
-// and this thread's intra-op thread count (a CPU kernel runs at its caller's).
-uint64_t conditions_word() {
+// and this thread's intra-op thread count (a CPU kernel runs at its caller's).  Per device,
+// only the fields that change that device's results (conditions._FIELDS' devices): the
+// hook's decision for a call reads no other (conditions.mismatch), and the CUDA-only ones
+// are table look-ups in torch 2.13's Context, paid on every CPU call otherwise.
+uint64_t conditions_word(bool cuda) {
   auto& c = at::globalContext();
   uint64_t w = static_cast<uint64_t>(c10::get_default_dtype_as_scalartype());
   uint64_t bit = 1u << 8;
-  for (bool b : {c.allowTF32CuBLAS(), c.allowTF32CuDNN(), c.allowFP16AccumulationCuBLAS(),
-                 c.allowFP16ReductionCPU(), c.userEnabledCuDNN(), c.deterministicCuDNN(), c.benchmarkCuDNN(),
-                 c.userEnabledMkldnn(), c.deterministicMkldnn(), c.deterministicAlgorithms()}) {
+  auto flag = [&](bool b) {
     if (b) w |= bit;
     bit <<= 1;
+  };
+  if (cuda) {
+    flag(c.allowTF32CuBLAS());
+    flag(c.allowTF32CuDNN());
+    flag(c.allowFP16AccumulationCuBLAS());
+    flag(c.userEnabledCuDNN());
+    flag(c.deterministicCuDNN());
+    flag(c.benchmarkCuDNN());
+  } else {
+    flag(c.allowFP16ReductionCPU());
+    flag(c.userEnabledMkldnn());
+    flag(c.deterministicMkldnn());
   }
+  flag(c.deterministicAlgorithms());
   w |= static_cast<uint64_t>(c.float32MatmulPrecision()) << 24;
-  w |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << 32;
-  w |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << 40;
+  if (cuda) {
+    w |= static_cast<uint64_t>(c.allowFP16ReductionCuBLAS()) << 32;
+    w |= static_cast<uint64_t>(c.allowBF16ReductionCuBLAS()) << 40;
+  }
   return w;
 }
 
-inline void key_conditions(std::string& k) {
+inline void key_conditions(std::string& k, bool cuda) {
   uint64_t w;
   try {
-    w = conditions_word();
+    w = conditions_word(cuda);
   } catch (...) {
     // torch refuses to read the precision once a program mixed its legacy and new APIs:
     // a value of its own (Python declines such calls: "float32_matmul_precision=mixed")
@@ -541,13 +625,13 @@ struct SlotKernel final : public c10::OperatorKernel {
   // instead and its result is on the stack.  Where eager raises too the error is the
   // caller's: it propagates and the kernel stays; otherwise the kernel is reported.
   bool run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, const std::shared_ptr<Runner>& runner,
-           int64_t kid, torch::jit::Stack* stack) {
+           int64_t kid, torch::jit::Stack* stack, uint64_t* prof = nullptr) {
     const size_t n = slot->nargs;
     std::vector<at::Tensor> outputs;
     std::string what;
     try {
       InsideGuard g;
-      outputs = runner->run(runner_inputs(&*(stack->end() - n), n));
+      outputs = runner->run(runner_inputs(&*(stack->end() - n), n), prof ? prof + 2 : nullptr);
     } catch (const std::exception& e) {
       what = e.what();
       if (what.empty()) what = "kernel error";
@@ -565,6 +649,11 @@ struct SlotKernel final : public c10::OperatorKernel {
     }
     torch::jit::drop(*stack, n);
     for (auto& o : outputs) torch::jit::push(*stack, std::move(o));
+    if (prof) {
+      prof[4] = ticks();
+      static const int stages[] = {ST_KEY, ST_LOOKUP, ST_INPUTS, ST_RUN, ST_OUTPUTS};
+      account(OC_SERVED, prof - 1, stages, 5);
+    }
     return true;
   }
 
@@ -598,13 +687,18 @@ struct SlotKernel final : public c10::OperatorKernel {
       return eager(op, ks, stack);   // another registration's trial: never its kernel ids
     }
     follow_thread_limit();
+    // the stage profile's marks: entry, key built, looked up, inputs ready, run, outputs
+    uint64_t marks[6];
+    const bool prof = g_profile.load(std::memory_order_relaxed);
+    if (prof) marks[0] = ticks();
     const size_t n = slot->nargs;
     const c10::IValue* args = &*(stack->end() - n);
     thread_local std::string key;
     key.clear();
-    key_conditions(key);
+    key_conditions(key, slot->cuda);
     Keyed kd = Keyed::ok;
     for (size_t i = 0; i < n && kd == Keyed::ok; ++i) kd = key_value(key, args[i]);
+    if (prof) marks[1] = ticks();
     switch (kd) {
       case Keyed::wrapped: st->wrapped++; return eager(op, ks, stack);
       case Keyed::grad: st->grad++; return eager(op, ks, stack);
@@ -640,14 +734,21 @@ struct SlotKernel final : public c10::OperatorKernel {
       }
     }
     if (found) {
+      if (prof) marks[2] = ticks();
       if (d.code >= 0) {
-        if (run(op, ks, d.runner, d.code, stack)) slot->c.hits++;
+        if (run(op, ks, d.runner, d.code, stack, prof ? marks + 1 : nullptr)) slot->c.hits++;
         return;
       }
       if (d.code <= EAGER_INELIGIBLE_BASE) st->ineligible[EAGER_INELIGIBLE_BASE - d.code]++;
       else if (d.code == EAGER_GATED) st->gated++;
       else (d.code == EAGER_FAILED ? slot->c.failed : slot->c.misses)++;
-      return eager(op, ks, stack);
+      eager(op, ks, stack);
+      if (prof) {
+        marks[3] = ticks();
+        static const int stages[] = {ST_KEY, ST_LOOKUP, ST_EAGER};
+        account(OC_EAGER, marks, stages, 3);
+      }
+      return;
     }
     st->slow++;
     const uint64_t epoch = st->epoch.load();
@@ -735,6 +836,7 @@ class FastPath {
     auto slot = std::make_unique<Slot>(op, std::move(orig), full);
     const auto& args = op.schema().arguments();
     slot->nargs = args.size();
+    slot->cuda = dk == c10::DispatchKey::CUDA;
     for (const auto& a : args) slot->special.push_back(special_kind(a));
     Slot* raw = slot.get();
     int64_t index;
@@ -858,6 +960,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("follow_thread_limit", &follow_thread_limit);
   m.def("thread_limit_state", &thread_limit_state);
   m.def("adopt_lowered", &adopt_lowered);
+  // the stage profile (scripts/bench/served_call.py)
+  m.def("set_profile", &set_profile);
+  m.def("reset_profile", &reset_profile);
+  m.def("profile_stats", &profile_stats);
   py::class_<FastPath>(m, "FastPath")
       .def(py::init<py::object, py::object>())
       .def("add_op", &FastPath::add_op)

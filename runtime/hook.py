@@ -140,7 +140,8 @@ class Hook:
         self._writer = MissWriter(self.cache, self.fps, on_miss != "ignore",
                                   lambda call: self._queued(call, explain), **caps)
         self._writer.wake = wake
-        self._kernels = KernelTable(self.cache, self.fps, self._index, self._writer.report, self._writer.submit)
+        self._kernels = KernelTable(self.cache, self.fps, self._index, self._writer.report, self._writer.submit,
+                                    contract="finite" if settings.config is None else settings.config.contract)
         self._workers = WorkerSupervisor(self.cache, self.fps, self.inductor_options, self.worker_log, worker_idle,
                                          self._room, wake, settings.memory_budget, settings.signing_key_file)
         self._shapes = ShapeIndex(self.cache, self.fps, Call, gated=self.gate.active,   # runtime/shapeserve.py
@@ -427,7 +428,7 @@ def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = N
             metrics_port: int | None = None, explain_misses: bool | None = None,
             memory_budget: int | str | None = None, widen: str | None = None, install_trial: float | None = None,
             signing_key_file: str | None = None, config: str | None = None, queue_cap: int | None = None,
-            queue_cap_per_op: int | None = None, **kw) -> Hook:
+            queue_cap_per_op: int | None = None, contract: str | None = None, **kw) -> Hook:
     """Install the serving hook; see the module docstring.  ``uninstall()`` or use as a
     context manager.  Settings left None are resolved as ``aoti-farm run`` resolves them:
     environment, then the TOML file (``config``, else ``$AOTI_FARM_CONFIG``), then the
@@ -438,7 +439,7 @@ def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = N
         devices=devices, on_miss=on_miss, poll_interval=poll_interval, allow_insecure=allow_insecure,
         inductor_options=inductor_options, serve=serve, yield_core=yield_core, explain_misses=explain_misses,
         memory_budget=memory_budget, widen=widen, install_trial=install_trial, signing_key_file=signing_key_file,
-        queue_cap=queue_cap, queue_cap_per_op=queue_cap_per_op)
+        queue_cap=queue_cap, queue_cap_per_op=queue_cap_per_op, contract=contract)
     c = s.config
     return Hook(c.cache_dir, c.ops, tuple(c.devices), c.on_miss, c.poll_interval, s, c.allow_insecure,
                 c.inductor_options, **kw)

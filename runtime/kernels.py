@@ -15,7 +15,8 @@ its entry directory's stamp until the entry is replaced.  A runner that raises w
 raises too (an integer division by zero, an index out of range) met the caller's error, not
 a fault of its own: the hook re-raises eager's error and the kernel stays.
 
-**Conditions of serving** (:meth:`KernelTable.unservable`, asked on every hit).  A kernel
+**Conditions of serving** (:meth:`KernelTable.unservable`, asked on every hit).  Under
+``contract="strict"`` a kernel with an edge note runs eager (``contract: strict (CLASS)``).  A kernel
 is served only under what it was verified under: the globals of
 ``aoti_farm.signature.conditions`` (the manifest's ``conditions``, absent: torch's
 defaults), and for a CPU kernel the calling thread's ``torch.get_num_threads()`` among the
@@ -38,12 +39,14 @@ import torch
 
 from aoti_farm import loadenv
 from aoti_farm import signature as S
+from aoti_farm.cache.manifest import edge_notes
 from aoti_farm.cache.store import BadEntry, Cache
 from aoti_farm.compiler import flat_tensors, load_runner
 from aoti_farm.counters import Counters
 from aoti_farm.tolerance import compare, length_tolerance
 
 log = logging.getLogger("aoti_farm.hook")
+
 
 
 def runner_device(device: str) -> str:
@@ -55,8 +58,14 @@ class KernelTable:
     entry stamp) of refused or failing entries.  ``native`` is the native registration
     while it serves (set by the hook), else None."""
 
-    def __init__(self, cache: Cache, fps: dict, indexes: dict, report: Callable, submit: Callable):
+    def __init__(self, cache: Cache, fps: dict, indexes: dict, report: Callable, submit: Callable,
+                 contract: str = "finite"):
         self.cache, self.fps, self.indexes = cache, fps, indexes
+        #: the verification contract served kernels meet (config.CONTRACTS): under "strict" a
+        #: kernel with an edge note (its manifest's verification ``edge_notes``) runs eager
+        self.contract = contract
+        #: key -> the edge notes of its loaded kernel (classes; empty: none)
+        self.notes: dict[str, tuple] = {}
         self._report = report          # (call) -> None: a refused entry's signature is queued again
         self._submit = submit          # (fn) -> bool: run fn in the background thread
         self.native = None
@@ -133,6 +142,7 @@ class KernelTable:
                 old = self.runners.get(call.key)
                 self.runners[call.key] = runner
                 self.meta[call.key] = meta
+                self.notes[call.key] = edge_notes(entry.manifest)
             self.counters.inc("kernels_loaded")
             if old is not None:
                 self.release(old)
@@ -168,6 +178,10 @@ class KernelTable:
         meta = self.meta.get(call.key)
         if meta is None:
             return None
+        if self.contract == "strict":
+            notes = self.notes.get(call.key)
+            if notes:
+                return f"contract: strict ({notes[0]})"
         conds, threads, sig, checker = meta
         try:
             why = S.conditions.mismatch(call.device, conds)

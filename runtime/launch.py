@@ -5,7 +5,7 @@ Both run the command as a child whose PYTHONPATH starts with ``runtime/_site``, 
 included) that sees the variables below, once it has imported torch (not in processes
 that never do, nor in those torch starts for itself: see that module):
 
-* ``aoti-farm run [--cache-dir D] [--on-miss M] [--serve S] [--config F] -- python serve.py ARGS``:
+* ``aoti-farm run [--cache-dir D] [--on-miss M] [--serve S] [--contract C] [--config F] -- python serve.py ARGS``:
   the hook's settings are resolved once here by :func:`hook_config`, the resolver
   ``install()`` uses (``config.resolve(HookConfig)``: flag > environment > TOML file >
   default), and handed to the child as ``install()``'s arguments, JSON in
@@ -85,6 +85,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="compile misses in a background worker (default), only queue them, or ignore them")
     p.add_argument("--serve", choices=("faster", "always"),
                    help="serve a cached kernel only where it is faster than eager (default), or always")
+    p.add_argument("--contract", choices=("finite", "strict"),
+                   help="serve kernels whose only differences from eager are edge notes (finite, the default), "
+                        "or none of them (strict); docs/verification.md")
     p.add_argument("--config", help="TOML file with a [hook] table (default: $AOTI_FARM_CONFIG; docs/settings.md)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the program and its arguments")
 
@@ -97,7 +100,7 @@ def hook_config(ns, env=None):
     from aoti_farm.config import HookConfig, resolve, signing_key
 
     cfg = resolve(HookConfig, cli={"cache_dir": ns.cache_dir, "on_miss": ns.on_miss,
-                                     "serve": getattr(ns, "serve", None)},
+                                     "serve": getattr(ns, "serve", None), "contract": getattr(ns, "contract", None)},
                   config_path=getattr(ns, "config", None), env=env)
     signing_key(cfg, env)   # fails closed (UserError) on an empty or unreadable key file
     return cfg

@@ -98,6 +98,20 @@ class Entry:
 UNBUILT = ("upstream-import",)
 
 
+def edge_notes(manifest) -> tuple:
+    """The classes of an entry's edge notes (its verification's ``edge_notes``:
+    differences from eager the finite contract does not call differences, docs/verification.md),
+    in order, each once; anything malformed reads as one note ("malformed edge notes"), so
+    a strict serving process never serves what it cannot read."""
+    v = manifest.get("verification") if isinstance(manifest, dict) else None
+    notes = v.get("edge_notes") if isinstance(v, dict) else None
+    if notes is None:
+        return ()
+    if not isinstance(notes, list) or not all(isinstance(n, dict) and isinstance(n.get("class"), str) for n in notes):
+        return ("malformed edge notes",)
+    return tuple(dict.fromkeys(n["class"] for n in notes))
+
+
 class BadEntry(FarmError):
     """An entry that failed verification.  ``kind`` is one of: missing, corrupt, foreign,
     unsigned, forged, insecure, unbuilt (a library the farm did not build: :data:`UNBUILT`)."""

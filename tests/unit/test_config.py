@@ -177,3 +177,31 @@ def test_install_arguments_are_named_as_arguments(tmp_path):
         install_resolve(env={}, poll_interval=0)
     with pytest.raises(UserError, match="unknown argument 'no_such'"):
         install_resolve(env={}, no_such=1)
+
+
+def test_contract_is_a_setting_with_one_check(tmp_path):
+    """``contract``: install() argument > AOTI_FARM_CONTRACT > [hook] contract > "finite"."""
+    import pytest
+
+    from aoti_farm.config import HookConfig, resolve
+    from aoti_farm.errors import UserError
+
+    assert resolve(HookConfig, env={}).contract == "finite"
+    assert resolve(HookConfig, env={"AOTI_FARM_CONTRACT": "strict"}).contract == "strict"
+    toml = tmp_path / "f.toml"
+    toml.write_text('[hook]\ncontract = "strict"\n')
+    assert resolve(HookConfig, env={}, config_path=str(toml)).contract == "strict"
+    assert resolve(HookConfig, env={"AOTI_FARM_CONTRACT": "strict"}, cli={"contract": "finite"}).contract == "finite"
+    with pytest.raises(UserError, match="contract: 'lax' is not one of finite, strict"):
+        resolve(HookConfig, env={"AOTI_FARM_CONTRACT": "lax"})
+
+
+def test_edge_notes_read_from_a_manifest():
+    from aoti_farm.cache.manifest import edge_notes
+
+    assert edge_notes({}) == () and edge_notes({"verification": {"ok": True}}) == ()
+    m = {"verification": {"edge_notes": [{"class": "non-finite inputs", "case": "a"},
+                                         {"class": "sign of zero", "case": "b"},
+                                         {"class": "non-finite inputs", "case": "c"}]}}
+    assert edge_notes(m) == ("non-finite inputs", "sign of zero")
+    assert edge_notes({"verification": {"edge_notes": "junk"}}) == ("malformed edge notes",)
