@@ -162,18 +162,64 @@ def index_bound(op: str, name: str, j: int | None, values: dict) -> int | None:
     return None
 
 
+def _values(sig: S.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by name (positional ones by position, the rest by name)."""
+    info = sig.info()
+    values: dict[str, Any] = {}
+    for i, name in enumerate(info.arg_names):
+        if i < len(args) and not info.kwarg_only[i]:
+            values[name] = args[i]
+        elif name in kwargs:
+            values[name] = kwargs[name]
+    return values
+
+
+def _is_index(name: str, t: torch.Tensor) -> bool:
+    return name in INDEX_ARGS and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+
+
+def index_guards(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[int, int, int]] | None:
+    """The index guards of an exact CPU kernel: ``(runner input position, lo, hi)`` per index
+    argument, or None where there is none or one cannot be bounded.
+
+    A call whose every index lies in ``[lo, hi)`` (0 and the bound eager checks against) is
+    served by the kernel; any other call runs eager, which raises (or wraps a negative
+    index) as it always does.  So the kernel never meets an index it would check inside an
+    OpenMP region, where a failed check ends the process, and its verification need not
+    run the cases the guard sends to eager (:func:`violates`).  A negative index always
+    goes to eager, whatever the op does with it: the guard only narrows what is served."""
+    if sig.device != "cpu":
+        return None
+    values = _values(sig, args, kwargs)
+    names = sig.info().arg_names
+    guards = []
+    for pos, (i, j) in enumerate(S.tensor_positions(sig)):
+        v = values.get(names[i])
+        t = v if j is None else (v[j] if isinstance(v, (list, tuple)) and j < len(v) else None)
+        if isinstance(t, torch.Tensor) and _is_index(names[i], t):
+            b = index_bound(sig.op, names[i], j, values)
+            if b is None or b < 1:
+                return None
+            guards.append((pos, 0, b))
+    return guards or None
+
+
+def violates(guards: list | None, tensors: list) -> bool:
+    """Whether the runner inputs ``tensors`` hold an index outside its guard's range."""
+    for pos, lo, hi in guards or ():
+        t = tensors[pos]
+        if t.numel() and (int(t.min()) < lo or int(t.max()) >= hi):
+            return True
+    return False
+
+
 def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple, dict]]:
     """(name, args, kwargs) of the adversarial cases of a call whose random inputs are
     ``args``/``kwargs`` (from :func:`aoti_farm.signature.materialize`); the inputs given
     are not changed."""
     info = sig.info()
     names = list(info.arg_names)
-    values: dict[str, Any] = {}
-    for i, name in enumerate(names):
-        if i < len(args) and not info.kwarg_only[i]:
-            values[name] = args[i]
-        elif name in kwargs:
-            values[name] = kwargs[name]
+    values = _values(sig, args, kwargs)
     # every tensor input: (name, list index or None, tensor)
     slots = []
     for name in names:
@@ -183,8 +229,7 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
         elif isinstance(v, (list, tuple)):
             slots.extend((name, j, t) for j, t in enumerate(v) if isinstance(t, torch.Tensor))
 
-    def is_index(name: str, t: torch.Tensor) -> bool:
-        return name in INDEX_ARGS and not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+    is_index = _is_index
 
     def build(repl: dict) -> tuple[tuple, dict]:
         """The call with the tensors of ``repl`` ((name, j) -> tensor) replaced."""

@@ -250,8 +250,10 @@ class AOTICompiler:
                     raise refused(f"eager rejects {what}: {type(e).__name__}: {_first_line(e)}") from None
                 # a kernel that would end its verification where eager rejects an index is
                 # refused before its C++ build (aoti_farm/abortscan.py)
+                # (not where index guards send every bad index to eager: its checks never fire)
                 scan = (abortscan.check_before_build if cls is None and device == "cpu" and abortscan.enabled()
                         and set(sig.info().arg_names) & set(adversarial.INDEX_ARGS)
+                        and adversarial.index_guards(sig, args, kwargs) is None
                         and eager_raises_on_adversarial(sig, only=adversarial.BAD_INDEX_CASES) else None)
                 mod = _OpModule(sig, args, kwargs, _output_strides(eager_out) if cls is None else None)
                 if cls is not None and cls.stride_symbols:
@@ -370,15 +372,16 @@ class AOTICompiler:
             why = adversarial.unverifiable(sig, *S.materialize(sig, seed=1000))
             if why is not None:
                 raise CompileRefused(why)
-        if not loadenv.load_safe() or eager_raises_on_adversarial(sig):
-            # also where eager raises on an adversarial case: a kernel's check that throws
-            # inside an OpenMP region (every dynamic-threads CPU kernel has one) calls
-            # std::terminate, which would take this worker with it; in the child it
-            # costs a refusal
-            out = self._verify_in_child(sig, kernel_path)
+        guards = adversarial.index_guards(sig, *S.materialize(sig, seed=1000))
+        if not loadenv.load_safe() or eager_raises_on_adversarial(sig, guards=guards):
+            # also where eager raises on an adversarial case the index guards do not send
+            # to eager: a kernel's check that throws inside an OpenMP region (every
+            # dynamic-threads CPU kernel has one) calls std::terminate, which would take
+            # this worker with it; in the child it costs a refusal
+            out = self._verify_in_child(sig, kernel_path, guards)
             timing["child"] = time.perf_counter() - t1
         else:
-            out = self._verify_here(sig, kernel_path)
+            out = self._verify_here(sig, kernel_path, guards)
         out["timing"] = {**(out.get("timing") or {}), **{k: round(v, 4) for k, v in timing.items()}}
         return out
 
@@ -413,12 +416,13 @@ class AOTICompiler:
                         "timing": {k: round(v, 4) for k, v in timing.items()}}
         return samples, verification
 
-    def _verify_in_child(self, sig: S.Signature, kernel_path: str) -> dict:
+    def _verify_in_child(self, sig: S.Signature, kernel_path: str, guards: list | None = None) -> dict:
         """In this process's long-lived, preloaded verification child (one torch import
         per process, not per kernel: :mod:`aoti_farm.verifyserver`)."""
         from aoti_farm import verifyserver
 
         out, rc, err = verifyserver.request({"sig": sig.to_obj(), "path": kernel_path, "trials": self.verify_trials,
+                                             "guards": [list(g) for g in guards or ()],
                                              "speed": self.measure_speed})
         if out is None and rc is not None and rc < 0:
             why = _abort_message(err)
@@ -433,14 +437,19 @@ class AOTICompiler:
             raise CompileRefused(out["refused"], out.get("evidence"))
         return {**out, "in_child": True}
 
-    def _verify_here(self, sig: S.Signature, kernel_path: str) -> dict:
+    def _verify_here(self, sig: S.Signature, kernel_path: str, guards: list | None = None) -> dict:
+        """``guards``: the kernel's index guards (:func:`adversarial.index_guards`, computed
+        once by :meth:`verify` and handed to a verification child with the request)."""
         device = sig.device
         t0 = time.perf_counter()
         runner = self.load(kernel_path, device)
         threads = verify_thread_counts(device)
-        n_cases, notes = self._check([(sig, 1000 + trial, None) for trial in range(self.verify_trials)], runner)
+        n_cases, notes = self._check([(sig, 1000 + trial, None) for trial in range(self.verify_trials)], runner,
+                                     guards)
         out = {"trials": self.verify_trials, "ok": True, "adversarial_cases": n_cases,
                **({"edge_notes": notes} if notes else {}),
+               # served only where every index is in range (manifest.index_guards); the rest is eager's
+               **({"index_guards": [list(g) for g in guards]} if guards else {}),
                **({"threads": threads} if threads else {}), **({"flags": eager_flags()} if device == "cuda" else {})}
         t1 = time.perf_counter()
         out["timing"] = {"check": round(t1 - t0, 4)}
@@ -449,7 +458,7 @@ class AOTICompiler:
             out["timing"]["speed"] = round(time.perf_counter() - t1, 4)
         return out
 
-    def _check(self, points: list, runner) -> int:
+    def _check(self, points: list, runner, guards: list | None = None) -> tuple[int, list]:
         """THE verification loop, of exact and class kernels alike: the kernel against eager
         on the inputs of every point (``(signature, input seed, at)``: an exact kernel's
         random trials, with ``at`` None; a class kernel's sampled shapes, ``at`` their
@@ -459,7 +468,9 @@ class AOTICompiler:
         thread count.  CompileRefused on any disagreement; on random inputs where one side
         raises, an exact kernel must raise as eager does (:func:`check_case`), and a class
         kernel is refused (eager and the kernel must both accept every shape of the
-        range).  Returns the number of adversarial cases."""
+        range).  ``guards`` (an exact kernel's index guards): the adversarial cases they
+        send to eager are not run on the kernel.  Returns (the number of adversarial cases
+        run, the edge notes)."""
         sig0 = points[0][0]
         op = S.resolve_op(sig0.op)
         threads = verify_thread_counts(sig0.device)
@@ -505,6 +516,8 @@ class AOTICompiler:
                 torch.set_num_threads(threads[0])
             args, kwargs = S.materialize(sig0, seed=points[0][1])
             for name, cargs, ckwargs in adversarial.cases(sig0, args, kwargs):
+                if guards and adversarial.violates(guards, flat_tensors(sig0, cargs, ckwargs)):
+                    continue   # served by eager (the index guard): the kernel never runs it
                 n_cases += 1
                 if name in adversarial.PRECISION_CASES:
                     check_precision(sig0, op, runner, name, cargs, ckwargs)
@@ -554,14 +567,18 @@ def is_verification_refusal(reason: str | None) -> bool:
     return bool(reason) and str(reason).startswith(VERIFICATION_REFUSALS)
 
 
-def eager_raises_on_adversarial(sig: S.Signature, only: tuple[str, ...] = ()) -> bool:
+def eager_raises_on_adversarial(sig: S.Signature, only: tuple[str, ...] = (), guards: list | None = None) -> bool:
     """Whether eager raises on one of ``sig``'s adversarial cases (an index out of range):
     then the kernel's verification runs in the verification child (see ``verify``).
-    ``only``: the cases whose names start with one of these (none run eager otherwise)."""
+    ``only``: the cases whose names start with one of these (none run eager otherwise);
+    ``guards`` (:func:`adversarial.index_guards`): the cases they send to eager do not count
+    (the kernel never runs them)."""
     op = S.resolve_op(sig.op)
     args, kwargs = S.materialize(sig, seed=1000)
     for name, cargs, ckwargs in adversarial.cases(sig, args, kwargs):
         if only and not name.startswith(only):
+            continue
+        if guards and adversarial.violates(guards, flat_tensors(sig, cargs, ckwargs)):
             continue
         if _raises(lambda: op(*cargs, **ckwargs))[1] is not None:
             return True
@@ -911,7 +928,8 @@ def _verify_request(req: dict) -> dict:
     sig = S.parse_signature(req["sig"])
     try:
         return AOTICompiler(verify_trials=req["trials"], measure_speed=req.get("speed", True),
-                            builds=False)._verify_here(sig, req["path"])
+                            builds=False)._verify_here(sig, req["path"],
+                                                       [tuple(g) for g in req.get("guards") or ()] or None)
     except CompileRefused as e:
         return {"refused": e.reason, "evidence": e.evidence}
 

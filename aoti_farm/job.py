@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from aoti_farm import budget, dyncompile
 from aoti_farm.cache import leases
+from aoti_farm.cache.manifest import GUARDED_FORMAT
 from aoti_farm.cache.store import Cache
 from aoti_farm.compiler import Compiler, own_code_error
 from aoti_farm.counters import Counters
@@ -122,8 +123,11 @@ def compile_and_publish(cache: Cache, compiler: Compiler, fp: Fingerprint, sig: 
                 raise   # the host's failure: the farm retries it (a class's: its caller decides)
             return record_bug(cache, fp, sig, bug, attempts, time.perf_counter() - t0, worker)
         extra = {} if cls is None else {"shape_class": cls.to_obj(), "speed_samples": res.speed_samples or []}
+        guarded = isinstance(res.verification, dict) and res.verification.get("index_guards")
         cache.publish(fp, sig if cls is None else dyncompile.ClassEntry(cls), res.files, {
             **extra,
+            # a reader that knows no index guards refuses this format (manifest.GUARDED_FORMAT)
+            **({"format": GUARDED_FORMAT} if guarded else {}),
             "compile_seconds": res.seconds, "phases": res.phases, "verification": res.verification,
             "worker": worker, "compiler": compiler.name, "attempts": attempts,
             "build": getattr(res, "build", None) or {},

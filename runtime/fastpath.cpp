@@ -63,6 +63,7 @@
 #include <shared_mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -319,6 +320,36 @@ class Kernel {
 
   uint64_t containers() const { return created_.load(); }
 
+  // The index guards (compiler: adversarial.index_guards): true where every index of input
+  // `pos` lies in [lo, hi); false sends the call to eager (which raises, or wraps a negative
+  // index, as always).  The kernel itself checks inside an OpenMP region, where a failed
+  // check would end the process.  An index input of another kind, device or layout than
+  // the kernel was verified with never gets here (the fast key holds them).
+  std::vector<std::array<int64_t, 3>> guards;
+
+  bool guarded_ok(const std::vector<at::Tensor>& inputs) const {
+    for (const auto& g : guards) {
+      if (g[0] < 0 || static_cast<size_t>(g[0]) >= inputs.size()) return false;
+      const at::Tensor& t = inputs[g[0]];
+      if (!t.device().is_cpu()) return false;
+      const int64_t n = t.numel();
+      if (n == 0) continue;
+      const at::Tensor c = t.is_contiguous() ? t : t.contiguous();
+      if (c.scalar_type() == at::kLong) {
+        const int64_t* p = c.const_data_ptr<int64_t>();
+        for (int64_t i = 0; i < n; ++i)
+          if (p[i] < g[1] || p[i] >= g[2]) return false;
+      } else if (c.scalar_type() == at::kInt) {
+        const int32_t* p = c.const_data_ptr<int32_t>();
+        for (int64_t i = 0; i < n; ++i)
+          if (p[i] < g[1] || p[i] >= g[2]) return false;
+      } else {
+        return false;
+      }
+    }
+    return true;
+  }
+
  private:
   Handle create() {
     Handle h = nullptr;
@@ -399,7 +430,7 @@ struct State {
   std::atomic<uint64_t> epoch{0};
   std::array<std::atomic<uint64_t>, INELIGIBLE_REASONS> ineligible{};
   std::atomic<uint64_t> slow{0}, wrapped{0}, grad{0}, views{0}, unkeyable{0}, kernel_errors{0},
-      user_errors{0}, callback_errors{0}, remembered{0}, forgotten{0}, gated{0}, trial_calls{0};
+      user_errors{0}, callback_errors{0}, remembered{0}, forgotten{0}, gated{0}, trial_calls{0}, guarded{0};
   ~State() {
     // The dispatcher may outlive the interpreter (static destruction at exit): never touch
     // Python objects then.
@@ -629,9 +660,15 @@ struct SlotKernel final : public c10::OperatorKernel {
     const size_t n = slot->nargs;
     std::vector<at::Tensor> outputs;
     std::string what;
+    auto inputs = runner_inputs(&*(stack->end() - n), n);
+    if (!runner->guards.empty() && !runner->guarded_ok(inputs)) {
+      st->guarded++;
+      eager(op, ks, stack);   // eager's own error, or eager's result
+      return false;
+    }
     try {
       InsideGuard g;
-      outputs = runner->run(runner_inputs(&*(stack->end() - n), n), prof ? prof + 2 : nullptr);
+      outputs = runner->run(inputs, prof ? prof + 2 : nullptr);
     } catch (const std::exception& e) {
       what = e.what();
       if (what.empty()) what = "kernel error";
@@ -795,9 +832,11 @@ struct SlotKernel final : public c10::OperatorKernel {
     // a failure raises to the trial (which declines the kernel), never to a serving call
     const size_t n = slot->nargs;
     std::vector<at::Tensor> outputs;
+    auto inputs = runner_inputs(&*(stack->end() - n), n);
+    if (!r->guards.empty() && !r->guarded_ok(inputs)) return eager(op, ks, stack);
     {
       InsideGuard g;
-      outputs = r->run(runner_inputs(&*(stack->end() - n), n));
+      outputs = r->run(inputs);
     }
     torch::jit::drop(*stack, n);
     for (auto& o : outputs) torch::jit::push(*stack, std::move(o));
@@ -851,12 +890,14 @@ class FastPath {
   }
 
   // Load a kernel (its library, and a first container); returns its id.
-  int64_t load(const std::string& path, const std::string& device) {
+  int64_t load(const std::string& path, const std::string& device,
+               const std::vector<std::tuple<int64_t, int64_t, int64_t>>& guards) {
     std::shared_ptr<Runner> r;
     {
       py::gil_scoped_release nogil;
       r = std::make_shared<Runner>(path, device);
     }
+    for (const auto& g : guards) r->guards.push_back({std::get<0>(g), std::get<1>(g), std::get<2>(g)});
     std::unique_lock<std::shared_mutex> lk(st_->mu);
     int64_t id = st_->next_id++;
     st_->runners[id] = std::move(r);
@@ -913,6 +954,7 @@ class FastPath {
     d["conj_neg_views"] = st_->views.load();
     d["gated"] = st_->gated.load();
     d["trial_calls"] = st_->trial_calls.load();
+    d["guarded"] = st_->guarded.load();
     py::dict inel;
     for (int64_t i = 0; i < INELIGIBLE_REASONS; ++i)
       if (uint64_t v = st_->ineligible[i].load()) inel[py::int_(i)] = v;

@@ -56,7 +56,7 @@ from typing import Iterable
 
 import torch
 
-from aoti_farm import hostgate, private
+from aoti_farm import adversarial, hostgate, private
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
 from aoti_farm.counters import Counters
@@ -285,8 +285,14 @@ class Hook:
         d = self._decide(info, args, kwargs)
         if d[0] == "run" and not isinstance(d[2], tuple):   # (a native kernel: this registration is going)
             call, runner = d[1], d[2]
+            inputs = call.gather(args, kwargs)
+            guards = self._kernels.guards.get(call.key)
+            if guards and adversarial.violates(guards, inputs):
+                # an index the kernel was not verified at: eager's own call (its error)
+                self._kernels.counters.inc("guarded")
+                return dispatch.call_original(info, orig, keyset, args, kwargs)
             try:
-                out = runner.run(call.gather(args, kwargs))
+                out = runner.run(inputs)
             except Exception as e:  # noqa: BLE001
                 # eager's own error on these inputs is the caller's (it propagates, the
                 # kernel stays); an error eager does not raise drops the kernel

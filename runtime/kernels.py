@@ -16,7 +16,9 @@ raises too (an integer division by zero, an index out of range) met the caller's
 a fault of its own: the hook re-raises eager's error and the kernel stays.
 
 **Conditions of serving** (:meth:`KernelTable.unservable`, asked on every hit).  Under
-``contract="strict"`` a kernel with an edge note runs eager (``contract: strict (CLASS)``).  A kernel
+``contract="strict"`` a kernel with an edge note runs eager (``contract: strict (CLASS)``).  A
+kernel with index guards serves a call only where every index lies in its guard's range
+(the rest runs eager: its error, as always).  A kernel
 is served only under what it was verified under: the globals of
 ``aoti_farm.signature.conditions`` (the manifest's ``conditions``, absent: torch's
 defaults), and for a CPU kernel the calling thread's ``torch.get_num_threads()`` among the
@@ -39,7 +41,7 @@ import torch
 
 from aoti_farm import loadenv
 from aoti_farm import signature as S
-from aoti_farm.cache.manifest import edge_notes
+from aoti_farm.cache.manifest import edge_notes, index_guards
 from aoti_farm.cache.store import BadEntry, Cache
 from aoti_farm.compiler import flat_tensors, load_runner
 from aoti_farm.counters import Counters
@@ -66,6 +68,9 @@ class KernelTable:
         self.contract = contract
         #: key -> the edge notes of its loaded kernel (classes; empty: none)
         self.notes: dict[str, tuple] = {}
+        #: key -> its loaded kernel's index guards (manifest.index_guards; empty: none): a
+        #: call with an index outside one runs eager (the native path checks its own copy)
+        self.guards: dict[str, list] = {}
         self._report = report          # (call) -> None: a refused entry's signature is queued again
         self._submit = submit          # (fn) -> bool: run fn in the background thread
         self.native = None
@@ -80,7 +85,7 @@ class KernelTable:
         #: (key, thread count) -> None (agrees with eager there) or the reason it is not served
         self.thread_verdicts: dict[tuple, str | None] = {}
         self.counters = Counters("kernels_loaded", "kernels_dropped", "load_errors", "load_unsafe",
-                                 "kernel_errors", "user_errors", "integrity_failures", "foreign",
+                                 "kernel_errors", "user_errors", "integrity_failures", "foreign", "guarded",
                                  integrity_failures_by_kind={}, thread_checks={})
 
     def _serves(self, h) -> bool:
@@ -126,7 +131,8 @@ class KernelTable:
                 return None
             device = runner_device(call.device)
             try:
-                runner = ((nreg, nreg.load(entry.load_path, device)) if nreg is not None
+                guards = index_guards(entry.manifest)   # checked by open_entry: they read
+                runner = ((nreg, nreg.load(entry.load_path, device, guards)) if nreg is not None
                           else load_runner(entry.load_path, device))
                 meta = self._meta(entry, call, runner, device)
             except Exception as e:  # noqa: BLE001
@@ -143,6 +149,7 @@ class KernelTable:
                 self.runners[call.key] = runner
                 self.meta[call.key] = meta
                 self.notes[call.key] = edge_notes(entry.manifest)
+                self.guards[call.key] = guards
             self.counters.inc("kernels_loaded")
             if old is not None:
                 self.release(old)

@@ -251,8 +251,10 @@ class NativeRegistration:
         kwargs = {n: v for n, v, k in zip(info.arg_names, vals, kwo) if k}
         return self._decide(info, device, args, kwargs)
 
-    def load(self, path: str, device: str) -> int:
-        return self.fp.load(path, device)
+    def load(self, path: str, device: str, guards=()) -> int:
+        """Load a kernel; ``guards``: its index guards ``(input position, lo, hi)``
+        (``manifest.index_guards``): a call with an index outside one runs eager."""
+        return self.fp.load(path, device, [tuple(int(x) for x in g) for g in guards])
 
     def unload(self, kernel_id: int) -> None:
         self.fp.unload(kernel_id)

@@ -98,6 +98,30 @@ class Entry:
 UNBUILT = ("upstream-import",)
 
 
+#: The manifest format of an entry whose kernel may serve a call only where every index
+#: lies in its guard's range (:func:`index_guards`).  A reader that knows no guards (an
+#: aoti-farm before them, upstream's holder through export-upstream) refuses the format,
+#: so no process serves such a kernel unguarded.
+GUARDED_FORMAT = CACHE_FORMAT + 1
+
+
+def index_guards(manifest: dict, d: Path | str = "") -> list[tuple[int, int, int]]:
+    """The index guards of an entry: ``(runner input position, lo, hi)`` (a call is served
+    only where every index of input ``position`` lies in ``[lo, hi)``); [] for an entry of
+    the plain format.  A guarded entry whose guards do not read is a BadEntry (corrupt):
+    it is never served unguarded."""
+    if manifest.get("format") != GUARDED_FORMAT:
+        return []
+    v = manifest.get("verification")
+    g = v.get("index_guards") if isinstance(v, dict) else None
+    ok = isinstance(g, list) and g and all(
+        isinstance(x, list) and len(x) == 3 and all(type(n) is int for n in x) and x[0] >= 0 and x[1] < x[2]
+        for x in g)
+    if not ok:
+        raise BadEntry("corrupt", f"{d}: a guarded entry whose index guards do not read")
+    return [tuple(x) for x in g]
+
+
 def edge_notes(manifest) -> tuple:
     """The classes of an entry's edge notes (its verification's ``edge_notes``:
     differences from eager the finite contract does not call differences, docs/verification.md),
@@ -136,7 +160,8 @@ def decode_manifest(raw: bytes, d: Path) -> dict:
                             max_array_len=1 << 16, max_map_len=1 << 16)
     except Exception as e:  # noqa: BLE001 -- msgpack raises several types for garbage
         raise BadEntry("corrupt", f"{d}: manifest is not msgpack ({type(e).__name__})") from None
-    if not isinstance(m, dict) or not isinstance(m.get("files"), dict) or m.get("format") != CACHE_FORMAT:
+    if not isinstance(m, dict) or not isinstance(m.get("files"), dict) or m.get("format") not in (CACHE_FORMAT,
+                                                                                                GUARDED_FORMAT):
         raise BadEntry("corrupt", f"{d}: manifest lacks format/files")
     files = m["files"]
     if KERNEL not in files:

@@ -52,7 +52,7 @@ from aoti_farm.fsutil import atomic_write, fsync_dir  # noqa: F401 -- used by im
 from aoti_farm.cache.layout import (  # noqa: F401 -- the cache's names, used by importers too
     CACHE_FORMAT, FP_RE, KERNEL, KEY_RE, MANIFEST, check_fp, check_key, msgpack_default)
 from aoti_farm.cache.manifest import (  # noqa: F401 -- Entry, BadEntry, sign, sha256_file: used by importers too
-    BAD_KIND, FILE_RE, UNBUILT, BadEntry, Entry, decode_manifest, plain, sha256_fd, sha256_file, sign)
+    BAD_KIND, FILE_RE, UNBUILT, BadEntry, index_guards, Entry, decode_manifest, plain, sha256_fd, sha256_file, sign)
 from aoti_farm.cache.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
@@ -250,14 +250,17 @@ class Cache:
             os.close(dfd)
 
     def open_entry(self, fp: Fingerprint | str, key: str, *, check_hashes: bool = True,
-                   private: bool = False) -> Entry:
+                   private: bool = False, guards: bool = True) -> Entry:
         """Verify an entry completely and return it; raises :class:`BadEntry`.
 
         Every directory from the root down and every file is opened without following
         links and checked on its descriptor; the manifest is read bounded and checked
         (fingerprint, key, HMAC) before anything else.  With ``private=True`` the kernel is
         copied into a sealed private copy while it is hashed (``Entry.kernel``): load that,
-        never the shared path, and ``close()`` the entry afterwards."""
+        never the shared path, and ``close()`` the entry afterwards.  ``guards=False``: the
+        caller cannot enforce index guards (upstream's holder), so a guarded entry
+        (``manifest.GUARDED_FORMAT``) is refused (``guarded``); with guards it must have
+        guards that read (``manifest.index_guards``)."""
         fp_id = fp if isinstance(fp, str) else fp.id
         d = self.entry_dir(fp_id, key)
         dfd = self._open_entry_dir(fp_id, key)
@@ -268,6 +271,9 @@ class Cache:
                 raise BadEntry("foreign", f"{d}: built under fingerprint {m.get('fingerprint_id')!r}, not {fp_id}")
             if m.get("key") != key:
                 raise BadEntry("corrupt", f"{d}: manifest key {m.get('key')!r} != directory name")
+            if index_guards(m, d) and not guards:
+                raise BadEntry("guarded", f"{d}: a kernel served only behind index guards, which this reader "
+                                          "cannot enforce")
             if m.get("compiler") in UNBUILT or "imported_from" in m:
                 # signed by an earlier import-upstream, whatever its HMAC says: not ours
                 raise BadEntry("unbuilt", f"{d}: a library the farm did not build (adopted from an upstream "

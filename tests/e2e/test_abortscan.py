@@ -1,7 +1,8 @@
 """The refusal before the C++ build (aoti_farm/abortscan.py), against verification itself:
-each CPU op whose kernel checks an index that eager rejects is compiled for real twice,
-with the scan and with ``AOTI_FARM_DEV=abort_scan=0``.  Both refuse it, and neither
-publishes anything.  With the scan, no wrapper is built."""
+a CPU op whose kernel checks an index that eager rejects, and whose index has no guard
+(made so here), is compiled for real twice, with the scan and with ``AOTI_FARM_DEV=abort_scan=0``.
+Both refuse it, and neither publishes anything.  With the scan, no wrapper is built.  The
+ops with guards (``gather``, ``embedding``, ``index_select``) are built and published."""
 
 from __future__ import annotations
 
@@ -40,8 +41,27 @@ def _built_wrappers() -> int:
 
 
 @pytest.mark.parametrize("op", ["gather", "embedding", "index_select"])
-def test_refused_before_its_build_as_verification_refuses_it(op, tmp_path, monkeypatch):
+def test_guarded_index_ops_are_built_and_published(op, tmp_path, monkeypatch):
+    """Where every index argument has a guard (adversarial.index_guards), no served call
+    meets an index the kernel checks inside its OpenMP region: the scan does not run, the
+    kernel is built, verified on in-range indices and published behind its guards
+    (tests/e2e/test_index_guards.py serves them)."""
     fp, sig = fingerprint("cpu"), _sig(op)
+    monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
+    cache = Cache(tmp_path / "scan")
+    before = _built_wrappers()
+    out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+    assert out.status == "compiled", (out.status, out.error)
+    assert _built_wrappers() == before + 1
+    assert cache.open_entry(fp, sig.key).manifest["verification"]["index_guards"]
+
+
+@pytest.mark.parametrize("op", ["gather", "index_select"])
+def test_refused_before_its_build_as_verification_refuses_it(op, tmp_path, monkeypatch):
+    """An index argument without a guard (here: index_guards made to find none, as for an
+    op adversarial.index_bound cannot bound)."""
+    fp, sig = fingerprint("cpu"), _sig(op)
+    monkeypatch.setattr("aoti_farm.adversarial.index_guards", lambda *a, **k: None)
     monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
     cache = Cache(tmp_path / "scan")
     before = _built_wrappers()

@@ -138,8 +138,10 @@ def test_an_infinity_among_finite_values_is_checked(tmp_path):
 
 
 def test_negative_index_where_eager_raises_is_refused(tmp_path, monkeypatch):
-    # verification itself: without the scan that refuses this kernel before its build
-    # (tests/e2e/test_abortscan.py)
+    # verification itself, of a kernel without index guards (tests/e2e/test_index_guards.py
+    # serves index_select behind them) and without the scan that refuses such a kernel
+    # before its build (tests/e2e/test_abortscan.py)
+    monkeypatch.setattr("aoti_farm.adversarial.index_guards", lambda *a, **k: None)
     monkeypatch.setenv("AOTI_FARM_DEV", "abort_scan=0")
     cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
     w, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
