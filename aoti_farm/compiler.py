@@ -230,6 +230,9 @@ class AOTICompiler:
 
             verifyserver.prestart()
         refused = CompileRefused if cls is None else dyncompile.DynamicUnsupported
+        if known_proxy_op(sig.op, device):   # found by an earlier compile here: refused before Inductor runs
+            raise CompileRefused(PROXY_EXECUTOR_REFUSAL, {"found": "an earlier compile of this op on this host",
+                                                          "before_compile": True})
         t0 = time.perf_counter()
         stage = "export"
         build = os.path.join(workdir, "build")
@@ -309,6 +312,7 @@ class AOTICompiler:
         if not isinstance(built, str) or not os.path.exists(built):
             raise refused(f"AOTInductor produced no library (got {built!r})")
         if needs_proxy_executor(os.path.dirname(built)):
+            remember_proxy_op(sig.op, device)
             shutil.rmtree(build, ignore_errors=True)
             raise CompileRefused(PROXY_EXECUTOR_REFUSAL, {"found": "aoti_torch_proxy_executor_call_function"})
         # Verify exactly what will be published: the library alone, away from every
@@ -626,6 +630,55 @@ def _tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected) -> tuple[f
 PROXY_EXECUTOR_REFUSAL = "unsupported: the kernel needs AOTInductor's proxy executor (an op without a C shim)"
 
 
+#: The host's memo of ops whose kernels need the proxy executor, per torch build.
+_PROXY_MEMO_MAX = 1 << 20
+
+
+def _proxy_memo_path() -> str:
+    from aoti_farm.fsutil import memo_dir
+
+    return os.path.join(memo_dir(), f"proxy-ops-{torch.version.git_version[:12]}.json")
+
+
+def known_proxy_op(op: str, device: str) -> bool:
+    """Whether an earlier compile on this host (same torch build) found that ``op``'s kernel
+    on ``device`` needs AOTInductor's proxy executor: then a new signature of it is refused
+    before Inductor runs (a 2.5 s compile for nothing otherwise: every shape of a U-Net's
+    ``cudnn_convolution``).  Whether an op falls back to a shim-less kernel depends on
+    Inductor's lowerings, decompositions and the device, which only a compile settles, so
+    the first signature of such an op is compiled and its generated source decides
+    (:func:`needs_proxy_executor`); the memo is private (:mod:`aoti_farm.private`) and read
+    bounded.  Unreadable or absent: False."""
+    from aoti_farm.cache.safeio import read_bounded
+
+    try:
+        d = json.loads(read_bounded(_proxy_memo_path(), max_bytes=_PROXY_MEMO_MAX, uids=(os.getuid(),)))
+    except Exception:  # noqa: BLE001 -- no memo (or an unreadable one): compile and see
+        return False
+    return isinstance(d, dict) and op in (d.get(device) or [])
+
+
+def remember_proxy_op(op: str, device: str) -> None:
+    """Add ``op`` on ``device`` to the memo (:func:`known_proxy_op`); never raises."""
+    try:
+        from aoti_farm.cache.safeio import read_bounded
+        from aoti_farm.private import atomic_write
+
+        path = _proxy_memo_path()
+        try:
+            d = json.loads(read_bounded(path, max_bytes=_PROXY_MEMO_MAX, uids=(os.getuid(),)))
+        except Exception:  # noqa: BLE001
+            d = {}
+        if not isinstance(d, dict):
+            d = {}
+        ops = [o for o in (d.get(device) or []) if isinstance(o, str)]
+        if op not in ops:
+            d[device] = sorted(ops + [op])
+            atomic_write(path, json.dumps(d).encode())
+    except Exception:  # noqa: BLE001 -- a memo is an optimisation
+        pass
+
+
 def needs_proxy_executor(build_dir: str) -> bool:
     """Whether the wrapper AOTInductor generated calls its proxy executor: an op without a
     C shim (``_logcumsumexp``, ``cudnn_convolution`` on torch 2.11-2.13) becomes such a call,
@@ -686,6 +739,7 @@ def check_case(sig: S.Signature, op, runner, name: str, args: tuple, kwargs: dic
     if k_err is not None and "proxy executor" in str(k_err):
         # an op without a C shim compiles to a call of AOTInductor's proxy executor, which a
         # bare kernel.so has no way to run: unsupported, recorded once (never infrastructure)
+        remember_proxy_op(sig.op, sig.device)
         raise CompileRefused(PROXY_EXECUTOR_REFUSAL,
                              {"case": name, "kernel_error": f"{type(k_err).__name__}: {_first_line(k_err)}"})
     if k_err is not None:

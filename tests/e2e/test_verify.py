@@ -176,6 +176,29 @@ def test_an_op_that_needs_the_proxy_executor_is_recorded_once(tmp_path):
     assert compile_and_publish(cache, Never(), fp, sig, owner="t").status == "failed"
 
 
+def test_a_proxy_executor_op_seen_once_costs_no_compile_again(tmp_path, monkeypatch):
+    """The first signature of an op whose kernel needs the proxy executor is compiled and
+    refused from its generated source; the host remembers the op, and its next signature
+    (another shape) is refused before Inductor runs: no wrapper is built."""
+    from aoti_farm import splitbuild
+    from aoti_farm.compiler import known_proxy_op
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))   # a fresh private memo
+    cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
+    comp = AOTICompiler(measure_speed=False)
+    first = S.from_call(torch.ops.aten._logcumsumexp.default, (torch.empty(8, 16), 1), {})
+    assert not known_proxy_op(first.op, "cpu")
+    out = compile_and_publish(cache, comp, fp, first, owner="t")
+    assert out.status == "failed" and out.error.startswith("unsupported: the kernel needs AOTInductor's proxy")
+    assert known_proxy_op(first.op, "cpu") and not known_proxy_op(first.op, "cuda")
+    built = splitbuild.stats()
+    second = S.from_call(torch.ops.aten._logcumsumexp.default, (torch.empty(4, 32), 0), {})
+    out = compile_and_publish(cache, comp, fp, second, owner="t")
+    assert out.status == "failed" and out.error.startswith("unsupported: the kernel needs AOTInductor's proxy")
+    assert out.evidence.get("before_compile") is True, out.evidence
+    assert splitbuild.stats() == built   # nothing was built
+
+
 # --- the reduction corpus ---------------------------------------------------------------------
 
 def _corpus():
