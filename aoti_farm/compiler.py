@@ -564,11 +564,51 @@ def _abort_message(err: str) -> str | None:
 #: ours still does).
 VERIFICATION_REFUSALS = ("kernel disagrees with eager", "kernel does not raise where eager raises",
                          "kernel raises where eager does not", "kernel aborts the process where eager raises",
-                         "kernel crashed its loader", "unsupported")
+                         "kernel crashed its loader", "kernel less accurate than eager", "unsupported")
 
 
 def is_verification_refusal(reason: str | None) -> bool:
     return bool(reason) and str(reason).startswith(VERIFICATION_REFUSALS)
+
+
+#: The named classes of refusals (docs/verification.md): warm's summary, ``cache ls
+#: --failed`` and ``explain`` count and name them.
+REFUSAL_CLASSES = ("values", "layout", "precision", "errors", "aborts", "proxy executor", "unverifiable",
+                   "ineligible", "compile error", "memory budget", "bug", "other")
+_LAYOUT_PROBLEMS = ("strides", "memory format", "shape", "dtype", "device", "output count", "not a tensor")
+
+
+def refusal_class(reason: str | None, evidence: dict | None = None) -> str:
+    """The class of a refusal or failure, from its reason and evidence: ``values`` (a value,
+    NaN, inf or zero sign differs on finite inputs at ordinary magnitudes), ``layout``
+    (strides, memory format, shape, dtype), ``precision`` (less accurate than eager against
+    float64), ``errors`` (raises where eager does not, or the reverse), ``aborts`` (ends or
+    crashes its process), ``proxy executor``, ``unverifiable`` (an index bound on CUDA),
+    ``ineligible``, ``compile error`` (Inductor's, or eager rejects the example),
+    ``memory budget``, ``bug`` (aoti-farm's own), else ``other``."""
+    r = str(reason or "")
+    ev = evidence if isinstance(evidence, dict) else {}
+    if r.startswith("kernel disagrees with eager"):
+        return "layout" if ev.get("problem") in _LAYOUT_PROBLEMS else "values"
+    if r.startswith("kernel less accurate than eager"):
+        return "precision"
+    if r.startswith(("kernel does not raise where eager raises", "kernel raises where eager does not")):
+        return "errors"
+    if r.startswith(("kernel aborts the process", "kernel crashed its loader")):
+        return "aborts"
+    if r.startswith(PROXY_EXECUTOR_REFUSAL):
+        return "proxy executor"
+    if r.startswith("unsupported on CUDA"):
+        return "unverifiable"
+    if r.startswith("ineligible"):
+        return "ineligible"
+    if r.startswith(("compile error", "eager rejects", "AOTInductor produced no library")):
+        return "compile error"
+    if ev.get("refused") == "memory_budget" or "memory budget" in r:
+        return "memory budget"
+    if r.startswith("bug in aoti-farm"):
+        return "bug"
+    return "other"
 
 
 def eager_raises_on_adversarial(sig: S.Signature, only: tuple[str, ...] = (), guards: list | None = None) -> bool:

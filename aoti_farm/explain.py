@@ -198,8 +198,11 @@ class Explainer:
         if ns is not None and sig.key in ns.failed:
             rec = self.cache.failure(fp.id, sig.key) or {"reason": "failure record vanished"}
             ex.outcome = "failed"
-            ex.reason = f"compile failed: {' '.join(str(rec.get('reason')).split())[:300]}"
             ev = rec.get("evidence") or {}
+            from aoti_farm.compiler import refusal_class
+
+            ex.category = refusal_class(rec.get("reason"), ev if isinstance(ev, dict) else {})
+            ex.reason = f"compile failed ({ex.category}): {' '.join(str(rec.get('reason')).split())[:300]}"
             ex.details = [f"{k}: {' '.join(str(v).split())[:200]}" for k, v in (ev.items() if isinstance(ev, dict) else ())]
             ex.details.append(f"attempts {rec.get('attempts')}; `aoti-farm cache rm --failed` retries it")
             ex.data = {"failure": {k: rec.get(k) for k in ("reason", "evidence", "attempts", "host", "time")}}

@@ -168,8 +168,14 @@ class Progress:
             out.append(f"edge notes on {len(noted)} published kernel(s), served under contract='finite' (the default), "
                        f"not under 'strict': " + ", ".join(f"{c} {n}" for c, n in sorted(by.items())))
         if refused:
-            out.append(f"refused by verification ({len(refused)}; recorded, eager serves them; "
-                       f"`aoti-farm cache ls --failed` lists them):")
+            from aoti_farm.compiler import refusal_class
+
+            by = {}
+            for r in refused:
+                c = refusal_class(r.get("error"), r.get("evidence"))
+                by[c] = by.get(c, 0) + 1
+            out.append(f"refused by verification ({len(refused)}: " + ", ".join(f"{c} {n}" for c, n in sorted(by.items()))
+                       + "; recorded, eager serves them; `aoti-farm cache ls --failed` lists them):")
             out += [f"  {r['key'][:16]} {r.get('description') or r['op']}: {r.get('error')}" for r in refused]
         if failed:
             out.append("failed signatures:")

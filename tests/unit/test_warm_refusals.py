@@ -35,7 +35,7 @@ def test_recorded_refusals_do_not_fail_warm_but_other_failures_do(tmp_path):
     assert not any(r["status"] == "failed" and not r.get("refused") for r in rows)   # warm exits 0
     out = io.StringIO()
     Progress(2, stream=out, tty=False).finish(rows)
-    assert "refused by verification (1; recorded, eager serves them" in out.getvalue()
+    assert "refused by verification (1: values 1; recorded, eager serves them" in out.getvalue()
     assert "failed signatures:" not in out.getvalue()
 
     more = [{"key": lost.key, "op": lost.op, "status": "failed", "fp_id": fp.id, "evidence": {},
