@@ -258,7 +258,9 @@ def _key_file(cfg: FarmConfig, cache) -> str | None:
     if not cfg.signing_key_file:
         raise UserError("signing key: the compile actors read it from a file; set signing_key_file "
                         "([farm] signing_key_file or AOTI_FARM_SIGNING_KEY_FILE)")
-    return cfg.signing_key_file
+    # absolute: an embedded Ray's workers run in the farm's private directory, not in the
+    # driver's working directory (aoti_farm.spawn.private_cwd)
+    return os.path.abspath(cfg.signing_key_file)
 
 
 def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,

@@ -35,3 +35,26 @@ def test_a_short_tmpdir_keeps_the_tree_there(tmp_path):
         assert stat.S_IMODE(os.stat(os.path.dirname(tree)).st_mode) == 0o700
     finally:
         os.rmdir(os.path.dirname(tree))
+
+
+def test_the_actors_get_the_key_files_absolute_path(tmp_path, monkeypatch):
+    """The embedded Ray's workers run in the farm's private directory (spawn.private_cwd),
+    so a key file named relative to the driver's working directory is handed on absolute."""
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(tmp_path)
+    cfg = SimpleNamespace(signing_key_file="fleet.key")
+    cache = SimpleNamespace(signing_key=b"k")
+    assert raysetup._key_file(cfg, cache) == str(tmp_path / "fleet.key")
+    assert raysetup._key_file(cfg, SimpleNamespace(signing_key=None)) is None
+
+
+def test_ray_init_runs_in_the_private_directory_and_the_driver_returns(tmp_path, monkeypatch):
+    from aoti_farm import spawn
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    with spawn.private_cwd() as d:
+        assert os.getcwd() == d and d.startswith(str(tmp_path / "xdg"))
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    assert os.getcwd() == str(tmp_path)
