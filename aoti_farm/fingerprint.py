@@ -61,7 +61,11 @@ FINGERPRINT_VERSION = 1
 #: eager's at 2 threads when built at 1; it failed the reduction-corpus differential test
 #: (tests/e2e/test_verify.py) and went.  Small kernels pay a fork/join per call instead;
 #: the speed gate decides whether they are served.
-DEFAULT_INDUCTOR_OPTIONS: dict = {"cpp.dynamic_threads": True}
+#:
+#: ``aoti_farm.serial_below``: a kernel of fewer elements gets no parallel scope at all
+#: (:mod:`aoti_farm.serialsmall`): serial code, whatever the caller's thread count, where
+#: the patch above had changed the decision for every kernel.
+DEFAULT_INDUCTOR_OPTIONS: dict = {"cpp.dynamic_threads": True, "aoti_farm.serial_below": 4096}
 
 
 def effective_options(inductor_options: dict | None) -> dict:

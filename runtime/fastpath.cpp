@@ -184,13 +184,15 @@ void adopt_lowered(const py::dict& saved) {
 // container checked out, run: AOTInductor's container run, i.e. the kernel with its output
 // allocation, outputs: stolen handles wrapped as tensors and pushed), or a remembered eager
 // decision (key, lookup, eager: the original kernel from the boxed stack).  What the
-// dispatcher does before and after (boxing, unboxing) is the benchmark's remainder.
+// dispatcher does before and after (boxing, unboxing) is the benchmark's remainder.  The
+// counters are the CPU's time-stamp counter, read on whichever core the call runs: a call
+// preempted or moved between cores is left out (OUTLIER_TICKS).
 
 enum Stage { ST_KEY, ST_LOOKUP, ST_INPUTS, ST_RUN, ST_OUTPUTS, ST_EAGER, N_STAGES };
 enum Outcome { OC_SERVED, OC_EAGER, N_OUTCOMES };
 std::atomic<bool> g_profile{false};
 std::array<std::array<std::atomic<uint64_t>, N_STAGES>, N_OUTCOMES> g_ticks{};
-std::array<std::atomic<uint64_t>, N_OUTCOMES> g_prof_calls{};
+std::array<std::atomic<uint64_t>, N_OUTCOMES> g_prof_calls{}, g_prof_outliers{};
 
 inline uint64_t ticks() {
 #if defined(__x86_64__)
@@ -216,6 +218,7 @@ void reset_profile() {
   for (auto& o : g_ticks)
     for (auto& t : o) t.store(0);
   for (auto& c : g_prof_calls) c.store(0);
+  for (auto& c : g_prof_outliers) c.store(0);
 }
 
 py::dict profile_stats() {
@@ -225,6 +228,7 @@ py::dict profile_stats() {
   for (int o = 0; o < N_OUTCOMES; ++o) {
     py::dict one;
     one["calls"] = g_prof_calls[o].load();
+    one["outliers"] = g_prof_outliers[o].load();
     for (int s = 0; s < N_STAGES; ++s) one[names[s]] = static_cast<double>(g_ticks[o][s].load()) * scale;
     d[o == OC_SERVED ? "served" : "eager"] = one;
   }
@@ -232,7 +236,17 @@ py::dict profile_stats() {
   return d;
 }
 
+// A call longer than this many ticks (about 0.3 ms at 3 GHz) was preempted, or migrated
+// between cores whose counters disagree: left out of the means, counted as an outlier.
+constexpr uint64_t OUTLIER_TICKS = 1000000;
+
 inline void account(int outcome, const uint64_t* marks, const int* stages, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (marks[i + 1] < marks[i] || marks[n] - marks[0] > OUTLIER_TICKS) {
+      g_prof_outliers[outcome].fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
   for (int i = 0; i < n; ++i)
     g_ticks[outcome][stages[i]].fetch_add(marks[i + 1] - marks[i], std::memory_order_relaxed);
   g_prof_calls[outcome].fetch_add(1, std::memory_order_relaxed);

@@ -69,7 +69,7 @@ def _native():
 def _per_call(prof: dict, outcome: str = "served") -> dict:
     p = prof[outcome]
     n = max(1, p["calls"])
-    return {"calls": p["calls"], **{s: p[s] / n for s in STAGES}}
+    return {"calls": p["calls"], "outliers": p.get("outliers", 0), **{s: p[s] / n for s in STAGES}}
 
 
 def _median_time(run, n: int) -> float:
