@@ -229,8 +229,6 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
         elif isinstance(v, (list, tuple)):
             slots.extend((name, j, t) for j, t in enumerate(v) if isinstance(t, torch.Tensor))
 
-    is_index = _is_index
-
     def build(repl: dict) -> tuple[tuple, dict]:
         """The call with the tensors of ``repl`` ((name, j) -> tensor) replaced."""
         new = {}
@@ -251,13 +249,13 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
     out: list[tuple[str, tuple, dict]] = []
     floats = [(n, j, t) for n, j, t in slots if t.is_floating_point() and t.numel()]
     ints = [(n, j, t) for n, j, t in slots if not t.is_floating_point() and not t.is_complex()
-            and t.dtype != torch.bool and t.numel() and not is_index(n, t)]
+            and t.dtype != torch.bool and t.numel() and not _is_index(n, t)]
     if sig.op.split(".")[0] in _SIZE_OPS:
         ints = []
     # index tensors in their bounds in every case but the one that moves them out
     bounds, valid = {}, {}
     for n, j, t in slots:
-        if is_index(n, t) and t.numel():
+        if _is_index(n, t) and t.numel():
             b = index_bound(sig.op, n, j, values)
             if b is not None and b >= 1:
                 bounds[(n, j)] = b

@@ -572,8 +572,8 @@ def is_verification_refusal(reason: str | None) -> bool:
     return bool(reason) and str(reason).startswith(VERIFICATION_REFUSALS)
 
 
-#: The named classes of refusals (docs/verification.md): warm's summary, ``cache ls
-#: --failed`` and ``explain`` count and name them.
+#: The named classes of refusals (docs/verification.md): warm's summary counts them and
+#: ``explain`` names a failure's.
 REFUSAL_CLASSES = ("values", "layout", "precision", "errors", "aborts", "proxy executor", "unverifiable",
                    "ineligible", "compile error", "memory budget", "bug", "other")
 _LAYOUT_PROBLEMS = ("strides", "memory format", "shape", "dtype", "device", "output count", "not a tensor")

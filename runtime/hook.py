@@ -289,7 +289,7 @@ class Hook:
             guards = self._kernels.guards.get(call.key)
             if guards and adversarial.violates(guards, inputs):
                 # an index the kernel was not verified at: eager's own call (its error)
-                self._kernels.counters.inc("guarded")
+                self._fallback(info, "index guard: an index out of range")
                 return dispatch.call_original(info, orig, keyset, args, kwargs)
             try:
                 out = runner.run(inputs)

@@ -85,7 +85,7 @@ class KernelTable:
         #: (key, thread count) -> None (agrees with eager there) or the reason it is not served
         self.thread_verdicts: dict[tuple, str | None] = {}
         self.counters = Counters("kernels_loaded", "kernels_dropped", "load_errors", "load_unsafe",
-                                 "kernel_errors", "user_errors", "integrity_failures", "foreign", "guarded",
+                                 "kernel_errors", "user_errors", "integrity_failures", "foreign",
                                  integrity_failures_by_kind={}, thread_checks={})
 
     def _serves(self, h) -> bool:
