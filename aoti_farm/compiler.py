@@ -34,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from aoti_farm import abortscan, adversarial, dyncompile, loadenv, serialsmall, splitbuild, stridesym
+from aoti_farm import abortscan, adversarial, dyncompile, loadenv, splitbuild, stridesym
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
@@ -278,8 +278,7 @@ class AOTICompiler:
                     # directory at run time; a published entry must be self-contained.
                     opts.setdefault("aot_inductor.embed_kernel_binary", True)
                 c1 = cpu_seconds()
-                with splitbuild.active(before_wrapper=scan), \
-                        serialsmall.active(self._options.get(serialsmall.OPTION, 0)):
+                with splitbuild.active(before_wrapper=scan):
                     built = torch._inductor.aot_compile(graph, inputs, options=opts)
                     build_info = splitbuild.last_build()
                 c2 = cpu_seconds()
