@@ -91,13 +91,6 @@ def thread_mode(options: dict, device: str) -> str | None:
     return f"fixed:{n if isinstance(n, int) and n >= 1 else torch.get_num_threads()}"
 
 
-def fixed_thread_options(options: dict) -> dict:
-    """The Inductor options of a CPU kernel built the usual way, with the building
-    process's thread count baked in (upstream's aoti_eager, imported by ``aoti-farm cache
-    import-upstream``): its fingerprint is another namespace than aoti-farm's own."""
-    return {**options, "cpp.dynamic_threads": False}
-
-
 class Compiler(Protocol):
     name: str
 

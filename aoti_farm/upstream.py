@@ -192,11 +192,14 @@ def import_upstream(cache: Cache, from_dir: str | os.PathLike, *, inductor_optio
     owner = new_owner("import-upstream")
     report: dict[str, Any] = {"from": str(src), "adopted": [], "present": [], "rejected": [], "skipped": []}
     seen: set[str] = set()
+    fps: dict[str, Fingerprint] = {}
     for sig, rec in _upstream_signatures(base, report):
         if sig.key in seen:
             continue
         seen.add(sig.key)
-        fp = fingerprint("cpu" if sig.device == "cpu" else "cuda:0", compiler.options())
+        if sig.device not in fps:   # one fingerprint per device, as a warm's actor has
+            fps[sig.device] = fingerprint("cpu" if sig.device == "cpu" else "cuda:0", compiler.options())
+        fp = fps[sig.device]
         if cache.has_entry(fp.id, sig.key):
             try:
                 cache.open_entry(fp, sig.key).close()
