@@ -34,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from aoti_farm import abortscan, adversarial, dyncompile, loadenv, splitbuild, stridesym
+from aoti_farm import abortscan, adversarial, dyncompile, loadenv, serialsmall, splitbuild, stridesym
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
@@ -271,9 +271,12 @@ class AOTICompiler:
                     # directory at run time; a published entry must be self-contained.
                     opts.setdefault("aot_inductor.embed_kernel_binary", True)
                 c1 = cpu_seconds()
-                with splitbuild.active(before_wrapper=scan):
+                with splitbuild.active(before_wrapper=scan), \
+                        serialsmall.active(self._options.get(serialsmall.OPTION, 0)):
                     built = torch._inductor.aot_compile(graph, inputs, options=opts)
                     build_info = splitbuild.last_build()
+                    if device == "cpu":   # loop nests made serial (the manifest's build says so)
+                        build_info["serial_nests"] = serialsmall.serialized()
                 c2 = cpu_seconds()
                 if cls is not None and cls.stride_symbols:   # what Inductor assumed of them, too
                     try:
@@ -564,44 +567,8 @@ def is_verification_refusal(reason: str | None) -> bool:
     return bool(reason) and str(reason).startswith(VERIFICATION_REFUSALS)
 
 
-#: The named classes of refusals (docs/verification.md): warm's summary counts them and
-#: ``explain`` names a failure's.
-REFUSAL_CLASSES = ("values", "layout", "precision", "errors", "aborts", "proxy executor", "unverifiable",
-                   "ineligible", "compile error", "memory budget", "bug", "other")
-_LAYOUT_PROBLEMS = ("strides", "memory format", "shape", "dtype", "device", "output count", "not a tensor")
-
-
-def refusal_class(reason: str | None, evidence: dict | None = None) -> str:
-    """The class of a refusal or failure, from its reason and evidence: ``values`` (a value,
-    NaN, inf or zero sign differs on finite inputs at ordinary magnitudes), ``layout``
-    (strides, memory format, shape, dtype), ``precision`` (less accurate than eager against
-    float64), ``errors`` (raises where eager does not, or the reverse), ``aborts`` (ends or
-    crashes its process), ``proxy executor``, ``unverifiable`` (an index bound on CUDA),
-    ``ineligible``, ``compile error`` (Inductor's, or eager rejects the example),
-    ``memory budget``, ``bug`` (aoti-farm's own), else ``other``."""
-    r = str(reason or "")
-    ev = evidence if isinstance(evidence, dict) else {}
-    if r.startswith("kernel disagrees with eager"):
-        return "layout" if ev.get("problem") in _LAYOUT_PROBLEMS else "values"
-    if r.startswith("kernel less accurate than eager"):
-        return "precision"
-    if r.startswith(("kernel does not raise where eager raises", "kernel raises where eager does not")):
-        return "errors"
-    if r.startswith(("kernel aborts the process", "kernel crashed its loader")):
-        return "aborts"
-    if r.startswith(PROXY_EXECUTOR_REFUSAL):
-        return "proxy executor"
-    if r.startswith("unsupported on CUDA"):
-        return "unverifiable"
-    if r.startswith("ineligible"):
-        return "ineligible"
-    if r.startswith(("compile error", "eager rejects", "AOTInductor produced no library")):
-        return "compile error"
-    if ev.get("refused") == "memory_budget" or "memory budget" in r:
-        return "memory budget"
-    if r.startswith("bug in aoti-farm"):
-        return "bug"
-    return "other"
+# The named classes of refusals live with the failure records (torch-free readers count them).
+from aoti_farm.cache.failures import REFUSAL_CLASSES, refusal_class  # noqa: E402,F401
 
 
 def eager_raises_on_adversarial(sig: S.Signature, only: tuple[str, ...] = (), guards: list | None = None) -> bool:
@@ -660,7 +627,7 @@ def _tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected) -> tuple[f
     return a[0] + b[0], a[1] + b[1]
 
 
-PROXY_EXECUTOR_REFUSAL = "unsupported: the kernel needs AOTInductor's proxy executor (an op without a C shim)"
+from aoti_farm.cache.failures import PROXY_EXECUTOR_REFUSAL  # noqa: E402,F401
 
 
 #: The host's memo of ops whose kernels need the proxy executor, per torch build.

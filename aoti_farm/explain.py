@@ -9,8 +9,10 @@ Outcomes (one per signature):
   hook confirms an exact entry on this host at its first call;
 * ``gated here`` -- a hit on the compile host that this host's speed gate declined: the
   hook's on-host trial, kept in this host's memo (``aoti_farm/hostgate.py``), found it
-  slower than eager here ("gated here (1.31 of eager on this host, 2 threads)"); eager
-  runs.  A hit confirmed here says so in its details;
+  slower than eager here ("gated here (1.31 of eager on this host, 2 threads) ... slower
+  than eager on this host"), or faster by less than a served call must save inside a model
+  (the reason then names both times and the saving; a kernel is called slower only when it
+  is); eager runs.  A hit confirmed here says so in its details;
 * ``gated`` -- published, but under the hook's default policy ``serve="faster"`` its
   manifest's ``speed`` record says the kernel is not faster than eager (``ratio >
   GATE_RATIO``; both times are named) or it has no such record, or a class covers it
@@ -199,7 +201,7 @@ class Explainer:
             rec = self.cache.failure(fp.id, sig.key) or {"reason": "failure record vanished"}
             ex.outcome = "failed"
             ev = rec.get("evidence") or {}
-            from aoti_farm.compiler import refusal_class
+            from aoti_farm.cache.failures import refusal_class
 
             ex.category = refusal_class(rec.get("reason"), ev if isinstance(ev, dict) else {})
             ex.reason = f"compile failed ({ex.category}): {' '.join(str(rec.get('reason')).split())[:300]}"
@@ -282,8 +284,15 @@ class Explainer:
             ex.details.append(f"faster here too ({here})")
             return ex
         ex.outcome = "gated here"
-        ex.reason = (f"gated here ({here}): a hit on the compile host that loses to eager on this host; "
-                     f"eager runs, nothing is queued")
+        from aoti_farm.speed import GATE_RATIO, MIN_SAVING_US
+
+        if rec["host_ratio"] > GATE_RATIO:
+            why = "slower than eager on this host"
+        else:   # faster, by less than what a routed call costs inside a model (runtime/gate.py)
+            why = (f"faster than eager on this host by {rec['eager_us'] - rec['kernel_us']:.1f} µs a call "
+                   f"({rec['kernel_us']:.1f} against {rec['eager_us']:.1f} µs), less than the "
+                   f"{MIN_SAVING_US:g} µs a served call must save to pay inside a model")
+        ex.reason = f"gated here ({here}): a hit on the compile host, {why}; eager runs, nothing is queued"
         return ex
 
     def _ineligible(self, sig: Signature) -> str | None:

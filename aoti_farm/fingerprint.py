@@ -60,11 +60,14 @@ FINGERPRINT_VERSION = 1
 #: reduction (``var_mean`` over [2,32,64,64], dims (2,3)) whose variance was 1/4095 of
 #: eager's at 2 threads when built at 1; it failed the reduction-corpus differential test
 #: (tests/e2e/test_verify.py) and went.  Small kernels pay a fork/join per call instead;
-#: the speed gate decides whether they are served.  (A second try, parallel depth 0 only
-#: for kernels under 4096 elements, halved tiny kernels' own time but made reductions with
-#: a long reduction dim over few outputs wrong at 2 threads, var over [8, 4096] among them:
-#: under dynamic threads Inductor then splits the reduction itself; it went too.)
-DEFAULT_INDUCTOR_OPTIONS: dict = {"cpp.dynamic_threads": True}
+#: the speed gate decides whether they are served.
+#:
+#: ``aoti_farm.serial_nests_below``: a loop nest of fewer elements outside an open parallel
+#: region gets no parallel scope (:mod:`aoti_farm.serialsmall`): serial code, as Inductor
+#: writes at one thread.  (A first version also made nests inside an open region serial,
+#: without the ``omp single`` Inductor writes only when it builds at several threads; built
+#: at 1 and run at 2 such a nest ran twice: ``var`` over [8, 4096] was wrong.)
+DEFAULT_INDUCTOR_OPTIONS: dict = {"cpp.dynamic_threads": True, "aoti_farm.serial_nests_below": 4096}
 
 
 def effective_options(inductor_options: dict | None) -> dict:

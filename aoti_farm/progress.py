@@ -159,22 +159,15 @@ class Progress:
         out += speed
         refused = [r for r in results if r["status"] == "failed" and r.get("refused")]
         failed = [r for r in results if r["status"] == "failed" and not r.get("refused")]
+        from aoti_farm.cache.failures import counts_text, tally
+
+        refused_by, notes_by = tally(results)
         noted = [r for r in results if r["status"] == "compiled" and (r.get("evidence") or {}).get("edge_notes")]
         if noted:
-            by: dict[str, int] = {}
-            for r in noted:
-                for c in r["evidence"]["edge_notes"]:
-                    by[c] = by.get(c, 0) + 1
             out.append(f"edge notes on {len(noted)} published kernel(s), served under contract='finite' (the default), "
-                       f"not under 'strict': " + ", ".join(f"{c} {n}" for c, n in sorted(by.items())))
+                       f"not under 'strict': " + counts_text(notes_by))
         if refused:
-            from aoti_farm.compiler import refusal_class
-
-            by = {}
-            for r in refused:
-                c = refusal_class(r.get("error"), r.get("evidence"))
-                by[c] = by.get(c, 0) + 1
-            out.append(f"refused by verification ({len(refused)}: " + ", ".join(f"{c} {n}" for c, n in sorted(by.items()))
+            out.append(f"refused by verification ({len(refused)}: " + counts_text(refused_by)
                        + "; recorded, eager serves them; `aoti-farm cache ls --failed` lists them):")
             out += [f"  {r['key'][:16]} {r.get('description') or r['op']}: {r.get('error')}" for r in refused]
         if failed:

@@ -19,6 +19,7 @@ import math
 import os
 from typing import Any
 
+from aoti_farm.cache.failures import counts_text, tally
 from aoti_farm.errors import UserError
 
 COLOURS = {"compiled": "#2e9d4f", "cached": "#3d7fd6", "failed": "#d64541", "busy": "#e0a526",
@@ -249,6 +250,11 @@ def _summary(doc: dict, sigs: list, marks: dict, workers: list) -> list[tuple[st
     for s in sigs:
         counts[str(s.get("status"))] = counts.get(str(s.get("status")), 0) + 1
     rows = [("signatures", f"{len(sigs)} (" + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")")]
+    refused_by, notes_by = tally(sigs)
+    if refused_by:
+        rows.append(("refused by verification", counts_text(refused_by)))
+    if notes_by:
+        rows.append(("edge notes (served under contract 'finite')", counts_text(notes_by)))
     start = next((marks[k] for k in ("process_start", "warm_start") if marks.get(k) is not None), None)
     if marks.get("end") is not None and start is not None:
         rows.append(("wall", f"{marks['end'] - start:.1f} s from process start"))

@@ -23,6 +23,7 @@ import re
 import socket
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -30,9 +31,11 @@ from aoti_farm.cache import records
 from aoti_farm.cache.layout import CACHE_FORMAT, check_key
 from aoti_farm.cache.layout import msgpack_default as _default
 from aoti_farm.errors import FarmError
-from aoti_farm.fingerprint import Fingerprint
 from aoti_farm.cache.records import BadRecord
-from aoti_farm.signature import Signature
+
+if TYPE_CHECKING:   # torch-free at run time: ``cache stats`` and ``report`` count classes here
+    from aoti_farm.fingerprint import Fingerprint
+    from aoti_farm.signature import Signature
 
 SUFFIX = ".msgpack"
 _SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
@@ -160,3 +163,72 @@ def remove(cache, fp_id: str, rel: str) -> bool:
 def remove_key(cache, fp_id: str, key: str) -> bool:
     check_key(key)
     return remove(cache, fp_id, f"{key[:2]}/{key}{SUFFIX}")
+
+
+# --- classes --------------------------------------------------------------------------------
+
+PROXY_EXECUTOR_REFUSAL = "unsupported: the kernel needs AOTInductor's proxy executor (an op without a C shim)"
+
+#: The named classes of refusals (docs/verification.md): warm's summary, ``cache stats`` and
+#: the HTML report count them; ``explain`` names a failure's.
+REFUSAL_CLASSES = ("values", "layout", "precision", "errors", "aborts", "proxy executor", "unverifiable",
+                   "ineligible", "compile error", "memory budget", "bug", "other")
+_LAYOUT_PROBLEMS = ("strides", "memory format", "shape", "dtype", "device", "output count", "not a tensor")
+
+
+def refusal_class(reason: str | None, evidence: dict | None = None) -> str:
+    """The class of a refusal or failure, from its reason and evidence: ``values`` (a value,
+    NaN, inf or zero sign differs on finite inputs at ordinary magnitudes), ``layout``
+    (strides, memory format, shape, dtype), ``precision`` (less accurate than eager against
+    float64), ``errors`` (raises where eager does not, or the reverse), ``aborts`` (ends or
+    crashes its process), ``proxy executor``, ``unverifiable`` (an index bound on CUDA),
+    ``ineligible``, ``compile error`` (Inductor's, or eager rejects the example),
+    ``memory budget``, ``bug`` (aoti-farm's own), else ``other``."""
+    r = str(reason or "")
+    ev = evidence if isinstance(evidence, dict) else {}
+    if r.startswith("kernel disagrees with eager"):
+        return "layout" if ev.get("problem") in _LAYOUT_PROBLEMS else "values"
+    if r.startswith("kernel less accurate than eager"):
+        return "precision"
+    if r.startswith(("kernel does not raise where eager raises", "kernel raises where eager does not")):
+        return "errors"
+    if r.startswith(("kernel aborts the process", "kernel crashed its loader")):
+        return "aborts"
+    if r.startswith(PROXY_EXECUTOR_REFUSAL):
+        return "proxy executor"
+    if r.startswith("unsupported on CUDA"):
+        return "unverifiable"
+    if r.startswith("ineligible"):
+        return "ineligible"
+    if r.startswith(("compile error", "eager rejects", "AOTInductor produced no library")):
+        return "compile error"
+    if ev.get("refused") == "memory_budget" or "memory budget" in r:
+        return "memory budget"
+    if r.startswith("bug in aoti-farm"):
+        return "bug"
+    return "other"
+
+
+def tally(results) -> tuple[dict, dict]:
+    """``({refusal class: n}, {edge note class: n})`` over warm results (dicts with
+    ``status``, ``refused``, ``error``, ``evidence``): refused signatures by
+    :func:`refusal_class`, published ones by the classes of their edge notes.  Warm's
+    summary and the HTML report count with this."""
+    refused: dict[str, int] = {}
+    notes: dict[str, int] = {}
+    for r in results:
+        if not isinstance(r, dict):
+            continue
+        ev = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
+        if r.get("status") == "failed" and r.get("refused"):
+            c = refusal_class(r.get("error"), ev)
+            refused[c] = refused.get(c, 0) + 1
+        elif r.get("status") == "compiled":
+            for c in ev.get("edge_notes") or ():
+                notes[str(c)] = notes.get(str(c), 0) + 1
+    return refused, notes
+
+
+def counts_text(counts: dict) -> str:
+    """``"layout 1, values 2"``: a class count, sorted by class."""
+    return ", ".join(f"{c} {n}" for c, n in sorted(counts.items()))

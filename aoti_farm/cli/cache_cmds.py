@@ -126,22 +126,46 @@ def _rm_path(p: Path) -> None:
 # --- stats ------------------------------------------------------------------------------
 
 
+def _classes(cache: Cache, fp_id: str, manifests: list[dict]) -> tuple[dict, dict]:
+    """``({failure class: n}, {edge note class: n})``: the namespace's failure records by
+    :func:`aoti_farm.cache.failures.refusal_class` (a bad record is not counted, as it is
+    not a failure), its entries by the classes of their edge notes."""
+    from aoti_farm.cache.failures import refusal_class
+    from aoti_farm.cache.manifest import edge_notes
+
+    failed: dict[str, int] = {}
+    for k in sorted(cache.failed_keys(fp_id)):
+        rec = cache.failure(fp_id, k)
+        if rec is not None:
+            c = refusal_class(rec.get("reason"), rec.get("evidence"))
+            failed[c] = failed.get(c, 0) + 1
+    notes: dict[str, int] = {}
+    for m in manifests:
+        for c in edge_notes(m):
+            notes[c] = notes.get(c, 0) + 1
+    return failed, notes
+
+
 def stats(ns) -> int:
     from aoti_farm.cache import verify_records
+    from aoti_farm.cache.failures import counts_text
     from aoti_farm.speed import GATE_RATIO, compile_ratio, speed_summary
 
     cache = open_cache(ns.cache_dir, signing_key=_key(ns))
     per = {}
     for f in _fp_ids(cache):
         keys = cache.list_keys(f)
+        manifests = [_manifest(cache, cache.entry_dir(f, k)) or {} for k in keys]
+        failed_by, notes_by = _classes(cache, f, manifests)
         per[f] = {
             "entries": len(keys),
             "bytes": sum(dir_bytes(cache.entry_dir(f, k)) for k in keys),
             **verify_records.counts(cache, f),    # bounded reads; an unsafe directory counts 0
             "fingerprint": _fp_summary(cache, f),
             # measured speed-ups (manifest "speed", runtime/gate.py)
-            "speed": speed_summary([compile_ratio((_manifest(cache, cache.entry_dir(f, k)) or {}).get("speed"))
-                                    for k in keys]),
+            "speed": speed_summary([compile_ratio(m.get("speed")) for m in manifests]),
+            # the named classes (docs/verification.md): failure records, entries' edge notes
+            "failure_classes": failed_by, "edge_notes": notes_by,
         }
     tot = {k: sum(v[k] for v in per.values()) for k in ("entries", "bytes", "failures", "queue", "leases")}
     tmp = _tmp_items(cache)
@@ -156,6 +180,10 @@ def stats(ns) -> int:
         med = "-" if sp["median_ratio"] is None else f"{sp['median_ratio']:.2f}x eager"
         lines.append(f"    speed: {sp['faster']} faster than eager (<= {GATE_RATIO}x), {sp['not_faster']} not, "
                      f"{sp['unmeasured']} unmeasured; median {med}")
+        if v["failure_classes"]:
+            lines.append(f"    failures by class: {counts_text(v['failure_classes'])}")
+        if v["edge_notes"]:
+            lines.append(f"    edge notes (served under contract 'finite', not 'strict'): {counts_text(v['edge_notes'])}")
     _emit(ns, obj, lines)
     return 0
 

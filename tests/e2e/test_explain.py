@@ -278,9 +278,10 @@ def test_gated_here_from_this_hosts_kept_decisions(cache, tmp_path, capsys, monk
     assert mul["outcome"] == "gated"          # slower on the compile host: not "gated here"
     assert add["outcome"] == ("hit" if decided else "gated here")
     # this host's kept decision against the compile host's record, both ways
-    for ok, ratio in ((False, 1.31), (True, 0.62)):
+    # (a loss here; a win smaller than a served call's cost in a model; a win)
+    for ok, ratio, k_us, e_us in ((False, 1.31, 1.31, 1.0), (False, 0.85, 3.0, 5.0), (True, 0.62, 6.2, 10.0)):
         assert hostgate.save(fp.id, c2.root, {ADD.key: hostgate.record(
-            ok, {"ratio": ratio, "threads": 2, "kernel_us": 1.0, "eager_us": 1.0})})
+            ok, {"ratio": ratio, "threads": 2, "kernel_us": k_us, "eager_us": e_us})})
         doc = run_json(capsys, "--trace", t, "--cache-dir", str(c2.root))
         add = doc["signatures"][0]
         if ok:
@@ -289,7 +290,11 @@ def test_gated_here_from_this_hosts_kept_decisions(cache, tmp_path, capsys, monk
             assert NOT_TIMED_HERE not in add["details"]
         else:
             assert add["outcome"] == "gated here"
-            assert add["reason"].startswith("gated here (1.31 of eager on this host, 2 threads")
+            assert add["reason"].startswith(f"gated here ({ratio} of eager on this host, 2 threads")
+            # a kernel is called slower only when it is slower here
+            assert ("slower than eager on this host" in add["reason"]) == (ratio > 1)
+            if ratio < 1:
+                assert "faster than eager on this host by 2.0 µs a call (3.0 against 5.0 µs)" in add["reason"]
             assert doc["counts"]["gated here"] == 1 and doc["counts"]["hit"] == 0
     # under serve=always the hook serves it whatever this host found
     doc = run_json(capsys, "--trace", t, "--cache-dir", str(c2.root), "--serve", "always")
