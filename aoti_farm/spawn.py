@@ -53,3 +53,17 @@ def private_cwd() -> Iterator[str]:
             os.fchdir(old)
     finally:
         os.close(old)
+
+
+def lowest_priority() -> None:
+    """In a compile's child process, before exec: run only on CPU time that serving leaves
+    idle (SCHED_IDLE, inherited by the C++ compiler it starts); nice 19 where that is not
+    allowed.  (A ``preexec_fn`` of the hook's background builds and compile worker.)"""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.nice(19)
+    except OSError:
+        pass

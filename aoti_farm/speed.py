@@ -27,7 +27,11 @@ GATE_RATIO = 0.95
 #: launch-bound BERT routed: +10-14% of a ~1.3 ms forward over its ~100 routed calls).  The
 #: trial cannot tell where in that range a call of the model will land, so it takes the
 #: top: a kernel that wins less loses in some model (with 2 µs, tiny BERT's layer_norm
-#: was served, its only routed op, and the model ran 1.012x eager).
+#: was served, its only routed op, and the model ran 1.012x eager).  Since tiny loop nests
+#: run without an OpenMP region (:mod:`aoti_farm.serialsmall`), GPT-2's served calls cost
+#: in the model what they cost alone (docs/benchmarks.md, "A served call inside a model"),
+#: so this floor may be higher than it must; it stays until an A/B of the floor itself
+#: says a lower one pays (the kernels that win by less save a few hundred ns a call).
 MIN_SAVING_US = 4.0
 #: Policies of :class:`Gate`.
 POLICIES = ("faster", "always")
@@ -93,6 +97,80 @@ def time_against_eager(run_kernel: Callable[[], object], run_eager: Callable[[],
     return {"kernel_us": statistics.median(ks) * 1e6, "eager_us": statistics.median(es) * 1e6,
             "ratio": float(statistics.median(ratios)), "rounds": rounds, "batch": batch,
             "threads": torch.get_num_threads(), "device": device, "calls": 2 + 2 * rounds * batch}
+
+
+def through_dispatcher(fp, mod, kid: int, op, args, kwargs) -> tuple:
+    """(run_kernel, run_eager): ``op`` called through the dispatcher, with this thread's
+    calls forced to kernel ``kid`` of the native registration ``fp`` (boxing, the runner,
+    its output tensors: a served call but for its key and lookup), or let through to eager
+    (``mod.set_inside``: the same boxed entry, then eager's kernel).  Both sides make the
+    same two extension calls around the op.  The hook's on-host trial
+    (``runtime/trial.py``) and the compile-time measurement (:func:`time_served_call`) time
+    these two, so that ``warm``'s figures, the gate and ``explain`` measure one thing."""
+
+    def run_kernel():
+        fp.force(kid)
+        try:
+            op(*args, **kwargs)
+        finally:
+            fp.force(-1)
+
+    def run_eager():
+        prev = mod.set_inside(True)
+        try:
+            op(*args, **kwargs)
+        finally:
+            mod.set_inside(prev)
+
+    return run_kernel, run_eager
+
+
+#: The dispatch key a native registration of each device's kernels takes.
+_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+def time_served_call(sig, kernel_path: str, guards=(), seed: int = 1000, **kw) -> dict | None:
+    """The compile-time half of the speed gate, timed as the hook serves: the kernel loaded
+    into a native registration of ``sig``'s op (the hit path's extension,
+    :mod:`aoti_farm.hitpath`), called through the dispatcher from Python against eager
+    called the same way (:func:`through_dispatcher`), on ``sig``'s inputs at ``seed``.
+    ``kw``: :func:`time_against_eager`'s.  Returns its dict with ``via: "hit path"``, or
+    None where the extension cannot be built or loaded here (the caller times the runner
+    instead, ``via: "runner"``); one not built yet is built first.  The registration lasts only the measurement; a call of the op from
+    another thread meanwhile runs eager."""
+    import warnings
+
+    from aoti_farm import hitpath
+    from aoti_farm import signature as S
+
+    if sig.device not in _DISPATCH_KEYS:
+        return None
+    mod = hitpath.load()
+    if mod is None and not hitpath.disabled() and not hitpath.library_path().exists():
+        # built once per host and torch (about 30 s; processes starting together build it
+        # once), as the first hooked program there would build it
+        try:
+            hitpath.build()
+        except Exception:  # noqa: BLE001 -- no build here: the runner is timed instead
+            return None
+        mod = hitpath.load()
+    if mod is None:
+        return None
+    op = S.resolve_op(sig.op)
+    args, kwargs = S.materialize(sig, seed=seed)
+    fp = mod.FastPath(lambda slot, vals: mod.EAGER_ONCE, lambda kid, message: None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # "Overriding a previously registered kernel"
+            fp.add_op(op._schema.name, op._schema.overload_name, _DISPATCH_KEYS[sig.device])
+        kid = fp.load(kernel_path, sig.device, [tuple(int(x) for x in g) for g in guards or ()])
+        run_kernel, run_eager = through_dispatcher(fp, mod, kid, op, args, kwargs)
+        m = time_against_eager(run_kernel, run_eager, "cuda" if sig.device == "cuda" else "cpu", **kw)
+    finally:
+        fp.destroy()
+    m.pop("calls", None)
+    m["via"] = "hit path"
+    return m
 
 
 def compile_ratio(speed) -> float | None:

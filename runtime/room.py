@@ -1,6 +1,6 @@
 """The hook's compiles and the serving threads: the program's thread count is the program's.
 
-The hook's background compile (a C++ compiler at idle priority, :func:`lowest_priority`)
+The hook's background compile (a C++ compiler at idle priority, :func:`aoti_farm.spawn.lowest_priority`)
 shares the cores with serving.  An earlier version lowered each serving thread's intra-op
 thread count while a compile ran ("yield_core").  That changed the program's own state:
 a program that called ``torch.set_num_threads(2)`` was left at 1 when the thread never
@@ -28,20 +28,6 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def lowest_priority() -> None:
-    """In a compile's child process, before exec: run only on CPU time that serving leaves
-    idle (SCHED_IDLE, inherited by the C++ compiler it starts); nice 19 where that is not
-    allowed."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.nice(19)
-    except OSError:
-        pass
 
 
 class ThreadRoom:

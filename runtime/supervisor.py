@@ -2,7 +2,7 @@
 
 With ``on_miss="compile"`` the hook keeps one compile worker *process* per device
 (``python -m aoti_farm.runtime.compile_worker``, spawned, at the lowest priority: see
-:func:`aoti_farm.runtime.room.lowest_priority`) that drains the miss queue and exits when
+:func:`aoti_farm.spawn.lowest_priority`) that drains the miss queue and exits when
 idle.  A start that fails is retried at most every :data:`RETRY_SECONDS`.  The workers
 (and the native path's background build, :meth:`WorkerSupervisor.watch_build`) write JSON
 events to one log that this module follows: their busy/idle events set the serving
@@ -44,7 +44,8 @@ from aoti_farm import config, loadenv, ompwait, private, spawn
 from aoti_farm.cache.store import Cache
 from aoti_farm.counters import Counters
 from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events, worker_lock_path
-from aoti_farm.runtime.room import ThreadRoom, lowest_priority
+from aoti_farm.runtime.room import ThreadRoom
+from aoti_farm.spawn import lowest_priority
 
 log = logging.getLogger("aoti_farm.hook")
 

@@ -4,7 +4,8 @@
 manifest's compile-time speed (the entry is opened and verified again), and ``trial()``
 returns the kernel and eager on fresh inputs of the signature.
 
-Both sides are timed the way a served call runs.  For a native kernel (the hit path
+Both sides are timed the way a served call runs, as the compiler times them too
+(:func:`aoti_farm.speed.time_served_call`).  For a native kernel (the hit path
 almost every process uses) both call the op through the dispatcher, from the gate's
 thread: the kernel side with the native path forced to run that kernel
 (``FastPath.force``: boxing, the runner, its output tensors), the eager side with the hook
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from aoti_farm import signature as S
 from aoti_farm.compiler import flat_tensors
+from aoti_farm.speed import through_dispatcher
 from aoti_farm.runtime.gate import Gate
 
 
@@ -68,31 +70,8 @@ def _sides(cache, fp, call, handle, bypassed) -> tuple:
         op = S.resolve_op(sig.op)
         if native:
             nreg, kid = handle
-            return _through_dispatcher(nreg, kid, op, args, kwargs) + (call.device,)
+            return through_dispatcher(nreg.fp, nreg.mod, kid, op, args, kwargs) + (call.device,)
         tensors = flat_tensors(sig, args, kwargs)
         return (lambda: handle.run(tensors)), (lambda: op(*args, **kwargs)), call.device, bypassed()
 
     return speed, trial
-
-
-def _through_dispatcher(nreg, kid: int, op, args, kwargs) -> tuple:
-    """(run_kernel, run_eager): the op called through the dispatcher, with this thread's
-    served calls forced to kernel ``kid`` of ``nreg``, or let through to eager.  Both sides
-    make the same two extension calls around the op."""
-    fp, mod = nreg.fp, nreg.mod
-
-    def run_kernel():
-        fp.force(kid)
-        try:
-            op(*args, **kwargs)
-        finally:
-            fp.force(-1)
-
-    def run_eager():
-        prev = mod.set_inside(True)
-        try:
-            op(*args, **kwargs)
-        finally:
-            mod.set_inside(prev)
-
-    return run_kernel, run_eager

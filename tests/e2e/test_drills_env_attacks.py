@@ -212,7 +212,7 @@ def _evil_library(tmp_path: Path, marker: Path) -> Path:
 def test_drill_3_planted_native_library_is_never_loaded(attacker, shared, tmp_path, monkeypatch):
     """``AOTI_FARM_NATIVE_DIR`` in a directory the attacker wrote, holding a library with a
     constructor at the exact path ``native.load()`` looks at: refused before dlopen."""
-    from aoti_farm import loadenv
+    from aoti_farm import hitpath, loadenv
     from aoti_farm.runtime import native
 
     if not loadenv.load_safe():
@@ -226,8 +226,8 @@ def test_drill_3_planted_native_library_is_never_loaded(attacker, shared, tmp_pa
     monkeypatch.delenv("AOTI_FARM_NATIVE", raising=False)
     target = native.library_path()
     as_attacker(attacker, f"mkdir -p -m 0777 {target.parent} && cp {shared}/evil.so {target} && chmod 0777 {ndir}")
-    monkeypatch.setattr(native, "_loaded", None)
-    monkeypatch.setattr(native, "_load_error", None)
+    monkeypatch.setattr(hitpath, "_loaded", None)
+    monkeypatch.setattr(hitpath, "_load_error", None)
     assert native.load() is None
     assert not marker.exists(), "the planted library's constructor ran in this process"
     assert "refused" in (native.error() or "")

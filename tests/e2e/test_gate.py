@@ -125,6 +125,35 @@ def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_pa
             assert st["native"]["active"] and st["native"]["trial_calls"] == st["gate_trials"] // 2, st
 
 
+def test_compile_time_speed_is_timed_as_the_hook_serves(tmp_path, monkeypatch):
+    """One truth about speed: the manifest's compile-time record (what ``warm`` prints and
+    the gate's first check reads) times the kernel as the hook's on-host trial does,
+    through the dispatcher into the native hit path (``aoti_farm.speed.time_served_call``),
+    not the runner from Python against the op from Python; where the hit path cannot load,
+    the record says it timed the runner."""
+    from aoti_farm import hitpath
+
+    if hitpath.disabled():
+        pytest.skip("AOTI_FARM_NATIVE=0")
+    sig = S.from_call(torch.ops.aten.mul.Tensor, (torch.empty(4, 32), torch.empty(4, 32)), {})
+    comp = AOTICompiler()
+    fp = fingerprint("cpu", comp.options())
+    cache = Cache(tmp_path / "c")
+    out = compile_and_publish(cache, comp, fp, sig, owner="t")
+    assert out.status == "compiled", (out.error, out.evidence)
+    speed = cache.open_entry(fp, sig.key).manifest["speed"]
+    assert speed["via"] == "hit path" and speed["kernel_us"] > 0 and speed["eager_us"] > 0, speed
+    # the hit path unavailable (this process verifies a CPU kernel itself): the runner is
+    # timed, and the record says so
+    from aoti_farm import speed as speed_mod
+
+    monkeypatch.setattr(speed_mod, "time_served_call", lambda *a, **k: None)
+    sig2 = S.from_call(torch.ops.aten.mul.Tensor, (torch.empty(4, 33), torch.empty(4, 33)), {})
+    out = compile_and_publish(cache, AOTICompiler(), fp, sig2, owner="t")
+    assert out.status == "compiled", (out.error, out.evidence)
+    assert cache.open_entry(fp, sig2.key).manifest["speed"]["via"] == "runner"
+
+
 def test_serve_always_keeps_todays_behaviour(kernels, tmp_path):
     cache = _gate_cache(kernels, tmp_path, ratio=3.0)
     a, b = _add_call()

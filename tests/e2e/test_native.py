@@ -14,6 +14,7 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
+from aoti_farm import hitpath
 from aoti_farm.runtime import install, native
 
 from _runtime_helpers import run_threads, same, wait_until
@@ -269,7 +270,7 @@ def test_hook_builds_the_native_path_in_the_background_and_switches(add_cache, t
     """With nothing built, the hook serves from Python at once, builds the extension in a
     niced child process (a real compile, about 30 s) and then serves natively."""
     monkeypatch.setenv("AOTI_FARM_NATIVE_DIR", str(tmp_path / "native"))
-    monkeypatch.setattr(native, "_loaded", None)           # this process must load the new build
+    monkeypatch.setattr(hitpath, "_loaded", None)           # this process must load the new build
     a, b = _add_inputs()
     expected = torch.add(a, b, alpha=2)
     with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",

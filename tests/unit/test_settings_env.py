@@ -48,9 +48,9 @@ ALLOWED = {
     ("aoti_farm/private.py", "inductor_cache_dir"): "switch TORCHINDUCTOR_CACHE_DIR",
     ("aoti_farm/private.py", "inductor_cache_scope"): "switch TORCHINDUCTOR_CACHE_DIR",
     ("aoti_farm/private.py", "private_cache_dir"): "switch TORCHINDUCTOR_CACHE_DIR",
-    ("runtime/native.py", "disabled"): "switch AOTI_FARM_NATIVE",
-    ("runtime/native.py", "compiler"): "switch CXX",
-    ("runtime/native.py", "native_dir"): "switch AOTI_FARM_NATIVE_DIR, XDG_CACHE_HOME",
+    ("aoti_farm/hitpath.py", "disabled"): "switch AOTI_FARM_NATIVE",
+    ("aoti_farm/hitpath.py", "compiler"): "switch CXX",
+    ("aoti_farm/hitpath.py", "native_dir"): "switch AOTI_FARM_NATIVE_DIR, XDG_CACHE_HOME",
     # the launched program's side (its own command layer)
     ("runtime/launch.py", "run_command"): "`aoti-farm run`: a command",
     ("runtime/launch.py", "boot"): "the launched program's side of `aoti-farm run`/`record`",
@@ -91,7 +91,7 @@ def env_reads() -> list[tuple[str, str, int]]:
 
 def test_the_scan_sees_reads_and_not_writes(tmp_path):
     reads = env_reads()
-    assert ("runtime/native.py", "disabled") in {(f, fn) for f, fn, _ in reads}
+    assert ("aoti_farm/hitpath.py", "disabled") in {(f, fn) for f, fn, _ in reads}
     # the compile actor sets TORCHINDUCTOR_COMPILE_THREADS for its own Inductor (a write) and
     # only reports what its worker was given (a read)
     assert set(r[1] for r in reads if r[0] == "workers/compile_actor.py") == {"info"}

@@ -47,8 +47,8 @@ SITES = {
     ("workers/raysetup.py", "start_ray"): RAY,
     ("aoti_farm/splitbuild.py", "_compiler_version"): "the C++ compiler's --version",
     ("aoti_farm/splitbuild.py", "_start"): "a C++ compiler (Inductor's own command line)",
-    ("runtime/native.py", "_compiler_version"): "the C++ compiler's --version",
-    ("runtime/native.py", "build"): "the C++ compiler building the native hit path",
+    ("aoti_farm/hitpath.py", "_compiler_version"): "the C++ compiler's --version",
+    ("aoti_farm/hitpath.py", "build"): "the C++ compiler building the native hit path",
     ("runtime/launch.py", "_run"): "the user's own program (`aoti-farm run -- CMD`)",
     ("aoti_farm/cli/bench.py", "main"): "scripts/bench/run.py by its path: its own directory, the checkout's",
 }
