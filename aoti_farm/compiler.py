@@ -138,9 +138,11 @@ class _OpModule(torch.nn.Module):
     format torch later suggests for the result is eager's (:func:`tolerance.compare`
     checks it)."""
 
-    def __init__(self, sig: S.Signature, args: tuple, kwargs: dict, eager_strides: list | None = None):
+    def __init__(self, sig: S.Signature, args: tuple, kwargs: dict, eager_strides: list | None = None,
+                 upcast: list | None = None):
         super().__init__()
         self.eager_strides = eager_strides
+        self.upcast = upcast   # eager's output dtypes: computed in float64, returned in these
         self.op = S.resolve_op(sig.op)
         self.positions = S.tensor_positions(sig)
         self.template_args = list(args)
@@ -149,6 +151,8 @@ class _OpModule(torch.nn.Module):
         self.names = sig.info().arg_names
 
     def forward(self, *tensors):
+        if self.upcast:   # computed in float64, returned in eager's dtypes (see AOTICompiler.compile)
+            tensors = tuple(t.to(torch.float64) if t.dtype in _NARROW_FLOATS else t for t in tensors)
         args = [list(a) if isinstance(a, list) else a for a in self.template_args]
         kwargs = {k: (list(v) if isinstance(v, list) else v) for k, v in self.template_kwargs.items()}
         for t, (i, j) in zip(tensors, self.positions):
@@ -164,6 +168,8 @@ class _OpModule(torch.nn.Module):
                 else:
                     kwargs[name][j] = t
         out = self.op(*args, **kwargs)
+        if self.upcast:
+            out = _narrow_back(out, self.upcast)
         if not self.eager_strides:
             return out
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -172,6 +178,36 @@ class _OpModule(torch.nn.Module):
                     and _only_size1_differ(o.shape, o.stride(), want)):
                 outs[n] = o.as_strided(o.shape, want, o.storage_offset())
         return type(out)(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+
+#: Floating dtypes narrower than float64: an exact kernel refused as less accurate than
+#: eager is built again computing in float64 (:meth:`AOTICompiler.compile`).
+_NARROW_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _narrow_back(out, dtypes: list):
+    """``out`` with each float64 output cast to eager's dtype for it."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    outs = [o.to(d) if isinstance(o, torch.Tensor) and d is not None and o.dtype != d else o
+            for o, d in zip(outs, dtypes)]
+    return type(out)(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+
+class _NotUpcastable(Exception):
+    """The float64 build does not apply to this signature (:func:`upcast_dtypes`)."""
+
+
+def upcast_dtypes(tensors, eager_out) -> list | None:
+    """Eager's output dtypes where the float64 build of a precision refusal applies: every
+    floating input of one narrow dtype (float32, float16, bfloat16), every output a tensor;
+    else None."""
+    dts = {t.dtype for t in tensors if t.is_floating_point()}
+    if len(dts) != 1 or next(iter(dts)) not in _NARROW_FLOATS:
+        return None
+    outs = eager_out if isinstance(eager_out, (tuple, list)) else (eager_out,)
+    if not all(isinstance(o, torch.Tensor) for o in outs):
+        return None
+    return [o.dtype for o in outs]
 
 
 def before_compile(info: S.OpInfo, device: str, workdir: str, what: str) -> None:
@@ -213,7 +249,34 @@ class AOTICompiler:
         :class:`~aoti_farm.shapes.ShapeClass` (one kernel for the class's range, its varying
         dims symbolic: :mod:`aoti_farm.dyncompile`).  Both take the same build block and the
         same verification loop (:meth:`_check`); a class is verified at sampled shapes
-        across its range instead of random inputs of one shape."""
+        across its range instead of random inputs of one shape.
+
+        An exact kernel refused as less accurate than eager (eager's CPU reductions such as
+        ``var`` and ``group_norm`` accumulate in float64, Inductor's in the input's dtype)
+        is built once more computing in float64: its narrow floating inputs cast up inside
+        the graph, its outputs cast back to eager's dtypes.  That kernel goes through the
+        same verification, precision included; if it too is refused, the first refusal
+        stands.  The manifest's verification says ``computed_in: float64``."""
+        t0 = time.perf_counter()
+        try:
+            return self._compile(job, workdir)
+        except CompileRefused as first:
+            if isinstance(job, SH.ShapeClass) or refusal_class(first.reason, first.evidence) != "precision":
+                raise
+            narrow_s = time.perf_counter() - t0
+            try:
+                # its own directory: a library path the verifying process loaded already
+                # would be the narrow kernel again (dlopen hands back a loaded path's handle)
+                res = self._compile(job, os.path.join(workdir, "float64"), upcast=True)
+            except (CompileRefused, _NotUpcastable):
+                raise first from None
+            res.verification = {**(res.verification or {}), "computed_in": "float64",
+                                "narrow_refusal": first.reason}
+            res.seconds += narrow_s   # the refused narrow build is part of this compile's cost
+            res.phases = {**res.phases, "narrow_attempt": narrow_s}
+            return res
+
+    def _compile(self, job, workdir: str, upcast: bool = False) -> CompileResult:
         cls = job if isinstance(job, SH.ShapeClass) else None
         sig = job if cls is None else dyncompile.export_signature(cls)
         device = sig.device
@@ -251,7 +314,10 @@ class AOTICompiler:
                         and set(sig.info().arg_names) & set(adversarial.INDEX_ARGS)
                         and adversarial.index_guards(sig, args, kwargs) is None
                         and eager_raises_on_adversarial(sig, only=adversarial.BAD_INDEX_CASES) else None)
-                mod = _OpModule(sig, args, kwargs, _output_strides(eager_out) if cls is None else None)
+                up = upcast_dtypes(tensors, eager_out) if upcast else None
+                if upcast and up is None:
+                    raise _NotUpcastable()
+                mod = _OpModule(sig, args, kwargs, _output_strides(eager_out) if cls is None else None, up)
                 if cls is not None and cls.stride_symbols:
                     # a stride no size implies: symbolic input strides (aoti_farm/stridesym.py)
                     try:
@@ -283,7 +349,7 @@ class AOTICompiler:
                         stridesym.check(cls, inputs)
                     except stridesym.Unsupported as e:
                         raise dyncompile.DynamicUnsupported(f"symbolic strides: {e}") from None
-        except CompileRefused:
+        except (CompileRefused, _NotUpcastable):
             raise
         except Exception as e:
             predicted = abortscan.find(e)

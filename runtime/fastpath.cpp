@@ -867,6 +867,12 @@ struct SlotKernel final : public c10::OperatorKernel {
   }
 };
 
+// Drops the warnings of one registration (FastPath::add_op).
+struct QuietHandler : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+QuietHandler quiet_handler;
+
 // --- the Python-facing object ----------------------------------------------------------------
 
 class FastPath {
@@ -898,8 +904,14 @@ class FastPath {
       index = static_cast<int64_t>(st_->slots.size());
       st_->slots.push_back(std::move(slot));
     }
-    lib_->impl(full.c_str(), torch::dispatch(dk, torch::CppFunction::makeFromBoxedFunctor(
-                                                     std::make_unique<SlotKernel>(st_, raw, index))));
+    {
+      // The dispatcher warns, once per process, that a kernel overrides another: that is
+      // this registration's purpose, and the warning would reach a program's or a compile
+      // worker's stderr (no Python filter sees a c10 warning raised outside a torch binding).
+      c10::WarningUtils::WarningHandlerGuard quiet(&quiet_handler);
+      lib_->impl(full.c_str(), torch::dispatch(dk, torch::CppFunction::makeFromBoxedFunctor(
+                                                       std::make_unique<SlotKernel>(st_, raw, index))));
+    }
     return index;
   }
 
