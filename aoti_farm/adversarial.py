@@ -304,7 +304,39 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
     return out
 
 
-def unverifiable(sig: S.Signature, args: tuple, kwargs: dict) -> str | None:
+#: CUDA ops whose eager kernel meets every index outside ``[0, bound)``, negative ones
+#: included, with a device-side assert (``CUDA_KERNEL_ASSERT``: ``index_select``'s and so
+#: ``embedding``'s, ``gather``'s).  Their kernels are built so that every such index fails
+#: a device assert too (:func:`cuda_index_bounds`, :mod:`aoti_farm.tritonscan`).
+CUDA_ASSERTING_OPS = ("aten::embedding", "aten::index_select", "aten::gather")
+
+
+def cuda_index_bounds(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[int, int]] | None:
+    """``(runner input position, bound)`` of every index tensor of a CUDA call of one of
+    :data:`CUDA_ASSERTING_OPS`, or None (another op or device, or a bound unknown).
+
+    Eager asserts on a negative index where Inductor's generated code wraps it (``i + n``
+    where ``i < 0``) and then asserts only ``0 <= i + n < n``: a kernel built as Inductor
+    writes it would return row ``n - 1`` for ``-1``.  So the exported graph maps each
+    negative index to ``bound`` first (``aoti_farm.compiler._OpModule``), which the
+    kernel's own assert then rejects, as eager's does."""
+    if sig.device != "cuda" or sig.op.split(".")[0] not in CUDA_ASSERTING_OPS:
+        return None
+    values = _values(sig, args, kwargs)
+    names = sig.info().arg_names
+    out = []
+    for pos, (i, j) in enumerate(S.tensor_positions(sig)):
+        v = values.get(names[i])
+        t = v if j is None else None
+        if isinstance(t, torch.Tensor) and _is_index(names[i], t):
+            b = index_bound(sig.op, names[i], j, values)
+            if b is None or b < 1:
+                return None
+            out.append((pos, b))
+    return out or None
+
+
+def unverifiable(sig: S.Signature, args: tuple, kwargs: dict, exact: bool = True) -> str | None:
     """Why a kernel of ``sig`` cannot be verified as serving needs it, or None.
 
     An index argument on CUDA: eager rejects an index out of range through a device-side
@@ -312,8 +344,14 @@ def unverifiable(sig: S.Signature, args: tuple, kwargs: dict) -> str | None:
     fails), so neither eager's error nor the kernel's behaviour on such an index can be
     observed in a compile process, and a kernel that reads out of bounds where eager
     raises could not be told from one that raises.  Such a kernel is refused (eager serves
-    the op) rather than served unchecked."""
+    the op) rather than served unchecked, except for the ops of
+    :data:`CUDA_ASSERTING_OPS`: their kernels are built to assert on every index eager
+    asserts on, and the generated code is read to confirm it before verification
+    (:mod:`aoti_farm.tritonscan`); exact kernels only (``exact``: a shape class's kernel
+    is still refused)."""
     if sig.device != "cuda":
+        return None
+    if exact and cuda_index_bounds(sig, args, kwargs) is not None:
         return None
     info = sig.info()
     for i, name in enumerate(info.arg_names):

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from aoti_farm import abortscan, adversarial, dyncompile, loadenv, serialsmall, splitbuild, stridesym
+from aoti_farm import abortscan, adversarial, dyncompile, loadenv, serialsmall, splitbuild, stridesym, tritonscan
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
 from aoti_farm.errors import CompileRefused, FarmError
@@ -139,10 +139,14 @@ class _OpModule(torch.nn.Module):
     checks it)."""
 
     def __init__(self, sig: S.Signature, args: tuple, kwargs: dict, eager_strides: list | None = None,
-                 upcast: list | None = None):
+                 upcast: list | None = None, out_of_range: list | None = None):
         super().__init__()
         self.eager_strides = eager_strides
         self.upcast = upcast   # eager's output dtypes: computed in float64, returned in these
+        # (input position, bound): a negative index becomes ``bound``, which the kernel's
+        # own index assert rejects as eager's CUDA kernel rejects the negative one
+        # (adversarial.cuda_index_bounds)
+        self.out_of_range = out_of_range or []
         self.op = S.resolve_op(sig.op)
         self.positions = S.tensor_positions(sig)
         self.template_args = list(args)
@@ -151,6 +155,12 @@ class _OpModule(torch.nn.Module):
         self.names = sig.info().arg_names
 
     def forward(self, *tensors):
+        if self.out_of_range:
+            tensors = list(tensors)
+            for pos, bound in self.out_of_range:
+                t = tensors[pos]
+                tensors[pos] = torch.where(t < 0, torch.full_like(t, bound), t)
+            tensors = tuple(tensors)
         if self.upcast:   # computed in float64, returned in eager's dtypes (see AOTICompiler.compile)
             tensors = tuple(t.to(torch.float64) if t.dtype in _NARROW_FLOATS else t for t in tensors)
         args = [list(a) if isinstance(a, list) else a for a in self.template_args]
@@ -294,9 +304,11 @@ class AOTICompiler:
         build = os.path.join(workdir, "build")
         try:
             args, kwargs = S.materialize(sig, seed=0)
-            why = adversarial.unverifiable(sig, args, kwargs)
+            why = adversarial.unverifiable(sig, args, kwargs, exact=cls is None)
             if why is not None:   # before compiling: it could never be published
                 raise CompileRefused(why)
+            # a CUDA index op: negative indices mapped out of range, the asserts read back
+            cuda_bounds = adversarial.cuda_index_bounds(sig, args, kwargs) if cls is None else None
             if cls is not None:   # before compiling too: verify_class would refuse it
                 _refuse_class_where_eager_raises(dyncompile.verify_points(cls))
             tensors = flat_tensors(sig, args, kwargs)
@@ -317,7 +329,8 @@ class AOTICompiler:
                 up = upcast_dtypes(tensors, eager_out) if upcast else None
                 if upcast and up is None:
                     raise _NotUpcastable()
-                mod = _OpModule(sig, args, kwargs, _output_strides(eager_out) if cls is None else None, up)
+                mod = _OpModule(sig, args, kwargs, _output_strides(eager_out) if cls is None else None, up,
+                                cuda_bounds)
                 if cls is not None and cls.stride_symbols:
                     # a stride no size implies: symbolic input strides (aoti_farm/stridesym.py)
                     try:
@@ -338,7 +351,8 @@ class AOTICompiler:
                     opts.setdefault("aot_inductor.embed_kernel_binary", True)
                 c1 = cpu_seconds()
                 with splitbuild.active(before_wrapper=scan), \
-                        serialsmall.active(self._options.get(serialsmall.OPTION, 0)):
+                        serialsmall.active(self._options.get(serialsmall.OPTION, 0)), \
+                        (tritonscan.capture() if cuda_bounds else contextlib.nullcontext()) as triton_sources:
                     built = torch._inductor.aot_compile(graph, inputs, options=opts)
                     build_info = splitbuild.last_build()
                     if device == "cpu":   # loop nests made serial (the manifest's build says so)
@@ -373,6 +387,11 @@ class AOTICompiler:
         t2 = time.perf_counter()
         if not isinstance(built, str) or not os.path.exists(built):
             raise refused(f"AOTInductor produced no library (got {built!r})")
+        if cuda_bounds:
+            why = tritonscan.check(triton_sources)
+            if why is not None:
+                shutil.rmtree(build, ignore_errors=True)
+                raise CompileRefused(f"unsupported on CUDA: {why}", {"index_bounds": [list(b) for b in cuda_bounds]})
         if needs_proxy_executor(os.path.dirname(built)):
             remember_proxy_op(sig.op, device)
             shutil.rmtree(build, ignore_errors=True)
@@ -394,6 +413,8 @@ class AOTICompiler:
             speed = dyncompile.gate(cls, samples, GATE_RATIO)
             speed_samples = samples   # {at, speed} per sampled shape
             verified_threads = verify_thread_counts(device) or None
+        if cuda_bounds:   # what stands for the bad-index cases a CUDA process cannot run
+            verification = {**verification, "index_asserts": [list(b) for b in cuda_bounds]}
         t3 = time.perf_counter()
         return CompileResult(files={"kernel.so": path}, seconds=t2 - t0, verification=verification,
                              phases={"export": t1 - t0, "inductor": t2 - t1, "verify": t3 - t2},

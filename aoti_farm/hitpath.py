@@ -49,8 +49,13 @@ def _runtime_dir() -> Path:
     without importing it."""
     import importlib.util as iu
 
-    spec = iu.find_spec("aoti_farm.runtime")
-    return Path(next(iter(spec.submodule_search_locations)))
+    try:
+        spec = iu.find_spec("aoti_farm.runtime")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parent.parent / "runtime"   # a checkout not installed
 
 
 SOURCE = _runtime_dir() / "fastpath.cpp"

@@ -20,18 +20,22 @@ PREDICTED = ("kernel aborts the process where eager raises (its generated code c
              "OpenMP region; refused before its C++ build): index out of bounds: ")
 
 
-def _sig(op):
-    """Small signatures of the three index ops a recorded BERT or GPT-2 has, with their
-    indices' recorded range (in bounds: eager accepts the example inputs)."""
+def _sig(op, rows: int = 2):
+    """Signatures of the three index ops a recorded BERT or GPT-2 has, with their indices'
+    recorded range (in bounds: eager accepts the example inputs).  ``rows``: the index's
+    rows; at 2048 and more the kernel's loop nest holds over 4096 elements, so it keeps its
+    OpenMP region (a smaller one is serial, aoti_farm/serialsmall.py, and its check raises
+    as eager does)."""
     i64 = torch.int64
     if op == "gather":
-        sig = S.from_call(torch.ops.aten.gather.default, (torch.empty(2, 16, dtype=i64), 1,
-                                                          torch.empty(2, 4, dtype=i64)), {})
+        sig = S.from_call(torch.ops.aten.gather.default, (torch.empty(rows, 16, dtype=i64), 1,
+                                                          torch.empty(rows, 4, dtype=i64)), {})
         return S.Signature(sig.op, sig.args, {"index": {"range": [0, 15]}})
     if op == "embedding":
-        sig = S.from_call(torch.ops.aten.embedding.default, (torch.empty(12, 8), torch.empty(2, 5, dtype=i64)), {})
+        sig = S.from_call(torch.ops.aten.embedding.default, (torch.empty(12, 8), torch.empty(rows, 5, dtype=i64)), {})
         return S.Signature(sig.op, sig.args, {"indices": {"range": [0, 11]}})
-    sig = S.from_call(torch.ops.aten.index_select.default, (torch.empty(10, 4), 0, torch.empty(3, dtype=i64)), {})
+    sig = S.from_call(torch.ops.aten.index_select.default, (torch.empty(10, 4), 0,
+                                                            torch.empty(rows + 1, dtype=i64)), {})
     return S.Signature(sig.op, sig.args, {"index": {"range": [0, 9]}})
 
 
@@ -59,8 +63,9 @@ def test_guarded_index_ops_are_built_and_published(op, tmp_path, monkeypatch):
 @pytest.mark.parametrize("op", ["gather", "index_select"])
 def test_refused_before_its_build_as_verification_refuses_it(op, tmp_path, monkeypatch):
     """An index argument without a guard (here: index_guards made to find none, as for an
-    op adversarial.index_bound cannot bound)."""
-    fp, sig = fingerprint("cpu"), _sig(op)
+    op adversarial.index_bound cannot bound), in a kernel large enough to keep its OpenMP
+    region."""
+    fp, sig = fingerprint("cpu"), _sig(op, rows=2048)
     monkeypatch.setattr("aoti_farm.adversarial.index_guards", lambda *a, **k: None)
     monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
     cache = Cache(tmp_path / "scan")
@@ -80,6 +85,29 @@ def test_refused_before_its_build_as_verification_refuses_it(op, tmp_path, monke
     assert out.error.startswith(("kernel aborts the process where eager raises (signal 6): index out of bounds",
                                  "kernel does not raise where eager raises: negative index")), out.error
     assert not cache.has_entry(fp.id, sig.key)
+
+
+def test_a_small_index_kernel_without_a_guard_raises_as_eager_does(tmp_path, monkeypatch):
+    """Under 4096 elements the kernel's loop nest is serial (aoti_farm/serialsmall.py): its
+    index check sits outside any OpenMP region and raises where eager raises, so even
+    without a guard the kernel is verified on the bad-index cases and published, and it
+    raises on a negative index as eager does."""
+    from aoti_farm.compiler import load_runner
+
+    fp, sig = fingerprint("cpu"), _sig("gather")
+    monkeypatch.setattr("aoti_farm.adversarial.index_guards", lambda *a, **k: None)
+    monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
+    cache = Cache(tmp_path / "small")
+    out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
+    assert out.status == "compiled", (out.status, out.error)
+    entry = cache.open_entry(fp, sig.key)
+    assert "index_guards" not in entry.manifest["verification"]
+    assert entry.manifest["build"]["serial_nests"] >= 1
+    x, idx = torch.arange(32).view(2, 16), torch.tensor([[-1, 0, 1, 2], [3, 4, 5, 6]])
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.gather(x, 1, idx)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        load_runner(entry.kernel_path, "cpu").run([x, idx])
 
 
 def test_a_class_where_eager_rejects_an_index_is_refused_before_its_build(tmp_path):

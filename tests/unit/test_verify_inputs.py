@@ -327,11 +327,15 @@ def test_entry_verified_threads_reads_old_and_new_manifests():
     assert entry(cuda).verified_threads is None
 
 
-def test_cuda_index_ops_are_refused_before_compiling_and_get_no_bound_cases():
+def test_cuda_index_ops_are_refused_before_compiling_unless_eager_asserts_on_every_bad_index():
     """On CUDA eager rejects a bad index through a device-side assert, which leaves the
     process's CUDA context unusable: a compile actor that ran such a case would fail every
     later CUDA compile (recorded as refusals in the shared cache).  So no out-of-bound case
-    is built for a CUDA index, and the kernel is refused up front, naming the argument."""
+    is built for a CUDA index, and the kernel is refused up front, naming the argument --
+    except an exact kernel of an op whose eager kernel asserts on every index outside
+    ``[0, bound)`` (``index_select``, ``embedding``, ``gather``): its negative indices are
+    mapped to the bound in the graph and its generated code is read for the asserts
+    (tests/e2e/test_cuda_index.py on a GPU); a shape class of it is still refused."""
     from aoti_farm import adversarial
 
     W, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
@@ -339,8 +343,18 @@ def test_cuda_index_ops_are_refused_before_compiling_and_get_no_bound_cases():
     cuda = _as_cuda(cpu)
     args, kwargs = (W, 0, torch.tensor([1, 2, 3])), {}
     assert adversarial.unverifiable(cpu, args, kwargs) is None
-    why = adversarial.unverifiable(cuda, args, kwargs)
+    assert adversarial.unverifiable(cuda, args, kwargs) is None
+    assert adversarial.cuda_index_bounds(cuda, args, kwargs) == [(1, 10)]
+    assert adversarial.cuda_index_bounds(cpu, args, kwargs) is None
+    why = adversarial.unverifiable(cuda, args, kwargs, exact=False)
     assert why is not None and "'index'" in why and "device-side assert" in why
+    # an index op whose eager kernel does not assert the same way: refused up front
+    src = torch.empty(3, 4)
+    scatter = _as_cuda(S.from_call(torch.ops.aten.scatter.src, (W, 0, torch.empty(3, 4, dtype=torch.int64), src), {}))
+    sargs = (W, 0, torch.zeros(3, 4, dtype=torch.int64), src)
+    assert adversarial.cuda_index_bounds(scatter, sargs, {}) is None
+    why = adversarial.unverifiable(scatter, sargs, {})
+    assert why is not None and "'index'" in why
     # a CUDA op without an index argument is verified as usual
     x = torch.empty(4, 4)
     add = _as_cuda(S.from_call(torch.ops.aten.add.Tensor, (x, x), {}))
