@@ -78,3 +78,32 @@ def test_sources_that_could_not_be_read_are_refused():
 def test_first_argument_stops_at_the_call_level_comma():
     assert tritonscan._first_argument("in_ptr1 + (x0 + f(a, tmp4)), xmask)") == "in_ptr1 + (x0 + f(a, tmp4))"
     assert tritonscan._first_argument("p + x)") == "p + x"
+
+
+def test_the_capture_wrapper_changes_nothing_it_wraps(monkeypatch):
+    """The differential test of the patch: Inductor's ``define_kernel`` gets exactly its
+    arguments and its result is returned unchanged, in and out of :func:`capture`; sources
+    are recorded only inside the block."""
+    import torch
+    from torch._inductor.codegen import triton as triton_codegen
+
+    if not tritonscan._supported():
+        assert torch.__version__ not in tritonscan.TORCH_VERSIONS
+        return
+    calls = []
+
+    def original(self, src_code, node_schedule, kernel):
+        calls.append((self, src_code, node_schedule, kernel))
+        return f"name-{len(calls)}"
+
+    monkeypatch.setattr(triton_codegen.TritonScheduling, "define_kernel", original)
+    monkeypatch.setattr(tritonscan, "_patched", False)
+    sched, sched_nodes, kern = object(), ["n"], object()
+    with tritonscan.capture() as got:
+        wrapped = triton_codegen.TritonScheduling.define_kernel
+        assert wrapped is not original and wrapped.__wrapped__ is original
+        assert wrapped(sched, EMBEDDING, sched_nodes, kern) == "name-1"
+    assert got == [EMBEDDING]
+    assert calls == [(sched, EMBEDDING, sched_nodes, kern)]
+    assert wrapped(sched, GATHER, sched_nodes, kern) == "name-2"   # outside: passed through, not recorded
+    assert got == [EMBEDDING] and calls[-1] == (sched, GATHER, sched_nodes, kern)
