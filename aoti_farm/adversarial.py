@@ -190,9 +190,16 @@ def index_guards(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[int,
     goes to eager, whatever the op does with it: the guard only narrows what is served."""
     if sig.device != "cpu":
         return None
+    bounds = _index_bounds(sig, args, kwargs)
+    return None if bounds is None else [(pos, 0, b) for pos, b in bounds]
+
+
+def _index_bounds(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[int, int]] | None:
+    """``(runner input position, bound)`` of every index tensor of the call (items of a
+    tensor list included), or None where there is none or one cannot be bounded."""
     values = _values(sig, args, kwargs)
     names = sig.info().arg_names
-    guards = []
+    out = []
     for pos, (i, j) in enumerate(S.tensor_positions(sig)):
         v = values.get(names[i])
         t = v if j is None else (v[j] if isinstance(v, (list, tuple)) and j < len(v) else None)
@@ -200,8 +207,8 @@ def index_guards(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[int,
             b = index_bound(sig.op, names[i], j, values)
             if b is None or b < 1:
                 return None
-            guards.append((pos, 0, b))
-    return guards or None
+            out.append((pos, b))
+    return out or None
 
 
 def violates(guards: list | None, tensors: list) -> bool:
@@ -322,18 +329,7 @@ def cuda_index_bounds(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple
     kernel's own assert then rejects, as eager's does."""
     if sig.device != "cuda" or sig.op.split(".")[0] not in CUDA_ASSERTING_OPS:
         return None
-    values = _values(sig, args, kwargs)
-    names = sig.info().arg_names
-    out = []
-    for pos, (i, j) in enumerate(S.tensor_positions(sig)):
-        v = values.get(names[i])
-        t = v if j is None else None
-        if isinstance(t, torch.Tensor) and _is_index(names[i], t):
-            b = index_bound(sig.op, names[i], j, values)
-            if b is None or b < 1:
-                return None
-            out.append((pos, b))
-    return out or None
+    return _index_bounds(sig, args, kwargs)
 
 
 def unverifiable(sig: S.Signature, args: tuple, kwargs: dict, exact: bool = True) -> str | None:
