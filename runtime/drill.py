@@ -47,6 +47,45 @@ from aoti_farm import spawn
 INF, NAN = math.inf, math.nan
 
 SERVED, DECLINED, WRONG = "served-equal", "declined", "WRONG"
+#: A served call that differs from eager only where the contract in force does not call it
+#: a difference (docs/verification.md, "The contract"): under ``finite`` (the default) the
+#: sign of a zero result, and any result of a call with a non-finite input.  Counted apart,
+#: never as equal; under ``strict`` such a call is WRONG.
+EDGE = "served-edge"
+
+
+def contract() -> str:
+    """The serving contract the drill's hooks run under: ``AOTI_FARM_CONTRACT`` (the
+    script's ``--contract``), else the default ``finite``."""
+    return (os.environ.get("AOTI_FARM_CONTRACT") or "finite").strip().lower()
+
+
+def _non_finite(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.is_floating_point() and x.numel() > 0 and not bool(torch.isfinite(x).all())
+    if isinstance(x, (list, tuple)):
+        return any(_non_finite(y) for y in x)
+    return isinstance(x, float) and not math.isfinite(x)
+
+
+def edge_class(case: "Case", inputs: tuple, eager: list, got: list) -> str | None:
+    """Where a served result differs from eager's (``compare`` said so) only as the finite
+    contract allows, the class of that edge ("non-finite inputs", "sign of zero"); None
+    for a real difference.  Errors and unserved calls never reach here."""
+    from aoti_farm.tolerance import compare as tol_compare
+
+    if not case.compile or len(eager) != len(got):
+        return None
+    if _non_finite(inputs):
+        return "non-finite inputs"
+    if tol_compare(eager, got, _extra(case, inputs, eager), zero_sign=False) is not None:
+        return None
+    for e, g in zip(eager, got):
+        if e.is_floating_point():
+            ec, gc = e.detach().cpu(), g.detach().cpu()
+            if not (torch.equal(torch.isnan(ec), torch.isnan(gc)) and torch.equal(torch.isinf(ec), torch.isinf(gc))):
+                return None
+    return "sign of zero"
 
 #: Floating specials: signed zeros, infinities, NaN, exact quotients, huge and tiny values.
 F_SPECIALS = [0.0, -0.0, INF, -INF, NAN, 1.0, -1.0, 0.1, -0.1, 3.0, 5.0, 0.5, 1e30, -1e30, 1e-30, -1e-38]
@@ -593,7 +632,7 @@ def child_main(spec_path: str) -> int:
     from aoti_farm.runtime import install
 
     hook = install(cache_dir=spec["cache_dir"], devices=(dev,), on_miss="ignore", serve="always", native=mode,
-                   poll_interval=3600.0)
+                   poll_interval=3600.0, contract=contract())
     try:
         current = None
         served_before: dict[str, bool] = {}
@@ -614,7 +653,11 @@ def child_main(spec_path: str) -> int:
             if why is None and ee is None and d.get("kernel_errors"):
                 why = ("the served kernel raised on a call eager accepts (the hook fell back to eager and "
                        "dropped the kernel)")
-            if why is not None:
+            edge = (edge_class(c, v.inputs, e, g) if why is not None and served and ee is None and ge is None
+                    and contract() == "finite" else None)
+            if edge is not None:
+                rec.update(status=EDGE, why=f"{edge}: {why}")
+            elif why is not None:
                 rec.update(status=WRONG, why=why)
             elif served:
                 rec.update(status=SERVED)
@@ -785,9 +828,11 @@ def summarize(cases: list[Case], recs: list[dict], compile_errors: dict, sigs: d
             rows.append((c.name, WRONG, f"WRONG ({ncalls}: " + "; ".join(parts[:3]) + more + ")", n_served))
         elif served:
             dec = sorted({r["why"] for r in hook_calls if not r["served"]})
+            edges = sorted({r["why"].split(":", 1)[0] for r in hook_calls if r["status"] == EDGE})
             note = f" ({len(served)}/{len(hook_calls)} calls served" + (
-                f"; the rest declined: {'; '.join(dec)}" if dec else "") + ")"
-            rows.append((c.name, SERVED, SERVED + note, n_served))
+                f"; the rest declined: {'; '.join(dec)}" if dec else "") + (
+                f"; differing only at an edge of the {contract()} contract: {', '.join(edges)}" if edges else "") + ")"
+            rows.append((c.name, EDGE if edges else SERVED, (EDGE if edges else SERVED) + note, n_served))
         else:
             reasons = sorted({r["why"] for r in hook_calls})
             errs = sorted({str(compile_errors.get(s.key))[:120] for s in sigs.get(c.name, [])
@@ -835,11 +880,12 @@ def run(plan: Plan, out_dir: str | None = None) -> tuple[int, list[tuple], str]:
         import shutil
 
         shutil.rmtree(workdir, ignore_errors=True)
-    n = {s: sum(1 for r in rows if r[1] == s) for s in (SERVED, DECLINED, WRONG)}
+    n = {s: sum(1 for r in rows if r[1] == s) for s in (SERVED, EDGE, DECLINED, WRONG)}
     dev = plan.device
     if dev == "cuda":
         dev += f" ({torch.cuda.get_device_name(0)})"
-    summary = (f"drill: {len(rows)} op-cases: {n[SERVED]} served-equal, {n[DECLINED]} declined, {n[WRONG]} WRONG; "
+    summary = (f"drill: {len(rows)} op-cases: {n[SERVED]} served-equal, {n[EDGE]} served differing only at a "
+               f"{contract()}-contract edge, {n[DECLINED]} declined, {n[WRONG]} WRONG; "
                f"{len(recs)} calls; device {dev}; threads {','.join(map(str, plan.threads))}; machine {machine()}; "
                f"torch {torch.__version__}; {'quick' if plan.quick else 'full'}, "
                f"{'Ray warm' if plan.ray else 'in-process compile'}; "

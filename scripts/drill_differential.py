@@ -1,15 +1,17 @@
 """The differential drill of served kernels against eager (docs/verification.md).
 
     .venv/bin/python scripts/drill_differential.py [--quick] [--device cpu|cuda] [--no-ray]
-                                                   [--threads 1,2,16] [--out DIR]
+                                                   [--threads 1,2,16] [--contract finite|strict] [--out DIR]
 
 Records a corpus of op cases covering every op family the recorder supports, compiles it
 into a fresh cache (``aoti-farm warm`` on a local Ray pool; ``--no-ray``: in this process,
 as the tests do, for a machine without Ray), replays it under the serving hook
 (``serve="always"``, native and Python hit paths, and under ``aoti_farm.record``) with
 random and adversarial inputs at each thread count, and prints one line per op case:
-``served-equal``, ``declined (<reason>)`` or ``WRONG (<what differs>)``, then a summary
-line (machine, cores, torch, date).  Exit 1 on any WRONG, 2 on a bad flag.
+``served-equal``, ``served-edge`` (differs from eager only where the contract in force
+does not call it a difference: a zero's sign or a non-finite input, under ``finite``),
+``declined (<reason>)`` or ``WRONG (<what differs>)``, then a summary line (machine,
+cores, torch, date).  Exit 1 on any WRONG, 2 on a bad flag.
 
 ``--out DIR`` writes the raw log (``DIR/drill.json``: every call, its counters and
 verdict); nothing is written otherwise.  The work (trace, cache) lives in a temporary
@@ -51,6 +53,10 @@ def parse(argv):
     p.add_argument("--no-ray", action="store_true", help="compile in this process instead of aoti-farm warm")
     p.add_argument("--threads", type=_threads, default=None,
                    help="intra-op thread counts to replay at (default: 1, 2 and this host's cores)")
+    p.add_argument("--contract", choices=("finite", "strict"), default=None,
+                   help="the serving contract the hooks run under and the drill judges by (default: "
+                        "AOTI_FARM_CONTRACT, else finite): under finite a call differing from eager only in "
+                        "a zero's sign or on a non-finite input is counted apart as an edge, under strict WRONG")
     return p.parse_args(argv)
 
 
@@ -64,6 +70,8 @@ def main(argv=None) -> int:
         return 2
     # one Inductor compile thread: the drill's in-process compiles share the host with its replays
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    if a.contract:   # the replay children install their hooks under it (runtime/drill.py: contract())
+        os.environ["AOTI_FARM_CONTRACT"] = a.contract
     import torch
 
     from aoti_farm.runtime import drill

@@ -36,6 +36,12 @@ def test_session_kernels_are_split_built(kernels):
     assert build["common_s"] + build["model_s"] > 0
 
 
+def _wrapper(r) -> dict:
+    """How the wrapper was built (the build record less the serial nests' count, which
+    aoti_farm/serialsmall.py adds)."""
+    return {k: v for k, v in r.build.items() if k != "serial_nests"}
+
+
 def test_fallbacks_still_build_verified_kernels(tmp_path, monkeypatch):
     """Real compiles: split (reusing the common object), then with the common object's
     lock held by someone else, then with the split turned off, then after the cached
@@ -54,13 +60,13 @@ def test_fallbacks_still_build_verified_kernels(tmp_path, monkeypatch):
             r = comp.compile(_sig(4), str(tmp_path / "b"))
         finally:
             os.rename(obj + ".away", obj)
-    assert r.build == {"wrapper": "whole", "reason": "common_busy"} and r.verification["ok"]
+    assert _wrapper(r) == {"wrapper": "whole", "reason": "common_busy"} and r.verification["ok"]
     after = splitbuild.stats()
     assert after["common_busy"] == before["common_busy"] + 1 and after["whole"] == before["whole"] + 1
 
     monkeypatch.setenv("AOTI_FARM_DEV", f"{splitbuild.DEV}=0")
     r = comp.compile(_sig(5), str(tmp_path / "c"))
-    assert r.build == {"wrapper": "whole", "reason": f"AOTI_FARM_DEV={splitbuild.DEV}=0"} and r.verification["ok"]
+    assert _wrapper(r) == {"wrapper": "whole", "reason": f"AOTI_FARM_DEV={splitbuild.DEV}=0"} and r.verification["ok"]
     monkeypatch.delenv("AOTI_FARM_DEV")
 
     data = bytearray(open(obj, "rb").read())

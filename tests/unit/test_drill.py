@@ -103,3 +103,25 @@ def test_wrong_values_name_the_inputs_that_differ():
     served = torch.tensor([10.0, math.inf, 2.0])
     why = drill.compare(case, (a, b), [torch.floor_divide(a, b)], None, [served], None)
     assert "-> eager 9.0, served 10.0" in why and "(-inf, -1.0) -> eager nan, served inf" in why, why
+
+
+def test_edges_of_the_finite_contract_are_told_from_real_differences(monkeypatch):
+    """Under ``finite`` a served call that differs from eager only in a zero's sign, or on a
+    call with a non-finite input, is an edge (counted apart); any other difference stays
+    WRONG, and under ``strict`` the run loop asks no edge class at all."""
+    c = _case()
+    x = torch.tensor([1.0, -2.0])
+    assert drill.edge_class(c, (x,), [torch.tensor([0.0, 1.0])], [torch.tensor([-0.0, 1.0])]) == "sign of zero"
+    assert drill.edge_class(c, (torch.tensor([math.inf, 1.0]),), [torch.tensor([math.inf, 1.0])],
+                            [torch.tensor([math.nan, 1.0])]) == "non-finite inputs"
+    # finite inputs: a wrong value, NaN where eager has a number, an infinity lost: real
+    assert drill.edge_class(c, (x,), [torch.tensor([9.0])], [torch.tensor([10.0])]) is None
+    assert drill.edge_class(c, (x,), [torch.tensor([1.0])], [torch.tensor([math.nan])]) is None
+    assert drill.edge_class(c, (x,), [torch.tensor([math.inf])], [torch.tensor([1e30])]) is None
+    # a call the hook must leave to eager is never an edge
+    eager_only = drill.Case("neg", "unary", lambda t: torch.neg(t), lambda dev: [], compile=False)
+    assert drill.edge_class(eager_only, (x,), [torch.tensor([0.0])], [torch.tensor([-0.0])]) is None
+    monkeypatch.delenv("AOTI_FARM_CONTRACT", raising=False)
+    assert drill.contract() == "finite"
+    monkeypatch.setenv("AOTI_FARM_CONTRACT", "strict")
+    assert drill.contract() == "strict"
