@@ -50,14 +50,8 @@ SERVED, DECLINED, WRONG = "served-equal", "declined", "WRONG"
 #: A served call that differs from eager only where the contract in force does not call it
 #: a difference (docs/verification.md, "The contract"): under ``finite`` (the default) the
 #: sign of a zero result, and any result of a call with a non-finite input.  Counted apart,
-#: never as equal; under ``strict`` such a call is WRONG.
+#: never as equal; under ``strict`` (``Plan.contract``) such a call is WRONG.
 EDGE = "served-edge"
-
-
-def contract() -> str:
-    """The serving contract the drill's hooks run under: ``AOTI_FARM_CONTRACT`` (the
-    script's ``--contract``), else the default ``finite``."""
-    return (os.environ.get("AOTI_FARM_CONTRACT") or "finite").strip().lower()
 
 
 def _non_finite(x) -> bool:
@@ -618,6 +612,7 @@ def child_main(spec_path: str) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
     dev, mode, threads = spec["device"], spec["mode"], spec["threads"]
+    contract = spec.get("contract", "finite")
     cases = {c.name: c for c in corpus()}
     todo = [cases[n] for n in spec["cases"] if n not in set(spec.get("skip", []))]
     out = open(spec["out"], "a", buffering=1)
@@ -632,7 +627,7 @@ def child_main(spec_path: str) -> int:
     from aoti_farm.runtime import install
 
     hook = install(cache_dir=spec["cache_dir"], devices=(dev,), on_miss="ignore", serve="always", native=mode,
-                   poll_interval=3600.0, contract=contract())
+                   poll_interval=3600.0, contract=contract)
     try:
         current = None
         served_before: dict[str, bool] = {}
@@ -654,7 +649,7 @@ def child_main(spec_path: str) -> int:
                 why = ("the served kernel raised on a call eager accepts (the hook fell back to eager and "
                        "dropped the kernel)")
             edge = (edge_class(c, v.inputs, e, g) if why is not None and served and ee is None and ge is None
-                    and contract() == "finite" else None)
+                    and contract == "finite" else None)
             if edge is not None:
                 rec.update(status=EDGE, why=f"{edge}: {why}")
             elif why is not None:
@@ -686,6 +681,9 @@ class Plan:
     ray: bool = True
     modes: tuple = ("auto", "off")
     log: Callable = print
+    #: the serving contract the replay hooks run under and the drill judges by
+    #: (docs/verification.md, "The contract"; the script resolves it like any setting)
+    contract: str = "finite"
 
 
 def select(plan: Plan) -> list[Case]:
@@ -784,7 +782,7 @@ def replay(cases: list[Case], plan: Plan, cache_dir: str, workdir: str) -> list[
             spec = os.path.join(workdir, f"spec-{mode}-{attempt}.json")
             with open(spec, "w") as f:
                 json.dump({"device": plan.device, "mode": mode, "threads": plan.threads, "cases": names,
-                           "skip": skip, "cache_dir": cache_dir, "out": out}, f)
+                           "skip": skip, "cache_dir": cache_dir, "out": out, "contract": plan.contract}, f)
             p = subprocess.run([*spawn.python("-c"), "import sys; from aoti_farm.runtime import drill; "
                                 "sys.exit(drill.child_main(sys.argv[1]))", spec], capture_output=True, text=True)
             lines = []
@@ -805,7 +803,8 @@ def replay(cases: list[Case], plan: Plan, cache_dir: str, workdir: str) -> list[
     return recs
 
 
-def summarize(cases: list[Case], recs: list[dict], compile_errors: dict, sigs: dict) -> list[tuple]:
+def summarize(cases: list[Case], recs: list[dict], compile_errors: dict, sigs: dict,
+              contract: str = "finite") -> list[tuple]:
     """One (case, status, text, calls served) per case."""
     rows = []
     for c in cases:
@@ -831,7 +830,7 @@ def summarize(cases: list[Case], recs: list[dict], compile_errors: dict, sigs: d
             edges = sorted({r["why"].split(":", 1)[0] for r in hook_calls if r["status"] == EDGE})
             note = f" ({len(served)}/{len(hook_calls)} calls served" + (
                 f"; the rest declined: {'; '.join(dec)}" if dec else "") + (
-                f"; differing only at an edge of the {contract()} contract: {', '.join(edges)}" if edges else "") + ")"
+                f"; differing only at an edge of the {contract} contract: {', '.join(edges)}" if edges else "") + ")"
             rows.append((c.name, EDGE if edges else SERVED, (EDGE if edges else SERVED) + note, n_served))
         else:
             reasons = sorted({r["why"] for r in hook_calls})
@@ -875,7 +874,7 @@ def run(plan: Plan, out_dir: str | None = None) -> tuple[int, list[tuple], str]:
         sigs, recs = record_check(cases, plan, workdir)
         compile_errors = compile_all(sigs, plan, cache_dir, workdir)
         recs += replay(cases, plan, cache_dir, workdir)
-        rows = summarize(cases, recs, compile_errors, sigs)
+        rows = summarize(cases, recs, compile_errors, sigs, plan.contract)
     finally:
         import shutil
 
@@ -885,7 +884,7 @@ def run(plan: Plan, out_dir: str | None = None) -> tuple[int, list[tuple], str]:
     if dev == "cuda":
         dev += f" ({torch.cuda.get_device_name(0)})"
     summary = (f"drill: {len(rows)} op-cases: {n[SERVED]} served-equal, {n[EDGE]} served differing only at a "
-               f"{contract()}-contract edge, {n[DECLINED]} declined, {n[WRONG]} WRONG; "
+               f"{plan.contract}-contract edge, {n[DECLINED]} declined, {n[WRONG]} WRONG; "
                f"{len(recs)} calls; device {dev}; threads {','.join(map(str, plan.threads))}; machine {machine()}; "
                f"torch {torch.__version__}; {'quick' if plan.quick else 'full'}, "
                f"{'Ray warm' if plan.ray else 'in-process compile'}; "

@@ -70,8 +70,6 @@ def main(argv=None) -> int:
         return 2
     # one Inductor compile thread: the drill's in-process compiles share the host with its replays
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    if a.contract:   # the replay children install their hooks under it (runtime/drill.py: contract())
-        os.environ["AOTI_FARM_CONTRACT"] = a.contract
     import torch
 
     from aoti_farm.runtime import drill
@@ -79,7 +77,15 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.stderr.write("drill_differential: --device cuda but torch sees no CUDA device; use --device cpu\n")
         return 2
-    plan = drill.Plan(device=a.device, quick=a.quick, ray=not a.no_ray,
+    from aoti_farm.config import HookConfig, resolve
+    from aoti_farm.errors import UserError
+
+    try:   # one settings path: --contract > AOTI_FARM_CONTRACT > TOML > finite
+        contract = resolve(HookConfig, cli={"contract": a.contract}).contract
+    except UserError as e:
+        sys.stderr.write(f"drill_differential: {e}\n")
+        return 2
+    plan = drill.Plan(device=a.device, quick=a.quick, ray=not a.no_ray, contract=contract,
                       log=lambda s: print(s, file=sys.stderr, flush=True))
     if a.threads:
         plan.threads = a.threads

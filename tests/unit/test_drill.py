@@ -105,10 +105,10 @@ def test_wrong_values_name_the_inputs_that_differ():
     assert "-> eager 9.0, served 10.0" in why and "(-inf, -1.0) -> eager nan, served inf" in why, why
 
 
-def test_edges_of_the_finite_contract_are_told_from_real_differences(monkeypatch):
+def test_edges_of_the_finite_contract_are_told_from_real_differences():
     """Under ``finite`` a served call that differs from eager only in a zero's sign, or on a
     call with a non-finite input, is an edge (counted apart); any other difference stays
-    WRONG, and under ``strict`` the run loop asks no edge class at all."""
+    WRONG, and under ``strict`` (``Plan.contract``) the run loop asks no edge class at all."""
     c = _case()
     x = torch.tensor([1.0, -2.0])
     assert drill.edge_class(c, (x,), [torch.tensor([0.0, 1.0])], [torch.tensor([-0.0, 1.0])]) == "sign of zero"
@@ -121,7 +121,4 @@ def test_edges_of_the_finite_contract_are_told_from_real_differences(monkeypatch
     # a call the hook must leave to eager is never an edge
     eager_only = drill.Case("neg", "unary", lambda t: torch.neg(t), lambda dev: [], compile=False)
     assert drill.edge_class(eager_only, (x,), [torch.tensor([0.0])], [torch.tensor([-0.0])]) is None
-    monkeypatch.delenv("AOTI_FARM_CONTRACT", raising=False)
-    assert drill.contract() == "finite"
-    monkeypatch.setenv("AOTI_FARM_CONTRACT", "strict")
-    assert drill.contract() == "strict"
+    assert drill.Plan().contract == "finite"
