@@ -37,6 +37,7 @@ import torch
 from aoti_farm import abortscan, adversarial, dyncompile, loadenv, serialsmall, splitbuild, stridesym, tritonscan
 from aoti_farm import shapes as SH
 from aoti_farm import signature as S
+from aoti_farm.cache import elfstack
 from aoti_farm.errors import CompileRefused, FarmError
 from aoti_farm.tolerance import TOLERANCES, compare, flag_tolerance, length_tolerance, precision  # noqa: F401 -- re-exported
 from aoti_farm.fingerprint import effective_options, seed_inductor_vec_isa
@@ -401,6 +402,11 @@ class AOTICompiler:
         path = os.path.join(workdir, "kernel.so")
         os.replace(built, path)
         shutil.rmtree(build, ignore_errors=True)
+        try:   # AOTI's constants object asks for an executable stack: never publish that
+            if elfstack.clear_exec_stack(path):
+                build_info = {**(build_info or {}), "exec_stack": "cleared"}
+        except (OSError, ValueError) as e:
+            raise CompileRefused(f"unsupported: the built library cannot be loaded without an executable stack: {e}")
         speed_samples = None
         if cls is None:
             verification = self.verify(sig, path)

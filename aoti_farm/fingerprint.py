@@ -37,7 +37,10 @@ import torch
 
 from aoti_farm import hostid
 
-FINGERPRINT_VERSION = 1
+#: Raised when what the farm builds under the same torch and options changes in a way an
+#: older entry must not stand for: 2 = libraries no longer ask for an executable stack
+#: (aoti_farm/cache/elfstack.py; the reader refuses the older ones, which all ask).
+FINGERPRINT_VERSION = 2
 
 #: Inductor options aoti-farm compiles with unless the user overrides them (none today).
 #: Measured and rejected on a 2-core VM: building the AOTI wrapper at -O0

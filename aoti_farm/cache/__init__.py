@@ -9,6 +9,8 @@ Its parts, from the bottom up (each module's docstring says more):
   ``safeio``          bounded, link-safe reads of shared files: ``open_regular``,
                       ``read_bounded``, ``open_dir``/``walk``, ``private_copy`` (a sealed memfd,
                       hashed while copied); ``UnsafeFile(kind)``.
+  ``elfstack``        a kernel library's ELF stack request: refused where it asks for an
+                      executable stack; the compiler clears the one AOTI's link makes.
   ``manifest``        one entry's manifest: decode and shape checks, HMAC, file hashes;
                       ``Entry``, ``BadEntry(kind)``.
   ``store``           the cache itself: ``Cache(root, signing_key=None, allow_insecure=False)``

@@ -53,6 +53,7 @@ from aoti_farm.cache.layout import (  # noqa: F401 -- the cache's names, used by
     CACHE_FORMAT, FP_RE, KERNEL, KEY_RE, MANIFEST, check_fp, check_key, msgpack_default)
 from aoti_farm.cache.manifest import (  # noqa: F401 -- Entry, BadEntry, sign, sha256_file: used by importers too
     BAD_KIND, FILE_RE, UNBUILT, BadEntry, index_guards, Entry, decode_manifest, plain, sha256_fd, sha256_file, sign)
+from aoti_farm.cache import elfstack
 from aoti_farm.cache.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
@@ -308,6 +309,9 @@ class Cache:
                 except UnsafeFile as e:
                     raise BadEntry(BAD_KIND[e.kind], str(e)) from None
                 try:
+                    if name == KERNEL and (why := elfstack.exec_stack_request(fd)):
+                        raise BadEntry("insecure", f"{what}: {why}; loading it would make this process's stack "
+                                                   "executable (`aoti-farm cache verify --repair` removes it)")
                     if private and name == KERNEL:
                         copy = safeio.private_copy(fd, max_bytes=safeio.KERNEL_MAX, name=key[:16], what=what)
                         got = copy.sha256

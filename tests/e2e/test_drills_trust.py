@@ -176,3 +176,19 @@ def test_signing_key_from_environment_signs_every_publish(entry, tmp_path, monke
     with pytest.raises(BadEntry) as ei:
         Cache(tmp_path / "signed", signing_key=configured_key()).open_entry(fp, key)
     assert ei.value.kind == "forged"
+
+
+def test_a_built_kernel_asks_for_no_executable_stack(entry):
+    """AOTInductor links its constants from an assembly file without a ``.note.GNU-stack``,
+    so its libraries ask ``dlopen`` for an executable stack (for every thread of the serving
+    process).  The compiler clears that request before verification; the published library
+    is plain ``RW`` (aoti_farm/cache/elfstack.py), and a library that still asks is refused."""
+    from aoti_farm.cache import elfstack
+
+    cache, fp, key, d = entry
+    fd = os.open(d / KERNEL, os.O_RDONLY)
+    try:
+        assert elfstack.exec_stack_request(fd) is None
+    finally:
+        os.close(fd)
+    assert cache.open_entry(fp, key).manifest["build"].get("exec_stack") == "cleared"
