@@ -48,6 +48,10 @@ SWITCHES = {
 #: children inherit the one variable.
 DEV = {
     "split_build": ("1", "aoti_farm.splitbuild: 0 builds the AOTI wrapper whole"),
+    "split_overlap": ("1", "aoti_farm.splitbuild: 0 waits for the wrapper's model half before Inductor compiles "
+                           "the kernel (1 compiles them side by side)"),
+    "model_pch": ("1", "aoti_farm.splitbuild: 0 compiles the wrapper's model half with Inductor's precompiled "
+                       "device header only (1 adds AOTI's interface headers, precompiled once per host)"),
     "abort_scan": ("1", "aoti_farm.abortscan: 0 builds and verifies a CPU kernel whose index check would end its "
                         "verification (verification refuses it)"),
     "isa_replay": ("1", "aoti_farm.fingerprint: 0 runs Inductor's own ISA checks in every process"),

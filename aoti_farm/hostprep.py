@@ -7,7 +7,8 @@ that are the same for every signature and every process of the host:
   builds, recorded so that other processes replay them);
 * Inductor's precompiled headers for the wrapper and the kernels (built under Inductor's
   own file lock into its global header directory);
-* the split build's common object (:mod:`aoti_farm.splitbuild`, under its lock);
+* the split build's common object and the model half's precompiled prefix
+  (:mod:`aoti_farm.splitbuild`, under their locks);
 * the libstdc++ loader probe (:mod:`aoti_farm.loadenv`).
 
 When 16 actors start together, each one's first compile would queue behind whichever
@@ -96,6 +97,9 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict
             sig = S.from_call(torch.ops.aten.relu.default, (torch.empty(4),), {})
             with tempfile.TemporaryDirectory(prefix="aoti-farm-hostprep-") as d:
                 res = comp.compile(sig, d)
+            from aoti_farm import splitbuild
+
+            splitbuild.wait_pch()   # its compile started the model half's precompiled prefix
             out = {"status": "prepared", "seconds": time.perf_counter() - t0, "build": res.build,
                    "phases": res.phases}
             _write_marker(marker, fp.id, res.build)

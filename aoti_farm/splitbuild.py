@@ -38,6 +38,23 @@ So the wrapper is compiled as two translation units:
   (about 2 s instead of 4.5 s), then ``ld -r`` joins both into the ``wrapper.o`` Inductor
   expects, and Inductor links the library as usual.
 
+Two more cuts of the per-signature cost, each behind a developer switch for its A/B
+(``scripts/bench/compile_cost.py``):
+
+* the model half compiles **beside the kernel's own compile** (``split_overlap``):
+  Inductor builds the wrapper, then the kernel, then links; the wrapper's build starts
+  the model half and returns, and the link (the first build that reads the wrapper
+  object) joins it first.  Where the model half failed, the wrapper is built whole there,
+  before the link, as Inductor would have.
+* the model half includes a **precompiled prefix** (``model_pch``): Inductor precompiles
+  only the device header, and the model half parsed AOTI's interface and container headers
+  every time.  ``<key>.pch.h`` (the prefix's text) and its ``.gch`` are built once per
+  host and key, beside the common object and under the same trust rule, in a thread of
+  the first process that misses them (the compiles meanwhile do without); g++ checks a
+  ``.gch`` against the command itself and parses the text instead where it does not fit.
+  The model half's code is the same either way (``tests/e2e/test_splitbuild.py``
+  compares the libraries' ``.text``).
+
 This is the same program, cut into two translation units of one build: every definition
 is seen identically by both, inline and template copies merge at link time like any two
 objects of one library, and the finished library is verified against eager like any other.
@@ -53,6 +70,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import select
 import shlex
 import subprocess
 import threading
@@ -66,6 +84,8 @@ from aoti_farm.counters import Counters
 EXPLICIT = "template class torch::aot_inductor::AOTInductorModelBase<torch::aot_inductor::AOTInductorModel>;"
 EXTERN = "extern " + EXPLICIT
 DEV = "split_build"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
+OVERLAP_DEV = "split_overlap"   # 0: the model half is joined at once, not at the link
+PCH_DEV = "model_pch"   # 0: the model half includes Inductor's precompiled device header only
 from aoti_farm.config import dev as _dev  # noqa: E402 -- AOTI_FARM_DEV, parsed in one place
 
 _tls = threading.local()
@@ -74,8 +94,11 @@ _patched = 0
 _orig_build = None
 _counters = Counters("split", "whole", "common_built", "common_reused", "common_waited", "common_busy",
                      "fallback_no_interface", "fallback_common_failed", "fallback_model_failed",
-                     "fallback_join_failed", "fallback_unsupported", "common_damaged", "common_unsafe")
+                     "fallback_join_failed", "fallback_unsupported", "common_damaged", "common_unsafe",
+                     "pch_built", "pch_failed")
 _failed_keys: set[str] = set()
+_pch_started: set[str] = set()
+_pch_threads: list[threading.Thread] = []
 #: How long a compile waits for another process's build of the common object (its own
 #: model half compiles meanwhile) before it builds its wrapper whole.
 COMMON_WAIT_S = 300.0
@@ -182,11 +205,27 @@ def _start(argv: list[str], cwd: str) -> subprocess.Popen | None:
         return None
 
 
-def _wait(p: subprocess.Popen | None) -> bool:
+def _wait(p: subprocess.Popen | None, timeout: float = 1800.0) -> bool:
+    """Whether ``p`` exits 0 within ``timeout`` (killed if not).  Waits on a pidfd where
+    there is one: ``Popen.wait(timeout)`` polls with sleeps of up to 50 ms, which every
+    compile's critical path would pay at each of its waits."""
     if p is None:
         return False
+    if p.returncode is not None:   # reaped already: its pid may be another process's now
+        return p.returncode == 0
     try:
-        return p.wait(timeout=1800) == 0
+        if hasattr(os, "pidfd_open"):
+            try:
+                fd = os.pidfd_open(p.pid)
+            except OSError:   # already reaped, or no pidfd here: Popen's own wait
+                fd = -1
+            if fd >= 0:
+                try:
+                    if not select.select([fd], [], [], timeout)[0]:
+                        raise subprocess.TimeoutExpired(p.args, timeout)
+                finally:
+                    os.close(fd)
+        return p.wait(timeout=timeout) == 0
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
@@ -216,10 +255,106 @@ def _remove_orphans(d: str, age_s: float = 3600.0) -> None:
     now = time.time()
     with contextlib.suppress(OSError):
         for f in os.scandir(d):
-            if f.name.endswith(".cpp") or ".o.tmp" in f.name:
+            if f.name.endswith((".cpp", ".tmp")) or ".o.tmp" in f.name:
                 with contextlib.suppress(OSError):
                     if now - f.stat().st_mtime > age_s:
                         os.unlink(f.path)
+
+
+def _common_key(common: str, argv: list[str], src_i: int, out_i: int) -> str:
+    """The common object's key: its text, the exact compile command, the compiler's version,
+    torch's and the AOTI runtime headers'.  The model half's precompiled prefix, a function
+    of the same text and command, shares it."""
+    norm = list(argv)
+    norm[src_i], norm[out_i] = "<src>", "<obj>"
+    return hashlib.sha256("\0".join([common, " ".join(norm), _compiler_version(argv[0]),
+                                     _toolchain_digest()]).encode()).hexdigest()[:40]
+
+
+def _model_prefix(model: str) -> str:
+    """The model half's signature-independent prefix (its includes and the ``extern
+    template`` line, :func:`split_wrapper`)."""
+    return model[:model.index(EXTERN) + len(EXTERN)] + "\n"
+
+
+def _pch_header(key: str, prefix: str, model_argv: list[str], src_i: int, out_i: int,
+                cwd: str) -> str | None:
+    """The header ``<key>.pch.h`` (the model half's prefix) where its precompiled form
+    ``<key>.pch.h.gch`` is ready, for the model half's ``-include``; else None, and (once
+    per process and key, where no other process builds it) its build is started in a
+    thread, for the compiles after this one.
+
+    Inductor precompiles only the device include (``aoti_include/<device>.h``); the model
+    half also parses AOTI's interface and container headers, a fifth of its compile.  The
+    precompiled file is only this user's, in the private directory of the common object,
+    published by rename; g++ checks it against the command itself and parses the header
+    text instead where it does not match."""
+    if _dev(PCH_DEV) == "0" or "-include" not in model_argv:
+        return None
+    try:
+        d = common_dir()
+    except OSError:
+        return None
+    header = os.path.join(d, f"{key}.pch.h")
+    from aoti_farm import private
+
+    try:
+        private.check_file(header)
+        private.check_file(header + ".gch")
+        return header
+    except OSError:
+        pass
+    with _lock:
+        if key in _pch_started:
+            return None
+        _pch_started.add(key)
+    src, out = model_argv[src_i], model_argv[out_i]
+    a = list(model_argv)
+    i = a.index("-include")
+    del a[i:i + 2]                      # the prefix includes the device header itself
+    # the same command, compiling the prefix as a header into <header>.gch
+    a = [a[0], "-x", "c++-header", *("<header>" if x == src else "<gch>" if x == out else x
+                                     for x in a[1:] if x != "-c")]
+    t = threading.Thread(target=_build_pch, args=(header, prefix, a, cwd), name="aoti-farm-pch", daemon=True)
+    _pch_threads.append(t)
+    t.start()
+    return None
+
+
+def wait_pch(timeout: float = 120.0) -> None:
+    """Wait for this process's precompiled-prefix builds (a process that exits right after
+    its compile, :mod:`aoti_farm.hostprep`'s, would otherwise leave them half done)."""
+    deadline = time.monotonic() + timeout
+    for t in list(_pch_threads):
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _build_pch(header: str, prefix: str, argv: list[str], cwd: str) -> None:
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(header + ".lock", timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:      # another process builds it
+        return
+    tmp_h = f"{header}.{os.getpid()}.tmp"
+    tmp_gch = f"{header}.{os.getpid()}.gch.tmp"
+    try:
+        Path(tmp_h).write_text(prefix)
+        os.replace(tmp_h, header)       # the same text for every writer of this key
+        if _run([header if x == "<header>" else tmp_gch if x == "<gch>" else x for x in argv], cwd) \
+                and os.path.getsize(tmp_gch) > 0:
+            os.replace(tmp_gch, header + ".gch")
+            _count("pch_built")
+        else:
+            _count("pch_failed")
+    except OSError:
+        _count("pch_failed")
+    finally:
+        for f in (tmp_h, tmp_gch):
+            with contextlib.suppress(OSError):
+                os.unlink(f)
+        lock.release()
 
 
 def _common_object(common: str, argv: list[str], src_i: int, out_i: int, cwd: str,
@@ -227,10 +362,7 @@ def _common_object(common: str, argv: list[str], src_i: int, out_i: int, cwd: st
     """The common object's path (building it if this process may), or None and why not.
     ``meanwhile()`` is called just before a build of the common object starts (the
     caller starts its model half then, so the two compile side by side)."""
-    norm = list(argv)
-    norm[src_i], norm[out_i] = "<src>", "<obj>"
-    key = hashlib.sha256("\0".join([common, " ".join(norm), _compiler_version(argv[0]),
-                                    _toolchain_digest()]).encode()).hexdigest()[:40]
+    key = _common_key(common, argv, src_i, out_i)
     if key in _failed_keys:
         return None, "common_failed"
     try:
@@ -301,9 +433,27 @@ def _common_object(common: str, argv: list[str], src_i: int, out_i: int, cwd: st
         lock.release()
 
 
-def build_wrapper(argv: list[str], src: str, target: str, cwd: str) -> dict | None:
-    """Build ``target`` (Inductor's wrapper object) from ``src`` in two halves.  Returns
-    what it did, or None where the caller must build the file whole."""
+class _Pending:
+    """A wrapper whose model half is compiling in a child process while Inductor goes on
+    to the kernel's own compile (:func:`start_wrapper`); :func:`finish_wrapper` joins it."""
+
+    def __init__(self, target, argv, cwd, model_obj, obj, how, proc, t0, t1):
+        self.target, self.argv, self.cwd, self.model_obj = target, argv, cwd, model_obj
+        self.obj, self.how, self.proc, self.t0, self.t1 = obj, how, proc, t0, t1
+        self.builder = None   # Inductor's CppBuilder of the wrapper (its whole build, if needed)
+        self.pch = False      # the model half included the precompiled prefix
+
+    def cancel(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_wrapper(argv: list[str], src: str, target: str, cwd: str) -> _Pending | None:
+    """Start building ``target`` (Inductor's wrapper object) from ``src`` in two halves:
+    the common object is found (or built, the model half compiling alongside), and the
+    model half's compile is started and left running.  Returns it, or None where the caller
+    must build the file whole."""
     try:
         src_i, out_i = argv.index(src), argv.index(target)
         text = Path(src).read_text()
@@ -318,6 +468,9 @@ def build_wrapper(argv: list[str], src: str, target: str, cwd: str) -> dict | No
     Path(model_src).write_text(model)
     a = list(argv)
     a[src_i], a[out_i] = model_src, model_obj
+    pch = _pch_header(_common_key(common, argv, src_i, out_i), _model_prefix(model), a, src_i, out_i, cwd)
+    if pch is not None:
+        a[a.index("-include") + 1] = pch
     started: list = []
     t0 = time.perf_counter()
     # a first build on this host compiles the common half and this model half side by side
@@ -329,16 +482,36 @@ def build_wrapper(argv: list[str], src: str, target: str, cwd: str) -> dict | No
                 p.kill()
                 p.wait()
         return _fallback("fallback_common_failed" if how == "common_failed" else None, how)
-    if not (_wait(started[0]) if started else _run(a, cwd)):
+    proc = started[0] if started else _start(a, cwd)
+    if proc is None:
         return _fallback("fallback_model_failed")
+    p = _Pending(target, argv, cwd, model_obj, obj, how, proc, t0, t1)
+    p.pch = pch is not None
+    return p
+
+
+def finish_wrapper(p: _Pending) -> dict | None:
+    """Wait for ``p``'s model half and join both halves into its target.  Returns what was
+    done, or None where the caller must build the file whole."""
     t2 = time.perf_counter()
-    if not _run([argv[0], "-r", "-nostdlib", obj, model_obj, "-o", target], cwd):
+    if not _wait(p.proc):
+        return _fallback("fallback_model_failed")
+    t3 = time.perf_counter()
+    if not _run([p.argv[0], "-r", "-nostdlib", p.obj, p.model_obj, "-o", p.target], p.cwd):
         return _fallback("fallback_join_failed")
     _count("split")
     # common_s: building (or checking) the common object; model_s: the model half's compile
-    # after that (with a common build, the two ran side by side: model_s is what it ran longer)
-    return {"wrapper": "split", "common": how, "common_object": os.path.basename(obj), "common_s": round(t1 - t0, 3),
-            "model_s": round(t2 - t1, 3), "join_s": round(time.perf_counter() - t2, 3)}
+    # after that, until it was joined (the kernel's own compile ran meanwhile: model_wait_s
+    # is what the link waited for it)
+    return {"wrapper": "split", "common": p.how, "common_object": os.path.basename(p.obj),
+            "common_s": round(p.t1 - p.t0, 3), "model_s": round(t3 - p.t1, 3), "model_wait_s": round(t3 - t2, 3),
+            "join_s": round(time.perf_counter() - t3, 3), "model_pch": p.pch}
+
+
+def build_wrapper(argv: list[str], src: str, target: str, cwd: str) -> dict | None:
+    """:func:`start_wrapper` and :func:`finish_wrapper` at once."""
+    p = start_wrapper(argv, src, target, cwd)
+    return None if p is None else finish_wrapper(p)
 
 
 def _fallback(counter: str | None, why: str | None = None) -> None:
@@ -355,12 +528,47 @@ def _is_wrapper_build(b) -> bool:
             and not getattr(b, "_precompiling", True) and not getattr(b, "_use_relative_path", True))
 
 
+def _joins_pending(b) -> _Pending | None:
+    """This thread's pending wrapper, where ``b`` is a build that reads its object (the
+    library's link)."""
+    p = getattr(_tls, "pending", None)
+    srcs = getattr(b, "_sources_args", "")
+    if p is not None and isinstance(srcs, str) and p.target in srcs.split():
+        return p
+    return None
+
+
+def _finish_pending(p: _Pending) -> None:
+    """Join the pending wrapper before the link that reads it; where its model half failed,
+    build the wrapper whole, as Inductor would have."""
+    _tls.pending = None
+    _tls.reason = None
+    try:
+        info = finish_wrapper(p)
+    except Exception as e:  # noqa: BLE001 -- anything odd: the whole build decides
+        _count("fallback_unsupported")
+        _tls.reason = f"{type(e).__name__}: {e}"[:200]
+        info = None
+    if info is not None:
+        _tls.last = info
+        return
+    p.cancel()
+    _tls.last = {"wrapper": "whole", "reason": _tls.reason}
+    _count("whole")
+    _orig_build(p.builder)
+
+
 def _patched_build(self) -> None:
+    if getattr(_tls, "depth", 0) > 0:
+        pending = _joins_pending(self)
+        if pending is not None:
+            _finish_pending(pending)
+            return _orig_build(self)
     if getattr(_tls, "depth", 0) > 0 and _is_wrapper_build(self):
         before = getattr(_tls, "before", None)
         if before is not None:
             before(self._sources_args)   # may raise: then nothing is built (the caller's refusal)
-        info = None
+        pending = None
         if not enabled():
             _tls.last = {"wrapper": "whole", "reason": f"AOTI_FARM_DEV={DEV}=0"}
         else:
@@ -368,13 +576,20 @@ def _patched_build(self) -> None:
                 target = self.get_target_file_path()
                 argv = shlex.split(self.get_command_line())
                 _tls.reason = None
-                info = build_wrapper(argv, self._sources_args, target, os.path.dirname(target) or ".")
-                _tls.last = info or {"wrapper": "whole", "reason": _tls.reason}
+                pending = start_wrapper(argv, self._sources_args, target, os.path.dirname(target) or ".")
+                _tls.last = {"wrapper": "whole", "reason": _tls.reason}
             except Exception as e:  # noqa: BLE001 -- anything odd: Inductor's own build decides
                 _count("fallback_unsupported")
                 _tls.last = {"wrapper": "whole", "reason": f"{type(e).__name__}: {e}"[:200]}
-                info = None
-        if info is not None:
+                pending = None
+        if pending is not None:
+            # the model half compiles while Inductor compiles the kernel; the link joins it
+            pending.builder = self
+            if _dev(OVERLAP_DEV) == "0":
+                _finish_pending(pending)
+                return None
+            _tls.pending = pending
+            _tls.last = {"wrapper": "split", "pending": True}
             return None
         _count("whole")
     return _orig_build(self)
@@ -412,6 +627,9 @@ def active(before_wrapper=None):
     finally:
         _tls.before = outer
         _tls.depth -= 1
+        pending, _tls.pending = getattr(_tls, "pending", None), None
+        if pending is not None:   # Inductor stopped before its link: nothing joins it
+            pending.cancel()
         with _lock:
             _patched -= 1
             if _patched == 0:

@@ -92,3 +92,32 @@ def test_cuda_wrapper_is_split_built(tmp_path):
     second = comp.compile(S.from_call(torch.ops.aten.sub.Tensor, (a2, b), {"alpha": 3}), str(tmp_path / "b"))
     assert second.build["wrapper"] == "split" and second.build["common"] == "reused", second.build
     assert second.build["common_object"] == first.build["common_object"]
+
+
+def _text(lib: str) -> bytes:
+    import subprocess
+
+    out = lib + ".text"
+    subprocess.run(["objcopy", "-O", "binary", "--only-section=.text", lib, out], check=True)
+    with open(out, "rb") as f:
+        return f.read()
+
+
+def test_model_half_beside_the_kernel_and_with_its_precompiled_prefix(tmp_path, monkeypatch):
+    """The model half compiles while Inductor compiles the kernel (joined at the link), and,
+    once this host's precompiled prefix exists, includes it: the same code either way (the
+    libraries' ``.text`` is byte for byte the same), verified against eager."""
+    comp = AOTICompiler()
+    first = comp.compile(_sig(19), str(tmp_path / "first"))   # starts the prefix's build if missing
+    assert first.verification["ok"]
+    splitbuild.wait_pch()
+    texts = {}
+    for overlap, pch in (("1", "1"), ("0", "0")):
+        monkeypatch.setenv("AOTI_FARM_DEV", f"split_overlap={overlap},model_pch={pch}")
+        r = comp.compile(_sig(23), str(tmp_path / f"o{overlap}p{pch}"))
+        assert r.verification["ok"] and r.build["wrapper"] == "split", r.build
+        assert r.build["model_pch"] is (pch == "1"), r.build
+        ran_beside = r.build["model_s"] - r.build["model_wait_s"]   # the kernel's compile ran meanwhile
+        assert ran_beside > 0.1 if overlap == "1" else ran_beside < 0.05, r.build
+        texts[overlap] = _text(r.files["kernel.so"])
+    assert texts["1"] == texts["0"]

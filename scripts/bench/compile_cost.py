@@ -1,0 +1,88 @@
+"""The cost of one compiled signature at W=1, by phase, with a developer switch A/B'd in one
+process (issue: a signature compiles in about a second).
+
+    python scripts/bench/compile_cost.py [--switch split_overlap] [--pairs 6] [--json OUT]
+
+One warm-up compile (the process's first: imports, precompiled headers, the split build's
+common object), then ``--pairs`` pairs of compiles of fresh signatures (a rotating set of
+ops: add, gelu, addmm, sum, layer_norm, softmax), one with ``AOTI_FARM_DEV=<switch>=1`` and
+one with ``=0``, the order alternating.  Every kernel is verified against eager by
+``AOTICompiler.compile`` (a refused one is reported and left out of the medians).  Prints
+each compile's wall seconds, its phases and the split build's record, then the medians and
+the ratio of the switch's two sides.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from aoti_farm import signature as S
+from aoti_farm.compiler import AOTICompiler
+from aoti_farm.errors import CompileRefused
+
+OPS = [
+    lambda n: S.from_call(torch.ops.aten.add.Tensor, (torch.empty(n, 64), torch.empty(64)), {"alpha": 2}),
+    lambda n: S.from_call(torch.ops.aten.gelu.default, (torch.empty(n, 96),), {}),
+    lambda n: S.from_call(torch.ops.aten.addmm.default, (torch.empty(32), torch.empty(n, 16), torch.empty(16, 32)), {}),
+    lambda n: S.from_call(torch.ops.aten.sum.dim_IntList, (torch.empty(n, 40), [1]), {}),
+    lambda n: S.from_call(torch.ops.aten.native_layer_norm.default,
+                          (torch.empty(n, 48), [48], torch.empty(48), torch.empty(48), 1e-5), {}),
+    lambda n: S.from_call(torch.ops.aten._softmax.default, (torch.empty(n, 24), 1, False), {}),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switch", default="split_overlap", help="the AOTI_FARM_DEV switch to A/B (default split_overlap)")
+    ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--json", help="write the rows and the summary here")
+    a = ap.parse_args()
+    comp = AOTICompiler()
+    root = tempfile.mkdtemp(prefix="compile-cost-")
+    t = time.perf_counter()
+    comp.compile(OPS[0](3), tempfile.mkdtemp(dir=root))
+    print(f"warm-up compile {time.perf_counter() - t:.2f} s", flush=True)
+    rows = []
+    n = 5
+    for i in range(a.pairs):
+        for side in (("1", "0") if i % 2 == 0 else ("0", "1")):
+            n += 1
+            os.environ["AOTI_FARM_DEV"] = f"{a.switch}={side}"
+            sig = OPS[i % len(OPS)](n)
+            t = time.perf_counter()
+            try:
+                r = comp.compile(sig, tempfile.mkdtemp(dir=root))
+            except CompileRefused as e:
+                print(f"  {a.switch}={side} {sig.op}: refused ({e})", flush=True)
+                continue
+            wall = time.perf_counter() - t
+            row = {"switch": side, "op": sig.op, "wall_s": round(wall, 3),
+                   "phases": {k: round(v, 3) for k, v in r.phases.items()},
+                   "build": {k: v for k, v in r.build.items() if k.endswith("_s") or k == "wrapper"}}
+            rows.append(row)
+            print(" ", json.dumps(row), flush=True)
+    os.environ.pop("AOTI_FARM_DEV", None)
+    summary = {"machine": f"{platform.node()} {os.cpu_count()} cores", "torch": torch.__version__,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "switch": a.switch}
+    for side in ("1", "0"):
+        w = [r["wall_s"] for r in rows if r["switch"] == side]
+        summary[f"median_wall_s[{side}]"] = round(statistics.median(w), 3) if w else None
+    if summary["median_wall_s[1]"] and summary["median_wall_s[0]"]:
+        summary["ratio_1_to_0"] = round(summary["median_wall_s[1]"] / summary["median_wall_s[0]"], 3)
+    print(json.dumps(summary))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "summary": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
