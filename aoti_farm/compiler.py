@@ -272,20 +272,27 @@ class AOTICompiler:
         try:
             return self._compile(job, workdir)
         except CompileRefused as first:
-            if isinstance(job, SH.ShapeClass) or refusal_class(first.reason, first.evidence) != "precision":
-                raise
-            narrow_s = time.perf_counter() - t0
-            try:
-                # its own directory: a library path the verifying process loaded already
-                # would be the narrow kernel again (dlopen hands back a loaded path's handle)
-                res = self._compile(job, os.path.join(workdir, "float64"), upcast=True)
-            except (CompileRefused, _NotUpcastable):
-                raise first from None
-            res.verification = {**(res.verification or {}), "computed_in": "float64",
-                                "narrow_refusal": first.reason}
-            res.seconds += narrow_s   # the refused narrow build is part of this compile's cost
-            res.phases = {**res.phases, "narrow_attempt": narrow_s}
-            return res
+            return self._compile_float64(job, workdir, first, t0)
+        finally:   # what this compile went without (its verification done), built now
+            splitbuild.start_pch_build()
+
+    def _compile_float64(self, job, workdir: str, first: CompileRefused, t0: float) -> CompileResult:
+        """The precision refusal ``first`` of ``job``, built again in float64 (see
+        :meth:`compile`); raises ``first`` where that is no kernel either."""
+        if isinstance(job, SH.ShapeClass) or refusal_class(first.reason, first.evidence) != "precision":
+            raise first
+        narrow_s = time.perf_counter() - t0
+        try:
+            # its own directory: a library path the verifying process loaded already
+            # would be the narrow kernel again (dlopen hands back a loaded path's handle)
+            res = self._compile(job, os.path.join(workdir, "float64"), upcast=True)
+        except (CompileRefused, _NotUpcastable):
+            raise first from None
+        res.verification = {**(res.verification or {}), "computed_in": "float64",
+                            "narrow_refusal": first.reason}
+        res.seconds += narrow_s   # the refused narrow build is part of this compile's cost
+        res.phases = {**res.phases, "narrow_attempt": narrow_s}
+        return res
 
     def _compile(self, job, workdir: str, upcast: bool = False) -> CompileResult:
         cls = job if isinstance(job, SH.ShapeClass) else None

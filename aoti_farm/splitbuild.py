@@ -79,6 +79,7 @@ from pathlib import Path
 
 import torch
 
+from aoti_farm import spawn
 from aoti_farm.counters import Counters
 
 EXPLICIT = "template class torch::aot_inductor::AOTInductorModelBase<torch::aot_inductor::AOTInductorModel>;"
@@ -198,9 +199,10 @@ def common_dir() -> str:
     return private.ensure_dir(os.path.join(private.use_inductor_cache(), "aoti_farm_common"))
 
 
-def _start(argv: list[str], cwd: str) -> subprocess.Popen | None:
+def _start(argv: list[str], cwd: str, idle: bool = False) -> subprocess.Popen | None:
     try:
-        return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=spawn.lowest_priority if idle else None)
     except OSError:
         return None
 
@@ -277,19 +279,17 @@ def _model_prefix(model: str) -> str:
     return model[:model.index(EXTERN) + len(EXTERN)] + "\n"
 
 
-def _pch_header(key: str, prefix: str, model_argv: list[str], src_i: int, out_i: int,
-                cwd: str) -> str | None:
+def _pch_header(key: str) -> str | None:
     """The header ``<key>.pch.h`` (the model half's prefix) where its precompiled form
-    ``<key>.pch.h.gch`` is ready, for the model half's ``-include``; else None, and (once
-    per process and key, where no other process builds it) its build is started in a
-    thread, for the compiles after this one.
+    ``<key>.pch.h.gch`` is ready, for the model half's ``-include``; else None (and
+    :func:`start_pch_build` builds it for the compiles after this one).
 
     Inductor precompiles only the device include (``aoti_include/<device>.h``); the model
     half also parses AOTI's interface and container headers, a fifth of its compile.  The
     precompiled file is only this user's, in the private directory of the common object,
     published by rename; g++ checks it against the command itself and parses the header
     text instead where it does not match."""
-    if _dev(PCH_DEV) == "0" or "-include" not in model_argv:
+    if _dev(PCH_DEV) == "0":
         return None
     try:
         d = common_dir()
@@ -303,22 +303,40 @@ def _pch_header(key: str, prefix: str, model_argv: list[str], src_i: int, out_i:
         private.check_file(header + ".gch")
         return header
     except OSError:
-        pass
-    with _lock:
-        if key in _pch_started:
-            return None
-        _pch_started.add(key)
+        return None
+
+
+def _pch_command(model_argv: list[str], src_i: int, out_i: int) -> list[str]:
+    """The model half's own command, compiling its prefix as a header into a ``.gch``
+    (placeholders ``<header>`` and ``<gch>``)."""
     src, out = model_argv[src_i], model_argv[out_i]
     a = list(model_argv)
     i = a.index("-include")
     del a[i:i + 2]                      # the prefix includes the device header itself
-    # the same command, compiling the prefix as a header into <header>.gch
-    a = [a[0], "-x", "c++-header", *("<header>" if x == src else "<gch>" if x == out else x
-                                     for x in a[1:] if x != "-c")]
-    t = threading.Thread(target=_build_pch, args=(header, prefix, a, cwd), name="aoti-farm-pch", daemon=True)
-    _pch_threads.append(t)
-    t.start()
-    return None
+    return [a[0], "-x", "c++-header", *("<header>" if x == src else "<gch>" if x == out else x
+                                        for x in a[1:] if x != "-c")]
+
+
+def start_pch_build() -> None:
+    """Start building the precompiled prefix this thread's last compile went without (once
+    per process and key, where no other process builds it), in a thread at the lowest CPU
+    priority.  The compiler calls it when a compile is done, verification included: a
+    host's first compiles (and a serving host's first miss) do not share their cores with
+    it; :mod:`aoti_farm.hostprep` builds it ahead of a warm's compiles."""
+    todo, _tls.pch_todo = getattr(_tls, "pch_todo", None), None
+    if todo is None:
+        return
+    key, header, prefix, argv = todo
+    with _lock:
+        if key in _pch_started:
+            return
+        _pch_started.add(key)
+    try:
+        t = threading.Thread(target=_build_pch, args=(header, prefix, argv), name="aoti-farm-pch", daemon=True)
+        t.start()
+        _pch_threads.append(t)
+    except RuntimeError:   # no thread to be had: a later compile here does without it too
+        _count("pch_failed")
 
 
 def wait_pch(timeout: float = 120.0) -> None:
@@ -329,7 +347,8 @@ def wait_pch(timeout: float = 120.0) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def _build_pch(header: str, prefix: str, argv: list[str], cwd: str) -> None:
+def _build_pch(header: str, prefix: str, argv: list[str]) -> None:
+    cwd = os.path.dirname(header)   # the compile's own build directory is gone by now
     from filelock import FileLock, Timeout
 
     lock = FileLock(header + ".lock", timeout=0)
@@ -342,8 +361,8 @@ def _build_pch(header: str, prefix: str, argv: list[str], cwd: str) -> None:
     try:
         Path(tmp_h).write_text(prefix)
         os.replace(tmp_h, header)       # the same text for every writer of this key
-        if _run([header if x == "<header>" else tmp_gch if x == "<gch>" else x for x in argv], cwd) \
-                and os.path.getsize(tmp_gch) > 0:
+        if _wait(_start([header if x == "<header>" else tmp_gch if x == "<gch>" else x for x in argv], cwd,
+                        idle=True)) and os.path.getsize(tmp_gch) > 0:
             os.replace(tmp_gch, header + ".gch")
             _count("pch_built")
         else:
@@ -442,6 +461,7 @@ class _Pending:
         self.obj, self.how, self.proc, self.t0, self.t1 = obj, how, proc, t0, t1
         self.builder = None   # Inductor's CppBuilder of the wrapper (its whole build, if needed)
         self.pch = False      # the model half included the precompiled prefix
+        self.pch_todo = None  # (key, header, prefix, command): the prefix to build after it
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -468,7 +488,8 @@ def start_wrapper(argv: list[str], src: str, target: str, cwd: str) -> _Pending 
     Path(model_src).write_text(model)
     a = list(argv)
     a[src_i], a[out_i] = model_src, model_obj
-    pch = _pch_header(_common_key(common, argv, src_i, out_i), _model_prefix(model), a, src_i, out_i, cwd)
+    key = _common_key(common, argv, src_i, out_i)
+    pch = _pch_header(key) if "-include" in a else None
     if pch is not None:
         a[a.index("-include") + 1] = pch
     started: list = []
@@ -487,6 +508,9 @@ def start_wrapper(argv: list[str], src: str, target: str, cwd: str) -> _Pending 
         return _fallback("fallback_model_failed")
     p = _Pending(target, argv, cwd, model_obj, obj, how, proc, t0, t1)
     p.pch = pch is not None
+    if pch is None and "-include" in a and _dev(PCH_DEV) != "0":
+        p.pch_todo = (key, os.path.join(os.path.dirname(obj), f"{key}.pch.h"), _model_prefix(model),
+                      _pch_command(a, src_i, out_i))
     return p
 
 
@@ -497,6 +521,8 @@ def finish_wrapper(p: _Pending) -> dict | None:
     if not _wait(p.proc):
         return _fallback("fallback_model_failed")
     t3 = time.perf_counter()
+    if p.pch_todo is not None:      # built once this compile is done (start_pch_build)
+        _tls.pch_todo, p.pch_todo = p.pch_todo, None
     if not _run([p.argv[0], "-r", "-nostdlib", p.obj, p.model_obj, "-o", p.target], p.cwd):
         return _fallback("fallback_join_failed")
     _count("split")

@@ -24,8 +24,10 @@ Hot reload: the poller (``runtime/poller.py``) refreshes the index every
 
 **What is routed.**  A routed op enters the hook on every call (about 0.4 µs on a 2-core
 VM even when the call then runs eager), so only ops that can be served are routed where
-that is known.  ``route="all"`` (the default with ``on_miss`` "compile" or "queue": a
-miss must be seen to be queued) registers every requested op.  With ``on_miss="ignore"``
+that is known.  ``route="paying"`` (the default with ``on_miss`` "compile" or "queue")
+registers every requested op except those whose entries here all lose to eager on this
+host (below); ``route="all"`` registers every requested op (a miss must be seen to be
+queued).  With ``on_miss="ignore"``
 a call can only be served or run eager, so the default there is
 ``route="servable-at-install"``: only ops with at least one servable entry when
 ``install()`` runs (published, not refused or failing here, and under ``serve="faster"``
