@@ -337,6 +337,19 @@ def module_name(src: str, roots: dict | None = None) -> str | None:
     return ".".join(parts) if parts and all(p.isidentifier() for p in parts) else None
 
 
+def _exists(name: str) -> bool:
+    """Whether ``name`` (``aoti_farm.``...) is a module or package of this checkout or
+    install, read from the file tree (nothing imported)."""
+    import aoti_farm
+
+    pkg = Path(aoti_farm.__file__).parent
+    parts = name.split(".")[1:]
+    bases = [pkg.joinpath(*parts)]
+    if parts and parts[0] in ("workers", "runtime"):   # a checkout's top-level folders, mapped at run time
+        bases.append(pkg.parent.joinpath(*parts))
+    return any(b.with_suffix(".py").is_file() or (b / "__init__.py").is_file() for b in bases)
+
+
 def _main(argv: list[str]) -> int:
     if argv[:1] != ["--write"]:
         print("usage: python -m aoti_farm.pyprecompile --write   (records the compile path's modules here and adds "
@@ -347,7 +360,9 @@ def _main(argv: list[str]) -> int:
     # imports triton; Python builds freeze different modules), and a listed module the
     # host lacks is skipped
     new = set(names)
-    merged = names + [n for n in module_names() if n not in new]
+    # ... but a module of this package that an earlier recording named and this checkout
+    # no longer has is gone, not another environment's: dropped
+    merged = names + [n for n in module_names() if n not in new and (n.split(".")[0] != "aoti_farm" or _exists(n))]
     import torch
 
     LIST.write_text("# the modules a warm's processes import, in import order: the union of recordings by "

@@ -13,3 +13,18 @@ def test_nothing_starts_where_it_does_not_apply(tmp_path, monkeypatch):
     monkeypatch.setenv("AOTI_FARM_DEV", f"{pyprecompile.DEV}=0")
     assert pyprecompile.start(str(tmp_path), n_cpu=16) is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_list_names_no_module_of_ours_that_is_gone():
+    """The generated list (``python -m aoti_farm.pyprecompile --write``) holds other
+    environments' modules on purpose, but never a module of this package that no longer
+    exists: ``--write`` drops such names, and this fails until the list is regenerated
+    after a module is removed or moved."""
+    from tests.unit.test_layers import modules
+
+    ours = set(modules())
+    names = [n.strip() for n in pyprecompile.LIST.read_text().splitlines() if n.strip() and not n.startswith("#")]
+    stale = [n for n in names if n.split(".")[0] == "aoti_farm" and n not in ours]
+    assert not stale, f"{pyprecompile.LIST.name} names modules that are gone: {stale}; run " \
+                      "`python -m aoti_farm.pyprecompile --write`"
+    assert all(pyprecompile._exists(n) for n in ours) and not pyprecompile._exists("aoti_farm.no_such_module")
