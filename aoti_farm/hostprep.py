@@ -9,9 +9,7 @@ that are the same for every signature and every process of the host:
   own file lock into its global header directory);
 * the split build's common object and the model half's precompiled prefix
   (:mod:`aoti_farm.splitbuild`, under their locks);
-* the libstdc++ loader probe (:mod:`aoti_farm.loadenv`);
-* the serving hit path's extension (:mod:`aoti_farm.hitpath`), through which every
-  compile's verification times its kernel, built in a thread from the start.
+* the libstdc++ loader probe (:mod:`aoti_farm.loadenv`).
 
 When 16 actors start together, each one's first compile would queue behind whichever
 process builds these.  :func:`prepare` builds them all with one real compile of a
@@ -43,7 +41,7 @@ from aoti_farm import spawn
 from aoti_farm.counters import Counters
 from aoti_farm.fsutil import atomic_write
 
-_counters = Counters("prepared", "skipped_done", "skipped_busy", "failed", "native_built", "native_failed")
+_counters = Counters("prepared", "skipped_done", "skipped_busy", "failed")
 
 
 def stats() -> dict:
@@ -67,43 +65,6 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict
     # torch's notices about its own internal APIs (pytree, export): nothing a user can act on
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    native = _start_native_build()
-    try:
-        return _prepare(inductor_options, compiler_factory, t0)
-    finally:
-        if native is not None:   # this process may exit next: the build must be whole first
-            native.join()
-
-
-def _start_native_build():
-    """Build the serving hit path's extension (:mod:`aoti_farm.hitpath`) in a thread, where
-    it is missing: every compile's verification times its kernel through it, and on a fresh
-    host the first one would otherwise build it (about 25 s on 2 cores) inside that compile.
-    Started first, it overlaps this preparation and the farm's start-up.  Under the
-    extension's own file lock: a verification that needs it meanwhile waits for this one."""
-    import threading
-
-    from aoti_farm import hitpath
-
-    try:
-        if hitpath.disabled() or hitpath.library_path().exists():
-            return None
-    except Exception:  # noqa: BLE001 -- no extension here: verification times the runner
-        return None
-
-    def build():
-        try:
-            hitpath.build()
-            _count("native_built")
-        except Exception:  # noqa: BLE001 -- the same: the first verification tries again
-            _count("native_failed")
-
-    t = threading.Thread(target=build, name="aoti-farm-hitpath-build", daemon=True)
-    t.start()
-    return t
-
-
-def _prepare(inductor_options, compiler_factory, t0: float) -> dict:
     try:
         from filelock import FileLock, Timeout
 
