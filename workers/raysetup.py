@@ -17,7 +17,7 @@ import os
 from typing import Callable
 
 from aoti_farm import spawn
-from aoti_farm.config import FarmConfig, dev as _dev
+from aoti_farm.config import FarmConfig, dev as _dev, key_file_for_children
 from aoti_farm.errors import UserError
 
 
@@ -252,15 +252,23 @@ def stop_ray(ray) -> None:
 def _key_file(cfg: FarmConfig, cache) -> str | None:
     """The signing key's file for the actors: they read the key themselves
     (``config.load_signing_key``), never take it as an argument (Ray keeps actor
-    arguments in its object store and shows them in its dashboard and logs)."""
+    arguments in its object store and shows them in its dashboard and logs).
+
+    The one rule for every child (the hook's compile worker too,
+    :func:`aoti_farm.config.key_file_for_children`): a key travels by path.  A key that
+    came as bytes gets a private file of this process, which only this host can read: so
+    an embedded Ray's actors take that file, and a cluster's (actors on other hosts)
+    need ``signing_key_file``, a file every host has."""
     if cache.signing_key is None:
         return None
-    if not cfg.signing_key_file:
-        raise UserError("signing key: the compile actors read it from a file; set signing_key_file "
-                        "([farm] signing_key_file or AOTI_FARM_SIGNING_KEY_FILE)")
-    # absolute: an embedded Ray's workers run in the farm's private directory, not in the
-    # driver's working directory (aoti_farm.spawn.private_cwd)
-    return os.path.abspath(cfg.signing_key_file)
+    if cfg.signing_key_file:
+        # absolute: an embedded Ray's workers run in the farm's private directory, not in the
+        # driver's working directory (aoti_farm.spawn.private_cwd)
+        return os.path.abspath(cfg.signing_key_file)
+    if _EMBEDDED_ENV is not None:   # this host's own Ray: its workers are this host's processes
+        return key_file_for_children(cache.signing_key, None)
+    raise UserError("signing key: the compile actors of a Ray cluster read it from a file every host has; set "
+                    "signing_key_file ([farm] signing_key_file or AOTI_FARM_SIGNING_KEY_FILE)")
 
 
 def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,

@@ -16,7 +16,7 @@ import pytest
 
 from aoti_farm import config
 from aoti_farm.cache.store import Cache
-from aoti_farm.config import FarmConfig, load_signing_key
+from aoti_farm.config import FarmConfig, key_file_for_children, load_signing_key
 from aoti_farm.errors import UserError
 from aoti_farm.runtime.room import ThreadRoom
 from aoti_farm.runtime.supervisor import WorkerSupervisor, worker_env
@@ -85,7 +85,15 @@ def test_a_compile_actor_takes_the_keys_path(tmp_path, monkeypatch):
     signed = SimpleNamespace(signing_key=KEY)
     assert raysetup._key_file(FarmConfig(signing_key_file=str(f)), signed) == str(f)
     assert raysetup._key_file(FarmConfig(), SimpleNamespace(signing_key=None)) is None
-    with pytest.raises(UserError, match="signing_key_file"):   # a key without a file: refused, not dropped
+    # one rule for every child: a key travels by path; a key given as bytes gets a private
+    # file of this process, which an embedded Ray's actors (this host's processes) read ...
+    monkeypatch.setattr(raysetup, "_EMBEDDED_ENV", {})
+    path = raysetup._key_file(FarmConfig(), signed)
+    assert load_signing_key(path=path) == KEY and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert path == key_file_for_children(KEY, None)                  # the hook's worker gets the same file
+    # ... and a cluster's actors (other hosts) cannot: refused, not dropped
+    monkeypatch.setattr(raysetup, "_EMBEDDED_ENV", None)
+    with pytest.raises(UserError, match="signing_key_file"):
         raysetup._key_file(FarmConfig(), signed)
     # the actor reads the file itself when it builds its cache (no compile here: doubles
     # for the compiler and the fingerprint, the real key read)
