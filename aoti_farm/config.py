@@ -95,6 +95,12 @@ def dev(name: str, env: Mapping[str, str] | None = None) -> str:
         return default
 
 
+#: Settings retired without a replacement, and why: refused by name wherever one is given
+#: (``install()``, the TOML file, the environment), never silently ignored.
+RETIRED_SETTINGS = {
+    "yield_core": "the hook never changes the program's thread count, so the setting had no effect",
+}
+
 #: Variables that are no longer read, and what replaced each.  Setting one is a UserError
 #: (at :func:`resolve`), never silently ignored.
 RETIRED = {
@@ -102,6 +108,7 @@ RETIRED = {
         ("AOTI_FARM_SPLIT_WRAPPER", "split_build"), ("AOTI_FARM_ISA_REPLAY", "isa_replay"),
         ("AOTI_FARM_ISA_FAST_LOAD", "fresh_isa"), ("AOTI_FARM_FORK_SERVER", "fork_server"),
         ("AOTI_FARM_RAY_DASHBOARD", "ray_dashboard"))},
+    **{f"AOTI_FARM_{name.upper()}": f"nothing ({why})" for name, why in RETIRED_SETTINGS.items()},
     "AOTI_FARM_SIGNING_KEY": "a key file: put the key in a file only you can write and set "
                              "AOTI_FARM_SIGNING_KEY_FILE (a key travels to child processes by path only)",
 }
@@ -148,7 +155,6 @@ class HookConfig:
     signing_key_file: str | None = None
     allow_insecure: bool = False
     inductor_options: dict = field(default_factory=dict)
-    yield_core: bool = True               # fewer serving intra-op threads while compiling
     serve: str = "faster"                 # faster: only kernels faster than eager (runtime/gate.py) | always
     explain_misses: bool = False          # explain each miss once (aoti_farm/explain.py)
     memory_budget: int | None = None      # the compile worker's budget per compile; None: budget.py's default
@@ -164,7 +170,7 @@ _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
 #: The fields a variable ``AOTI_FARM_<FIELD>`` sets (every other field is a flag, an
 #: ``install()`` argument or a TOML key only; see the module docstring).
 ENV_FIELDS = ("cache_dir", "signing_key_file", "address", "memory_budget", "dynamic",
-              "on_miss", "serve", "ops", "yield_core", "explain_misses", "widen", "install_trial", "contract")
+              "on_miss", "serve", "ops", "explain_misses", "widen", "install_trial", "contract")
 
 #: Every user-facing variable and what it sets (docs/settings.md has the full table).
 ENV_VARS = {
@@ -527,6 +533,8 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
         if not isinstance(table, dict):
             raise UserError(f"config {path}: [{section}] must be a table; fix the file")
         for k, v in table.items():
+            if k in RETIRED_SETTINGS:
+                raise UserError(f"config {path}: [{section}] {k} is retired ({RETIRED_SETTINGS[k]}); remove it")
             if k not in names:
                 raise UserError(f"config {path}: [{section}] has unknown key {k!r}; valid keys: {', '.join(names)}")
             values[k] = _coerce(cls, k, v, f"config {path} [{section}]")

@@ -54,7 +54,7 @@ FINGERPRINT_VERSION = 2
 #: actor with ``num_cpus=1`` ran on one thread wherever it was served.  With it every CPU
 #: kernel opens a plain ``#pragma omp parallel`` and sizes its buffers with
 #: ``omp_get_max_threads()``: it runs on the calling thread's intra-op thread count
-#: (``torch.set_num_threads``, yield_core's lowered count), on any host.  Being an option,
+#: (``torch.set_num_threads``), on any host.  Being an option,
 #: it is part of the fingerprint: kernels built without it live in another namespace and
 #: are never served as if they scaled.  The manifest says ``threads: "dynamic"``.
 #:

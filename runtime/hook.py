@@ -109,7 +109,7 @@ class Hook:
                                  "gate_pending", "poll_errors", "rescans", fallbacks={}, per_op={},
                                  miss_explained={})
         self._ineligible_ids: dict[str, int] = {}   # fallback reason -> the native path's id
-        self._room = ThreadRoom(settings.yield_core)   # fewer intra-op threads while compiling
+        self._room = ThreadRoom()   # running compiles, reported; no thread count is ever changed
 
         served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
         self.fps: dict[str, Fingerprint] = {d: fingerprint(d, self.inductor_options) for d in served}
@@ -432,7 +432,7 @@ class Hook:
 def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = None,
             devices: Iterable[str] | None = None, on_miss: str | None = None, poll_interval: float | None = None,
             signing_key: bytes | str | None = None, allow_insecure: bool | None = None,
-            inductor_options: dict | None = None, *, serve: str | None = None, yield_core: bool | None = None,
+            inductor_options: dict | None = None, *, serve: str | None = None,
             metrics_port: int | None = None, explain_misses: bool | None = None,
             memory_budget: int | str | None = None, widen: str | None = None, install_trial: float | None = None,
             signing_key_file: str | None = None, config: str | None = None, queue_cap: int | None = None,
@@ -442,10 +442,11 @@ def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = N
     environment, then the TOML file (``config``, else ``$AOTI_FARM_CONFIG``), then the
     defaults (``runtime/settings.py``, ``docs/settings.md``); bad arguments raise
     :class:`UserError`."""
+    settings_mod.check_retired(kw)
     s = settings_mod.resolve(
         metrics_port=metrics_port, signing_key=signing_key, config_path=config, cache_dir=cache_dir, ops=ops,
         devices=devices, on_miss=on_miss, poll_interval=poll_interval, allow_insecure=allow_insecure,
-        inductor_options=inductor_options, serve=serve, yield_core=yield_core, explain_misses=explain_misses,
+        inductor_options=inductor_options, serve=serve, explain_misses=explain_misses,
         memory_budget=memory_budget, widen=widen, install_trial=install_trial, signing_key_file=signing_key_file,
         queue_cap=queue_cap, queue_cap_per_op=queue_cap_per_op, contract=contract)
     c = s.config

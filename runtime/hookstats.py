@@ -15,7 +15,7 @@ in C++ (``fastpath.cpp``), summed over every native registration of the hook
   ``miss_to_hit_seconds``, ``eager_while_pending_seconds``;
 * ``workers_started``, ``worker_errors``, ``rescans``, ``poll_errors``;
 * ``serve``, ``gate_trials``, ``gated_signatures``, ``gate_errors``, ``gate_remembered`` (decisions
-  taken from this host's memo, no trial), ``gate_trial_seconds`` (the gate thread's); ``yield_core``;
+  taken from this host's memo, no trial), ``gate_trial_seconds`` (the gate thread's); ``thread_room`` (the hook's compiles beside serving: no thread count ever lowered);
   ``serving``; ``routed_ops``; ``route``; ``install_trial`` (``runtime/pretrial.py``); ``shape_classes``; ``native``; ``miss_reasons``; ``metrics``;
 * ``summary``: what a user asks first (:func:`summary`): calls, served, the hit rate, gated,
   and why the other calls were not served, by outcome.
@@ -76,7 +76,7 @@ def _merged(hook) -> dict:
     for oc in s["per_op"].values():
         for k in ("hits", "misses", "fallbacks"):
             oc.setdefault(k, 0)
-    s["yield_core"] = hook._room.stats()
+    s["thread_room"] = hook._room.stats()
     g = hook.gate.stats()
     s["serve"] = g["policy"]
     s["gate_trials"], s["gated_signatures"], s["gate_errors"] = g["gate_trials"], g["gated_signatures"], g["gate_errors"]

@@ -10,9 +10,8 @@ count equal to torch's default may have been set by the program).  So the hook n
 calls ``torch.set_num_threads``: :class:`ThreadRoom` keeps its interface (the supervisor
 reports running compiles, the native path is told the limit) but its limit is always 0,
 which the native side (``fastpath.cpp``) reads as "leave every thread alone".
-``yield_core`` is still accepted (``install(yield_core=...)``, ``AOTI_FARM_YIELD_CORE``)
-and has no effect; ``stats()["yield_core"]`` says so.  The compile's cost to serving is
-bounded by its priority instead.
+The ``yield_core`` setting is retired (refused by name: ``config.RETIRED_SETTINGS``).
+The compile's cost to serving is bounded by its priority instead.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ class ThreadRoom:
     ``set_compiles(n)`` from the supervisor; ``follow()`` from each Python kernel call;
     ``attach_native(mod)`` at the switch to the native path (its limit set to 0: off)."""
 
-    def __init__(self, enabled: bool = True):
-        self.requested = bool(enabled)   # yield_core as asked: accepted, no effect (module docstring)
+    def __init__(self):
         self.enabled = False
         self.cores = usable_cores()
         self.limit = 0          # 0: no limit, always
@@ -62,9 +60,8 @@ class ThreadRoom:
         self.set_compiles(0)
 
     def stats(self) -> dict:
-        return {"enabled": False, "requested": self.requested, "limit": 0, **self.counters.snapshot(),
-                "threads_lowered_now": 0,
-                "note": "the hook never changes the program's thread count (yield_core has no effect)"}
+        return {"enabled": False, "limit": 0, **self.counters.snapshot(), "threads_lowered_now": 0,
+                "note": "the hook never changes the program's thread count"}
 
     def follow(self) -> None:
         """Called on every Python kernel call; nothing to do."""

@@ -27,7 +27,6 @@ from aoti_farm.exposition import Endpoint
 @dataclass(frozen=True)
 class HookSettings:
     serve: str
-    yield_core: bool
     metrics: Endpoint | None
     explain_misses: bool
     signing_key: bytes | None
@@ -43,12 +42,20 @@ class HookSettings:
 FIELDS = tuple(f.name for f in dataclasses.fields(HookConfig))
 
 
+def check_retired(arguments) -> None:
+    """A UserError for a retired setting given to ``install()`` (``config.RETIRED_SETTINGS``)."""
+    for name in arguments:
+        if name in config.RETIRED_SETTINGS:
+            raise UserError(f"install({name}=...): retired ({config.RETIRED_SETTINGS[name]}); drop the argument")
+
+
 def resolve(*, metrics_port=None, signing_key: bytes | str | None = None, config_path: str | None = None,
             env=None, **fields) -> HookSettings:
     """``fields`` (HookConfig's, None: unset) through :func:`aoti_farm.config.resolve`:
     explicit values win, then ``env`` (default ``os.environ``), then the TOML file
     (``config_path``, else ``$AOTI_FARM_CONFIG``), then the defaults.  A bad value is a
     UserError naming the argument, the variable or the file."""
+    check_retired(fields)
     bad = sorted(set(fields) - set(FIELDS))
     if bad:
         raise UserError(f"install(): unknown argument {bad[0]!r}")
@@ -67,7 +74,7 @@ def resolve(*, metrics_port=None, signing_key: bytes | str | None = None, config
         key, key_file = config.load_signing_key(signing_key), None
     else:
         key, key_file = config.signing_key(cfg, env), cfg.signing_key_file
-    return HookSettings(cfg.serve, cfg.yield_core, metrics, cfg.explain_misses, key, cfg.cache_dir,
+    return HookSettings(cfg.serve, metrics, cfg.explain_misses, key, cfg.cache_dir,
                         cfg.memory_budget, cfg.widen, cfg.install_trial, key_file, cfg)
 
 

@@ -518,14 +518,6 @@ def bench_cold(ctx: Ctx) -> dict:
                                env={"TORCHINDUCTOR_CACHE_DIR": ctx.dir("inductor-cold-hook")}, timeout=1800)
     cores = 1 if ctx.quick else (os.cpu_count() or 1)
     if cores > 1:
-        # the hook without making room for its compile (its default lowers the serving
-        # threads' intra-op count to cores - 1 while it compiles)
-        out["hook, yield_core=False"] = C.run_worker(
-            "cold", {"mode": "hook", "batches": reqs, "think_s": think, "ops": ops, "yield_core": False,
-                     "cache_dir": ctx.dir("cold-cache-noyield"), "max_s": 900},
-            env={"TORCHINDUCTOR_CACHE_DIR": ctx.dir("inductor-cold-hook-noyield")}, timeout=1800)
-        modes.append("hook, yield_core=False")
-    if cores > 1:
         # The same pair with the serving process's intra-op threads at cores - 1, leaving
         # the background compile a core (torch defaults to one thread per core, and an
         # OpenMP region then waits for the thread that shares its core with the compiler).
@@ -549,9 +541,6 @@ def bench_cold(ctx: Ctx) -> dict:
         e, h = out[f"eager t={t}"]["lat_ms"]["p99"], out[f"hook t={t}"]["lat_ms"]["p99"]
         r = h / e if e else None
         ctx.target("cold", f"hook p99 / eager p99, {t} intra-op thread(s)", "<= 1.5x", r, None if r is None else r <= 1.5)
-        e, h = out["eager"]["lat_ms"]["p99"], out["hook, yield_core=False"]["lat_ms"]["p99"]
-        r = h / e if e else None
-        ctx.target("cold", "hook p99 / eager p99, yield_core=False", "<= 1.5x", r, None if r is None else r <= 1.5)
     return out
 
 

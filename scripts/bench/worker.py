@@ -449,13 +449,11 @@ def _mlp(d=64, h=128):
 
 
 def cold(mode: str, batches: list, think_s: float, cache_dir: str | None = None, ops: list | None = None,
-         until_hit_plus: int = 30, max_s: float = 300.0, threads: int | None = None,
-         yield_core: bool = True) -> None:
+         until_hit_plus: int = 30, max_s: float = 300.0, threads: int | None = None) -> None:
     """A request loop over a small MLP.  mode: eager | upstream | hook.  ``batches`` is the
     request stream (batch size per request); the hook keeps cycling it until every
     request is a hit, then ``until_hit_plus`` more requests.  ``threads``: torch's
-    intra-op threads (default: torch's, one per core).  ``yield_core``: the hook's option of
-    that name (fewer serving threads while it compiles)."""
+    intra-op threads (default: torch's, one per core)."""
     if threads:
         torch.set_num_threads(threads)
     model = _mlp()
@@ -469,7 +467,7 @@ def cold(mode: str, batches: list, think_s: float, cache_dir: str | None = None,
         for op in ops:
             lib._impl_with_aoti_compile(op.split("::")[-1], "CPU")
     elif mode == "hook":
-        hook = _install(cache_dir, ops, "compile", **({} if yield_core else {"yield_core": False}))
+        hook = _install(cache_dir, ops, "compile")
     lat, hitflags, tstamps = [], [], []
     t_start = time.perf_counter()
     all_hit_at = None

@@ -95,7 +95,7 @@ def test_gpt2_generation_served_with_identical_tokens_and_threads(warmed, serve)
     (f,) = list(stats.iterdir())
     st = json.loads(f.read_text())
     sm = st["summary"]
-    assert st["uninstalled"] and st["route"] == "paying" and st["yield_core"]["lowered"] == 0
+    assert st["uninstalled"] and st["route"] == "paying" and st["thread_room"]["lowered"] == 0
     assert sm["calls"] == sm["served"] + sum(sm["not_served"].values()) > 0, sm
     if serve == "always":
         assert st["routed_ops"] > 0 and sm["served"] > 0, sm   # kernels ran inside generation

@@ -21,7 +21,7 @@ def threads():
 
 
 def _room(cores: int) -> ThreadRoom:
-    r = ThreadRoom(True)
+    r = ThreadRoom()
     r.cores = cores   # as if this host had ``cores`` usable cores
     return r
 
@@ -39,7 +39,7 @@ def test_compiles_never_change_the_programs_thread_count(threads):
     """The program set 2 threads; a compile of the hook runs; every serving call follows
     the room: the count stays 2, in this thread and in threads started meanwhile."""
     torch.set_num_threads(2)
-    for room in (ThreadRoom(True), _room(4), ThreadRoom(False)):
+    for room in (ThreadRoom(), _room(4)):
         room.set_compiles(1)
         room.follow()
         assert torch.get_num_threads() == 2 and _new_thread_count() == 2
@@ -50,11 +50,6 @@ def test_compiles_never_change_the_programs_thread_count(threads):
         st = room.stats()
         assert st["enabled"] is False and st["lowered"] == 0 and st["threads_lowered_now"] == 0
         assert "never changes" in st["note"]
-    # the setting is still accepted (an explicit value is never overridden by the environment)
-    from aoti_farm.runtime.settings import resolve
-
-    assert resolve(yield_core=True).yield_core is True
-    assert ThreadRoom(True).stats()["requested"] is True
 
 
 @pytest.mark.skipif(native.disabled(), reason="AOTI_FARM_NATIVE=0")
@@ -76,15 +71,20 @@ def test_native_side_never_lowers(threads):
         mod.follow_thread_limit()
 
 
-def test_config_field_reaches_the_hook(tmp_path):
-    """`[hook] yield_core = false` (or AOTI_FARM_YIELD_CORE=0) turns it off for `aoti-farm run`."""
+def test_the_retired_setting_is_refused_by_name(tmp_path, monkeypatch):
+    """``yield_core`` had no effect (the hook never changes the program's thread count): it is
+    retired, and refused by name wherever it is given, never silently ignored."""
     from aoti_farm.config import HookConfig, resolve
     from aoti_farm.errors import UserError
+    from aoti_farm.runtime import install
 
-    assert resolve(HookConfig, env={}).yield_core is True
-    assert resolve(HookConfig, env={"AOTI_FARM_YIELD_CORE": "0"}).yield_core is False
+    with pytest.raises(UserError, match="environment AOTI_FARM_YIELD_CORE: no longer read"):
+        resolve(HookConfig, env={"AOTI_FARM_YIELD_CORE": "0"})
     cfg = tmp_path / "c.toml"
     cfg.write_text("[hook]\nyield_core = false\n")
-    assert resolve(HookConfig, env={}, config_path=str(cfg)).yield_core is False
-    with pytest.raises(UserError, match="yield_core"):
-        resolve(HookConfig, env={"AOTI_FARM_YIELD_CORE": "sometimes"})
+    with pytest.raises(UserError, match=r"\[hook\] yield_core is retired"):
+        resolve(HookConfig, env={}, config_path=str(cfg))
+    monkeypatch.delenv("AOTI_FARM_CONFIG", raising=False)
+    with pytest.raises(UserError, match=r"install\(yield_core=...\): retired"):
+        install(cache_dir=str(tmp_path / "cache"), yield_core=False)
+    assert not hasattr(HookConfig(), "yield_core")

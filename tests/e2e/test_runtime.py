@@ -256,7 +256,7 @@ def test_two_processes_miss_queue_once_compile_once_then_hit(tmp_path):
     assert sum(o["stats"]["queue_dedup"] for o in outs) == 1
     # while their compile workers ran, the serving threads kept the program's thread count
     for o in outs:
-        th, yc = o["threads"], o["stats"]["yield_core"]
+        th, yc = o["threads"], o["stats"]["thread_room"]
         assert th["seen"] == [th["before"]] and th["after"] == th["before"] and yc["lowered"] == 0, o
 
     def logs():

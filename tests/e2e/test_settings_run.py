@@ -28,7 +28,7 @@ def test_run_and_install_resolve_the_same_settings(tmp_path):
                     f'devices = ["cpu"]\nsigning_key_file = "{key}"\non_miss = "compile"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("AOTI_FARM_")}
     env.update({"AOTI_FARM_CONFIG": str(toml), "AOTI_FARM_ON_MISS": "ignore", "AOTI_FARM_NATIVE": "0",
-                "AOTI_FARM_CACHE_DIR": str(tmp_path / "cache"), "AOTI_FARM_YIELD_CORE": "0",
+                "AOTI_FARM_CACHE_DIR": str(tmp_path / "cache"), "AOTI_FARM_EXPLAIN_MISSES": "1",
                 "PYTHONWARNINGS": "ignore"})
     r = subprocess.run([EXE, "run", "--", sys.executable, "-c", PRINT], env=env, capture_output=True, text=True,
                        timeout=300)
@@ -38,6 +38,6 @@ def test_run_and_install_resolve_the_same_settings(tmp_path):
     by_install = json.loads(json.dumps(dataclasses.asdict(settings.resolve(env=env).config)))
     assert by_run == by_install
     # the environment over the file, the file over the defaults, for both
-    assert (by_run["on_miss"], by_run["yield_core"], by_run["serve"], by_run["poll_interval"],
-            by_run["signing_key_file"]) == ("ignore", False, "always", 0.5, str(key))
+    assert (by_run["on_miss"], by_run["explain_misses"], by_run["serve"], by_run["poll_interval"],
+            by_run["signing_key_file"]) == ("ignore", True, "always", 0.5, str(key))
     assert "fleet-secret" not in r.stdout + r.stderr

@@ -68,10 +68,10 @@ def test_unset_values_do_not_override(tmp_path):
 
 
 def test_values_are_converted_from_the_environment():
-    env = {"AOTI_FARM_YIELD_CORE": "no", "AOTI_FARM_OPS": "aten::add.Tensor, aten::mul.Tensor,",
+    env = {"AOTI_FARM_OPS": "aten::add.Tensor, aten::mul.Tensor,",
            "AOTI_FARM_EXPLAIN_MISSES": "TRUE", "AOTI_FARM_INSTALL_TRIAL": " 0.25 "}
     hook = resolve(HookConfig, env=env)
-    assert hook.yield_core is False and hook.explain_misses is True
+    assert hook.explain_misses is True
     assert hook.ops == ("aten::add.Tensor", "aten::mul.Tensor")
     assert hook.install_trial == 0.25
     farm = resolve(FarmConfig, env={"AOTI_FARM_MEMORY_BUDGET": "6G", "AOTI_FARM_ADDRESS": " auto "})
@@ -79,7 +79,7 @@ def test_values_are_converted_from_the_environment():
 
 
 @pytest.mark.parametrize("cls,var,value,says", [
-    (HookConfig, "YIELD_CORE", "maybe", "not a boolean"),
+    (HookConfig, "EXPLAIN_MISSES", "maybe", "not a boolean"),
     (HookConfig, "INSTALL_TRIAL", "-1", "must be >= 0"),
     (HookConfig, "INSTALL_TRIAL", "two", "could not convert"),
     (FarmConfig, "MEMORY_BUDGET", "lots", "not a size"),

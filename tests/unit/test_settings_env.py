@@ -127,22 +127,22 @@ def test_a_serving_process_resolves_its_settings_through_config(tmp_path):
     from aoti_farm.runtime.settings import resolve
 
     env = {"AOTI_FARM_CACHE_DIR": str(tmp_path), "AOTI_FARM_MEMORY_BUDGET": "6G", "AOTI_FARM_SERVE": "always",
-           "AOTI_FARM_YIELD_CORE": "0", "AOTI_FARM_EXPLAIN_MISSES": "1", "AOTI_FARM_METRICS_PORT": "0",
+           "AOTI_FARM_EXPLAIN_MISSES": "1", "AOTI_FARM_METRICS_PORT": "0",
            "AOTI_FARM_METRICS_PORTS": "3", "AOTI_FARM_ON_MISS": "queue"}
     s = resolve(env=env)
-    assert (s.cache_dir, s.memory_budget, s.serve, s.yield_core, s.explain_misses, s.config.on_miss) == (
-        str(tmp_path), 6 << 30, "always", False, True, "queue")
+    assert (s.cache_dir, s.memory_budget, s.serve, s.explain_misses, s.config.on_miss) == (
+        str(tmp_path), 6 << 30, "always", True, "queue")
     assert s.metrics == Endpoint(0, span=3)
-    s = resolve(env=env, cache_dir=tmp_path / "x", memory_budget="1M", serve="faster", yield_core=True,
+    s = resolve(env=env, cache_dir=tmp_path / "x", memory_budget="1M", serve="faster",
                 explain_misses=False, metrics_port=9000, on_miss="ignore")
-    assert (s.cache_dir, s.memory_budget, s.serve, s.yield_core, s.explain_misses, s.metrics.port,
-            s.config.on_miss) == (str(tmp_path / "x"), 1 << 20, "faster", True, False, 9000, "ignore")
+    assert (s.cache_dir, s.memory_budget, s.serve, s.explain_misses, s.metrics.port,
+            s.config.on_miss) == (str(tmp_path / "x"), 1 << 20, "faster", False, 9000, "ignore")
     s = resolve(env={})
-    assert (s.cache_dir, s.memory_budget, s.serve, s.yield_core, s.explain_misses, s.metrics, s.signing_key) == (
-        default_cache_dir(), None, HookConfig.serve, HookConfig.yield_core, HookConfig.explain_misses, None, None)
+    assert (s.cache_dir, s.memory_budget, s.serve, s.explain_misses, s.metrics, s.signing_key) == (
+        default_cache_dir(), None, HookConfig.serve, HookConfig.explain_misses, None, None)
     assert s.config == HookConfig(cache_dir=default_cache_dir())
     for var, bad in (("AOTI_FARM_MEMORY_BUDGET", "lots"), ("AOTI_FARM_SERVE", "sometimes"),
-                     ("AOTI_FARM_YIELD_CORE", "maybe"), ("AOTI_FARM_EXPLAIN_MISSES", "perhaps"),
+                     ("AOTI_FARM_YIELD_CORE", "1"), ("AOTI_FARM_EXPLAIN_MISSES", "perhaps"),
                      ("AOTI_FARM_METRICS_PORT", "http"), ("AOTI_FARM_ON_MISS", "later"),
                      ("AOTI_FARM_FORK_SERVER", "0"), ("AOTI_FARM_SIGNING_KEY", "k")):
         with pytest.raises(UserError, match=var):
@@ -273,7 +273,7 @@ def test_the_compile_worker_gets_its_hooks_budget_as_an_argument(tmp_path):
 
     def command(budget):
         sup = WorkerSupervisor(Cache(tmp_path), {"cpu": SimpleNamespace(id="0" * 24)}, {}, str(tmp_path / "log"),
-                               1.0, ThreadRoom(False), threading.Event(), budget)
+                               1.0, ThreadRoom(), threading.Event(), budget)
         return sup.command("cpu")
 
     cmd = command(6 << 30)

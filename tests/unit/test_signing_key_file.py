@@ -26,7 +26,7 @@ KEY = b"fleet-secret"
 
 def _supervisor(tmp_path, key, key_file):
     return WorkerSupervisor(Cache(tmp_path / "c", signing_key=key), {"cpu": SimpleNamespace(id="0" * 24)}, {},
-                            str(tmp_path / "log"), 1.0, ThreadRoom(False), threading.Event(), None, key_file)
+                            str(tmp_path / "log"), 1.0, ThreadRoom(), threading.Event(), None, key_file)
 
 
 def test_a_world_writable_key_file_is_refused(tmp_path):
