@@ -49,9 +49,11 @@ Two more cuts of the per-signature cost, each behind a developer switch for its 
 * the model half includes a **precompiled prefix** (``model_pch``): Inductor precompiles
   only the device header, and the model half parsed AOTI's interface and container headers
   every time.  ``<key>.pch.h`` (the prefix's text) and its ``.gch`` are built once per
-  host and key, beside the common object and under the same trust rule, in a thread of
-  the first process that misses them (the compiles meanwhile do without); g++ checks a
-  ``.gch`` against the command itself and parses the text instead where it does not fit.
+  host and key, beside the common object and under the same trust rule: by the first
+  process that misses them, once that compile is done, in a thread at the lowest CPU
+  priority (the compiles meanwhile do without; :mod:`aoti_farm.hostprep` builds it ahead
+  of a warm's compiles); g++ checks a ``.gch`` against the command itself and parses the
+  text instead where it does not fit.
   The model half's code is the same either way (``tests/e2e/test_splitbuild.py``
   compares the libraries' ``.text``).
 
