@@ -13,7 +13,7 @@ from aoti_farm import signature as S
 from aoti_farm.cache.failures import REFUSAL_CLASSES, refusal_class, tally
 from aoti_farm.cache.store import Cache
 from aoti_farm.cli import main
-from aoti_farm.fingerprint import fingerprint
+from aoti_farm.fingerprint import Fingerprint
 from aoti_farm.progress import Progress, write_report
 
 STRIDES = ("kernel disagrees with eager: output 0 strides", {"problem": "strides"})
@@ -60,7 +60,7 @@ def test_warm_summary_and_the_html_report_count_the_same_classes(tmp_path, capsy
 
 
 def test_cache_stats_counts_failures_and_edge_notes_by_class(tmp_path, capsys):
-    fp = fingerprint("cpu")
+    fp = Fingerprint((("device_type", "cpu"), ("test", "class counts")))   # a namespace; nothing is built
     cache = Cache(tmp_path / "c", signing_key=None)
     for n, (reason, ev) in zip((1, 2, 3), (STRIDES, VALUES, VALUES)):
         cache.record_failure(fp, _sig(n), reason, evidence=ev)

@@ -19,7 +19,7 @@ from aoti_farm import signature as S
 from aoti_farm.cache import elfstack
 from aoti_farm.cache.manifest import BadEntry
 from aoti_farm.cache.store import Cache
-from aoti_farm.fingerprint import fingerprint
+from aoti_farm.fingerprint import Fingerprint
 
 LIBC10 = Path(torch.__file__).parent / "lib" / "libc10.so"
 
@@ -92,7 +92,7 @@ def test_missing_or_malformed_headers_are_refused_and_other_files_left_to_dlopen
 
 
 def test_the_cache_refuses_to_load_a_library_that_asks(tmp_path):
-    fp = fingerprint("cpu")
+    fp = Fingerprint((("device_type", "cpu"), ("test", "elfstack")))   # a namespace; nothing is built
     cache = Cache(tmp_path / "c", signing_key=None)
     sig_bad = S.from_call(torch.ops.aten.add.Tensor, (torch.empty(3, 4), torch.empty(4)), {})
     sig_ok = S.from_call(torch.ops.aten.add.Tensor, (torch.empty(5, 4), torch.empty(4)), {})
