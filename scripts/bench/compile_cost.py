@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -70,6 +71,7 @@ def main() -> int:
             rows.append(row)
             print(" ", json.dumps(row), flush=True)
     os.environ.pop("AOTI_FARM_DEV", None)
+    shutil.rmtree(root, ignore_errors=True)   # the kernels were scratch
     summary = {"machine": f"{platform.node()} {os.cpu_count()} cores", "torch": torch.__version__,
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "switch": a.switch}
     for side in ("1", "0"):

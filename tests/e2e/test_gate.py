@@ -203,8 +203,8 @@ _PROBE = textwrap.dedent(r"""
 
 def test_kernel_built_in_one_thread_process_uses_the_callers_threads(kernels, tmp_path):
     """Built where torch has one intra-op thread (a Ray actor with num_cpus=1), the kernel
-    runs on as many OpenMP threads as the calling process asks for: 1 (yield_core's
-    lowered count), 2 and 3.  Counted as threads of the process that burn CPU time while
+    runs on as many OpenMP threads as the calling process asks for: 1, 2 and 3.
+    Counted as threads of the process that burn CPU time while
     only the kernel runs (each helper does its share of the work)."""
     sig = S.from_call(torch.ops.aten.gelu.default, (torch.empty(512, 2048),), {"approximate": "tanh"})
     before = torch.get_num_threads()
