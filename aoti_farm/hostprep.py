@@ -96,9 +96,10 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict
 
             sig = S.from_call(torch.ops.aten.relu.default, (torch.empty(4),), {})
             with tempfile.TemporaryDirectory(prefix="aoti-farm-hostprep-") as d:
-                res = comp.compile(sig, d)
-            from aoti_farm import splitbuild
+                from aoti_farm import splitbuild
 
+                splitbuild.PCH_IDLE = False   # this child builds it for the actors: not behind them
+                res = comp.compile(sig, d)
             splitbuild.wait_pch()   # its compile started the model half's precompiled prefix
             out = {"status": "prepared", "seconds": time.perf_counter() - t0, "build": res.build,
                    "phases": res.phases}

@@ -236,11 +236,30 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, tmp_dir: str | os.Path
 # --- Inductor's cache -------------------------------------------------------------------
 
 
+def inductor_default_dir() -> str:
+    """Inductor's own default cache directory, ``$TMPDIR/torchinductor_<user>``, computed as
+    ``torch._inductor.runtime.cache_dir_utils.default_cache_dir`` does (torch 2.6-2.13),
+    without importing torch."""
+    import getpass
+    import re
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
 def inductor_cache_dir() -> str:
     """The Inductor cache a farm process compiles in: ``$TORCHINDUCTOR_CACHE_DIR`` if set
-    (created 0700 or checked), else ``<root>/inductor``."""
+    (created 0700 or checked), else ``<root>/inductor``.
+
+    Never Inductor's default ``$TMPDIR/torchinductor_<user>``, even when the variable names
+    it: Inductor's ``cache_dir()`` writes its default into the variable the first time any
+    of its code asks (importing the compile path does), so a value equal to the default
+    says only that Inductor ran first, not that anyone chose a shared directory."""
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if env:
+    if env and os.path.abspath(env) != os.path.abspath(inductor_default_dir()):
         return ensure_dir(env, what=f"TORCHINDUCTOR_CACHE_DIR={env}")
     return subdir("inductor")
 

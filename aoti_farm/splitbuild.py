@@ -102,6 +102,10 @@ _counters = Counters("split", "whole", "common_built", "common_reused", "common_
 _failed_keys: set[str] = set()
 _pch_started: set[str] = set()
 _pch_threads: list[threading.Thread] = []
+#: The precompiled prefix is built at the lowest CPU priority (compiles and serving go
+#: first); :mod:`aoti_farm.hostprep`, a child that exists to build such things before the
+#: actors need them, sets this False.
+PCH_IDLE = True
 #: How long a compile waits for another process's build of the common object (its own
 #: model half compiles meanwhile) before it builds its wrapper whole.
 COMMON_WAIT_S = 300.0
@@ -364,7 +368,7 @@ def _build_pch(header: str, prefix: str, argv: list[str]) -> None:
         Path(tmp_h).write_text(prefix)
         os.replace(tmp_h, header)       # the same text for every writer of this key
         if _wait(_start([header if x == "<header>" else tmp_gch if x == "<gch>" else x for x in argv], cwd,
-                        idle=True)) and os.path.getsize(tmp_gch) > 0:
+                        idle=PCH_IDLE)) and os.path.getsize(tmp_gch) > 0:
             os.replace(tmp_gch, header + ".gch")
             _count("pch_built")
         else:

@@ -93,11 +93,14 @@ def _user_name() -> str:
 # --- 1. Inductor's cache ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("inductor_ran_first", [False, True])
 def test_drill_1_squatted_default_inductor_cache_is_never_used(attacker, shared, monkeypatch, tmp_path,
-                                                                 torch_inductor_state):
+                                                                 torch_inductor_state, inductor_ran_first):
     """The attacker pre-creates ``$TMPDIR/torchinductor_<user>/aoti_farm_common`` (0777);
     a compiler constructed in this process compiles elsewhere: torch's cache, its default
-    (precompiled headers) and the split build's directory are all private."""
+    (precompiled headers) and the split build's directory are all private.  Also where
+    Inductor ran first and wrote its default into ``TORCHINDUCTOR_CACHE_DIR`` (importing the
+    compile path does: ``cache_dir_utils.cache_dir()``), as in a fresh hostprep child."""
     os.chmod(shared, 0o1777)   # like /tmp
     squat = shared / f"torchinductor_{_user_name()}"
     as_attacker(attacker, f"mkdir -m 0777 {squat} {squat}/aoti_farm_common {squat}/precompiled_headers")
@@ -108,6 +111,8 @@ def test_drill_1_squatted_default_inductor_cache_is_never_used(attacker, shared,
     from torch._inductor.runtime import cache_dir_utils
 
     assert os.path.join(tempfile.gettempdir(), f"torchinductor_{_user_name()}") == str(squat)   # torch's default
+    if inductor_ran_first:
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(squat))   # what Inductor's cache_dir() leaves
 
     from aoti_farm import splitbuild
     from aoti_farm.compiler import AOTICompiler
