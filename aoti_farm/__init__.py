@@ -7,7 +7,7 @@ import time as _time
 __version__ = "0.1.0"
 
 #: When this package was first imported: a command's process imports it first thing, so
-#: its start is at most a moment before this (see aoti_farm.progress.command_start_time).
+#: its start is at most a moment before this (see aoti_farm.report.progress.command_start_time).
 IMPORTED_AT = _time.time()
 
 

@@ -6,7 +6,7 @@ compile then needs tens of GB (it grew ``compile-one`` to 24.3 GB before the OOM
 took it; the hook's worker compiled a queued ``relu[2**27]`` at 8.5 GB).  So every path
 that compiles checks the estimate first: ``trace validate`` (exit 2), ``compile-one``
 (exit 2), ``warm``'s planning (the signature is reported ``failed`` with the reason, the
-others compile), and :func:`aoti_farm.job.compile_and_publish`, which every compile goes
+others compile), and :func:`aoti_farm.compile.job.compile_and_publish`, which every compile goes
 through (the Ray actors, the hook's background worker): there it is a ``failed`` outcome
 with the reason and no failure record, because the budget belongs to the host, not to
 the signature.
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from aoti_farm.counters import Counters
+from aoti_farm.metrics.counters import Counters
 
 INPUT_BYTES_PER_ELEMENT = 16
 OUTPUT_BYTES_PER_ELEMENT = 64

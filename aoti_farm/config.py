@@ -28,7 +28,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from aoti_farm.cache import safeio
+from aoti_farm.security import safeio
 from aoti_farm.errors import UserError
 
 #: Low-level switches: environment variables read where they act (not settings of a config
@@ -47,21 +47,21 @@ SWITCHES = {
 #: settings), each with its default and meaning.  Read with :func:`dev` where they act;
 #: children inherit the one variable.
 DEV = {
-    "split_build": ("1", "aoti_farm.splitbuild: 0 builds the AOTI wrapper whole"),
-    "split_overlap": ("1", "aoti_farm.splitbuild: 0 waits for the wrapper's model half before Inductor compiles "
+    "split_build": ("1", "aoti_farm.build.splitbuild: 0 builds the AOTI wrapper whole"),
+    "split_overlap": ("1", "aoti_farm.build.splitbuild: 0 waits for the wrapper's model half before Inductor compiles "
                            "the kernel (1 compiles them side by side)"),
-    "model_pch": ("1", "aoti_farm.splitbuild: 0 compiles the wrapper's model half with Inductor's precompiled "
+    "model_pch": ("1", "aoti_farm.build.splitbuild: 0 compiles the wrapper's model half with Inductor's precompiled "
                        "device header only (1 adds AOTI's interface headers, precompiled once per host)"),
-    "abort_scan": ("1", "aoti_farm.abortscan: 0 builds and verifies a CPU kernel whose index check would end its "
+    "abort_scan": ("1", "aoti_farm.build.abortscan: 0 builds and verifies a CPU kernel whose index check would end its "
                         "verification (verification refuses it)"),
     "isa_replay": ("1", "aoti_farm.fingerprint: 0 runs Inductor's own ISA checks in every process"),
-    "fresh_isa": ("1", "workers.warm, aoti_farm.isaload: 0 starts a fresh many-core host's ISA probe after the "
+    "fresh_isa": ("1", "workers.warm, aoti_farm.startup.isaload: 0 starts a fresh many-core host's ISA probe after the "
                        "traces are read, and keeps torch < 2.13's `import torch` in each of its load checks"),
-    "precompile": ("1", "aoti_farm.pyprecompile: 0 leaves a fresh bytecode cache to the importing processes"),
+    "precompile": ("1", "aoti_farm.startup.pyprecompile: 0 leaves a fresh bytecode cache to the importing processes"),
     "fork_server": ("auto", "workers.forkclient: 0 has each CPU actor import torch itself, 1 forks them also "
                             "on few cores"),
     "ray_dashboard": ("0", "workers.raysetup: 1 starts the embedded Ray's dashboard"),
-    "omp_passive": ("1", "aoti_farm.ompwait: 0 leaves libgomp's default wait policy (spin, then sleep) in the "
+    "omp_passive": ("1", "aoti_farm.startup.ompwait: 0 leaves libgomp's default wait policy (spin, then sleep) in the "
                          "compile processes"),
 }
 DEV_VAR = "AOTI_FARM_DEV"
@@ -156,7 +156,7 @@ class HookConfig:
     allow_insecure: bool = False
     inductor_options: dict = field(default_factory=dict)
     serve: str = "faster"                 # faster: only kernels faster than eager (runtime/gate.py) | always
-    explain_misses: bool = False          # explain each miss once (aoti_farm/explain.py)
+    explain_misses: bool = False          # explain each miss once (aoti_farm/report/explain.py)
     memory_budget: int | None = None      # the compile worker's budget per compile; None: budget.py's default
     widen: str = "auto"                   # a miss outside every shape class's range queues: auto | always | off (widen.py)
     install_trial: float = 5.0            # seconds install() may time kernels here before routing (runtime/pretrial.py); 0: off
@@ -259,7 +259,7 @@ def check_contract(value) -> str:
     return value
 
 
-#: What a miss outside every shape class's range queues (aoti_farm/widen.py).
+#: What a miss outside every shape class's range queues (aoti_farm/compile/widen.py).
 WIDEN = ("auto", "always", "off")
 
 
@@ -329,7 +329,7 @@ def metrics_endpoint(port=None, env: Mapping[str, str] | None = None, addr: str 
     (default 127.0.0.1: loopback only), ``AOTI_FARM_METRICS_PORTS``
     (ports to try, default 64) and ``AOTI_FARM_METRICS_SD_DIR``.  None: no endpoint.  A bad
     port is a UserError naming the flag or the variable."""
-    from aoti_farm.exposition import DEFAULT_PORT_RANGE, LOOPBACK, Endpoint, parse_port
+    from aoti_farm.metrics.exposition import DEFAULT_PORT_RANGE, LOOPBACK, Endpoint, parse_port
 
     env = os.environ if env is None else env
     raw = port if port is not None else env.get("AOTI_FARM_METRICS_PORT")

@@ -35,7 +35,7 @@ from functools import lru_cache
 import msgpack
 import torch
 
-from aoti_farm import hostid
+from aoti_farm.startup import hostid
 
 #: Raised when what the farm builds under the same torch and options changes in a way an
 #: older entry must not stand for: 2 = libraries no longer ask for an executable stack
@@ -66,7 +66,7 @@ FINGERPRINT_VERSION = 2
 #: the speed gate decides whether they are served.
 #:
 #: ``aoti_farm.serial_nests_below``: a loop nest of fewer elements outside an open parallel
-#: region gets no parallel scope (:mod:`aoti_farm.serialsmall`): serial code, as Inductor
+#: region gets no parallel scope (:mod:`aoti_farm.build.serialsmall`): serial code, as Inductor
 #: writes at one thread.  (A first version also made nests inside an open region serial,
 #: without the ``omp single`` Inductor writes only when it builds at several threads; built
 #: at 1 and run at 2 such a nest ran twice: ``var`` over [8, 4096] was wrong.)
@@ -212,7 +212,7 @@ def _checks(cpu_vec_isa, record: dict | None = None, replay: dict | None = None)
                 record[key] = bool(ok)
         return ok
 
-    from aoti_farm.isaload import fast_loads
+    from aoti_farm.startup.isaload import fast_loads
 
     cpu_vec_isa.VecISA.check_build = check_build
     try:
@@ -256,7 +256,7 @@ def host_isa_memo(need_checks: bool = False) -> dict:
 
         _step("isa_probe")
         record: dict = {}
-        from aoti_farm import private
+        from aoti_farm.security import private
 
         with private.inductor_cache_scope():   # its test programs never build in a shared directory
             with _checks(cpu_vec_isa, record=record):

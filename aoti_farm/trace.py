@@ -219,7 +219,7 @@ def load_trace(path: str | os.PathLike, check: Callable[[Signature], str | None]
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write atomically (temporary file in the same directory, fsync, rename)."""
-    from aoti_farm.fsutil import atomic_write
+    from aoti_farm.security.fsutil import atomic_write
 
     p = Path(path)
     try:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aoti_farm import signature as S
-from aoti_farm.compiler import flat_tensors
+from aoti_farm.compile.compiler import flat_tensors
 
 #: Most distinct (op, encoding) pairs memoised; beyond, keys are computed per call.
 MEMO_LIMIT = 65536

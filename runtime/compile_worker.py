@@ -19,7 +19,7 @@ the same device and namespace (``already-running``: one worker per host, shared;
 ``PR_SET_PDEATHSIG`` (SIGTERM) and, where that is missing or was set too late, a thread
 that watches the parent's pid; on SIGTERM it takes its process group (its compiler
 children) along.  It compiles in this user's private Inductor cache
-(:func:`aoti_farm.private.use_inductor_cache`); an unsafe one is a one-line error, exit 2.
+(:func:`aoti_farm.security.private.use_inductor_cache`); an unsafe one is a one-line error, exit 2.
 Its settings are its arguments (``--memory-budget``: the hook's resolved
 budget; ``--signing-key-file``: the file it reads the signing key from, checked as every
 key file is, so the key itself is never on a command line or in an environment).
@@ -83,7 +83,7 @@ def worker_lock_path(device: str, cache_root: str, fp_id: str) -> str:
     """The lock a compile worker holds for its life (one per host, device and namespace)."""
     import hashlib
 
-    from aoti_farm import private
+    from aoti_farm.security import private
 
     ns = hashlib.sha256(f"{os.path.abspath(str(cache_root))}\0{fp_id}".encode()).hexdigest()[:16]
     return os.path.join(private.subdir("workers"), f"{device}-{ns}.lock")
@@ -176,11 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    from aoti_farm import job, widen
+    from aoti_farm.compile import job, widen
     from aoti_farm.cache import leases, queue as missq, records
     from aoti_farm.budget import parse_size
     from aoti_farm.cache.store import Cache, load_signing_key
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
     from aoti_farm.errors import FarmError, UserError
     from aoti_farm.fingerprint import fingerprint
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"compile_worker: --memory-budget: {e}", file=sys.stderr)
         return 2
-    from aoti_farm import private
+    from aoti_farm.security import private
 
     try:
         private.use_inductor_cache()   # before anything builds (the ISA probe of fingerprint())
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for key in todo:
             try:
-                sig, wid = missq.read_item(cache, fp.id, key)   # wid: a widened class asked for (aoti_farm/widen.py)
+                sig, wid = missq.read_item(cache, fp.id, key)   # wid: a widened class asked for (aoti_farm/compile/widen.py)
             except FileNotFoundError:
                 continue
             except Exception as e:  # noqa: BLE001 -- unreadable/hostile item: skipped, looked at again later

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.fsutil import memo_dir
+from aoti_farm.security.fsutil import memo_dir
 
 #: handler(info, device, orig, keyset, args, kwargs) -> result
 Handler = Callable[[S.OpInfo, str, Any, Any, tuple, dict], Any]

@@ -4,7 +4,7 @@ A corpus of op cases (one per op family the recorder supports, plus each known d
 of a served kernel from eager: docs/verification.md) is recorded, compiled into a fresh
 cache, then replayed under the serving hook
 with ``serve="always"`` (so the speed gate hides no wrong kernel) and compared with eager
-call by call: values within :mod:`aoti_farm.tolerance`, dtype, shape, strides, the sign of
+call by call: values within :mod:`aoti_farm.compile.tolerance`, dtype, shape, strides, the sign of
 zeros, NaN/inf positions, and errors (eager raises => the served call raises the same type).
 
 Each case has a random input set (the one recorded and compiled) and adversarial sets of
@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import torch
 
-from aoti_farm import spawn
+from aoti_farm.startup import spawn
 
 INF, NAN = math.inf, math.nan
 
@@ -66,7 +66,7 @@ def edge_class(case: "Case", inputs: tuple, eager: list, got: list) -> str | Non
     """Where a served result differs from eager's (``compare`` said so) only as the finite
     contract allows, the class of that edge ("non-finite inputs", "sign of zero"); None
     for a real difference.  Errors and unserved calls never reach here."""
-    from aoti_farm.tolerance import compare as tol_compare
+    from aoti_farm.compile.tolerance import compare as tol_compare
 
     if not case.compile or len(eager) != len(got):
         return None
@@ -438,7 +438,7 @@ def run_call(case: Case, inputs: tuple, glob: str | None):
 
 def _extra(case: Case, inputs: tuple, expected) -> tuple[float, float]:
     from aoti_farm import signature as S
-    from aoti_farm.tolerance import length_tolerance
+    from aoti_farm.compile.tolerance import length_tolerance
 
     if case.op is None or not all(isinstance(t, torch.Tensor) for t in inputs):
         return 0.0, 0.0
@@ -494,7 +494,7 @@ def compare_bytes(eager: list, got: list) -> str | None:
 
 
 def compare_outputs(case: Case, inputs: tuple, eager: list, got: list) -> str | None:
-    from aoti_farm.tolerance import compare as tol_compare
+    from aoti_farm.compile.tolerance import compare as tol_compare
 
     if len(eager) != len(got):
         return f"{len(got)} outputs, eager {len(eager)}"
@@ -520,7 +520,7 @@ def compare_outputs(case: Case, inputs: tuple, eager: list, got: list) -> str | 
 def _examples(inputs: tuple, eager: list, got: list, n: int, extra: tuple[float, float], k: int = 3) -> str:
     """Up to ``k`` differing elements of output ``n`` as ``op inputs -> eager vs served``
     (the inputs shown where they have the output's shape: elementwise ops)."""
-    from aoti_farm.tolerance import TOLERANCES
+    from aoti_farm.compile.tolerance import TOLERANCES
 
     if n >= len(eager) or n >= len(got) or eager[n].shape != got[n].shape or eager[n].dtype != got[n].dtype:
         return ""
@@ -750,9 +750,9 @@ def compile_all(sigs: dict, plan: Plan, cache_dir: str, workdir: str) -> dict:
                 f"attempts {r.get('attempts', '?')}: {err[:100]}")
         return out
     from aoti_farm.cache.store import Cache
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import compile_and_publish
+    from aoti_farm.compile.job import compile_and_publish
 
     cache, fp = Cache(cache_dir), fingerprint(plan.device)
     compiler = AOTICompiler(measure_speed=not plan.quick)

@@ -4,7 +4,7 @@ A verified kernel is correct, not necessarily fast: a single op that Inductor co
 better than ATen pays the runner's call on top (tiny ops), and some kernels lose outright.
 So each kernel is timed against eager twice:
 
-1. **On the compiling device**, when it is verified (``aoti_farm/compiler.py`` calls
+1. **On the compiling device**, when it is verified (``aoti_farm/compile/compiler.py`` calls
    :func:`time_against_eager`): same inputs, interleaved rounds, a noise-aware statistic.
    The result is the manifest's ``speed`` field::
 
@@ -22,7 +22,7 @@ So each kernel is timed against eager twice:
    so a model of many small signatures neither spends a core on trials while it serves
    nor keeps asking the hook about calls that run eager.
 
-   Each measured decision is kept in this host's private memo (``aoti_farm/hostgate.py``:
+   Each measured decision is kept in this host's private memo (``aoti_farm/speedgate/hostgate.py``:
    per fingerprint, cache and key, with the on-host ratio and the thread count): a later
    process at the same thread count takes it at install (:meth:`Gate.preload`), before
    routing, with no trial.  The memo is written from the gate's thread and at install,
@@ -51,10 +51,10 @@ from typing import Callable
 
 import torch
 
-from aoti_farm import hostgate
-from aoti_farm.counters import Counters
+from aoti_farm.speedgate import hostgate
+from aoti_farm.metrics.counters import Counters
 
-from aoti_farm.speed import (  # noqa: F401 -- the gate's constants and statistic live in the core
+from aoti_farm.speedgate.speed import (  # noqa: F401 -- the gate's constants and statistic live in the core
     COMPILE_BUDGET_S, GATE_RATIO, MAX_BATCH, MIN_ROUNDS, MIN_SAVING_US, POLICIES, PROCESS_TRIAL_BUDGET_S, ROUNDS, TRIAL_BUDGET_S, _sync, compile_ratio,
     speed_summary, speedup_text, time_against_eager)
 
@@ -104,7 +104,7 @@ class Gate:
 
     def preload(self, fp_id: str, root, threads: int) -> int:
         """Take this host's kept decisions for ``fp_id`` and the cache at ``root``, measured
-        at ``threads`` intra-op threads (``aoti_farm/hostgate.py``); later decisions of
+        at ``threads`` intra-op threads (``aoti_farm/speedgate/hostgate.py``); later decisions of
         this gate are kept there too.  Returns how many were taken.  Never raises."""
         if self.policy == "always":
             return 0

@@ -33,7 +33,7 @@ a call can only be served or run eager, so the default there is
 ``install()`` runs (published, not refused or failing here, and under ``serve="faster"``
 faster than eager on the compile host) are registered, and the registration never changes
 afterwards; every other op costs exactly eager.  Under ``serve="faster"`` ``install()``
-first takes this host's kept decisions (``aoti_farm/hostgate.py``: measured by an earlier
+first takes this host's kept decisions (``aoti_farm/speedgate/hostgate.py``: measured by an earlier
 process at the same thread count), then times the routed ops' other kernels on this host
 (``runtime/pretrial.py``, within ``install_trial`` seconds) and unroutes the ops none of
 whose kernels won here, so an op whose calls would all run eager is not routed either.  New signatures of a routed op are still
@@ -42,7 +42,7 @@ next ``install()``.  ``route="servable"`` (opt-in) recomputes the set after each
 re-registers the dispatcher when it changes (an op that lost its last servable entry stays
 routed for ``routes.DROP_AFTER_S``); it is opt-in because torch does not promise that
 replacing a kernel registration is safe while another thread is inside it.  A process
-that cannot load kernels at all (the libstdc++ trap, ``aoti_farm/loadenv.py``) registers
+that cannot load kernels at all (the libstdc++ trap, ``aoti_farm/startup/loadenv.py``) registers
 nothing.
 
 Nothing the cache, the queue or a kernel does raises into the caller: every such error is
@@ -58,10 +58,12 @@ from typing import Iterable
 
 import torch
 
-from aoti_farm import adversarial, hostgate, private
+from aoti_farm.compile import adversarial
+from aoti_farm.speedgate import hostgate
+from aoti_farm.security import private
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.counters import Counters
+from aoti_farm.metrics.counters import Counters
 from aoti_farm.errors import Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
 from aoti_farm.runtime import dispatch
@@ -114,7 +116,7 @@ class Hook:
         served = [d for d in devices if d == "cpu" or (d == "cuda" and torch.cuda.is_available())]
         self.fps: dict[str, Fingerprint] = {d: fingerprint(d, self.inductor_options) for d in served}
         self._calls = CallMemo(self.fps)
-        # this host's kept on-host decisions (aoti_farm/hostgate.py), at the program's thread
+        # this host's kept on-host decisions (aoti_farm/speedgate/hostgate.py), at the program's thread
         # count: routing below follows them, with no trial
         threads = torch.get_num_threads()
         self.remembered = {d: self.gate.preload(fp.id, self.cache.root, threads) for d, fp in self.fps.items()}
@@ -148,7 +150,7 @@ class Hook:
                                          self._room, wake, settings.memory_budget, settings.signing_key_file)
         self._shapes = ShapeIndex(self.cache, self.fps, Call, gated=self.gate.active,   # runtime/shapeserve.py
                                   widen=settings.widen)
-        self._writer.widen_of = self._shapes.widen_request   # a miss outside every range (aoti_farm/widen.py)
+        self._writer.widen_of = self._shapes.widen_request   # a miss outside every range (aoti_farm/compile/widen.py)
         for d in self._index:
             self._refresh(d)
         self.install_trial: dict | None = None   # install()'s own trials (runtime/pretrial.py)
@@ -412,7 +414,7 @@ class Hook:
 
     def _keep_op_outcomes(self) -> None:
         """Keep in this host's memo which routed ops ran every call eager (route="paying"
-        leaves them unrouted next time, see ``aoti_farm/hostgate.py``).  Never raises."""
+        leaves them unrouted next time, see ``aoti_farm/speedgate/hostgate.py``).  Never raises."""
         if self.route != "paying" or not self.gate.active or self._not_serving or len(self.fps) != 1:
             return
         try:

@@ -1,6 +1,6 @@
 """``Hook.stats()``: every collaborator's counters in one dict, with the native path's folded in.
 
-The Python side counts in :class:`aoti_farm.counters.Counters` (the hook's per-call
+The Python side counts in :class:`aoti_farm.metrics.counters.Counters` (the hook's per-call
 counters, the kernel table's, the miss writer's, the workers'); the native hit path counts
 in C++ (``fastpath.cpp``), summed over every native registration of the hook
 (``runtime/routes.py``).  Keys, for ``stats()``'s readers (tests, ``runtime/metrics.py``,
@@ -80,7 +80,7 @@ def _merged(hook) -> dict:
     g = hook.gate.stats()
     s["serve"] = g["policy"]
     s["gate_trials"], s["gated_signatures"], s["gate_errors"] = g["gate_trials"], g["gated_signatures"], g["gate_errors"]
-    # decisions taken from this host's memo (aoti_farm/hostgate.py); the background trials' seconds
+    # decisions taken from this host's memo (aoti_farm/speedgate/hostgate.py); the background trials' seconds
     s["gate_remembered"], s["gate_trial_seconds"] = g["remembered"], g["trial_seconds"]
     s["serving"] = hook._not_serving is None   # False: nothing intercepted (see Hook)
     s["routed_ops"] = len(hook.ops)

@@ -18,7 +18,7 @@ from typing import Iterable
 
 from aoti_farm.cache.store import Cache
 from aoti_farm.fingerprint import Fingerprint
-from aoti_farm.speed import compile_ratio
+from aoti_farm.speedgate.speed import compile_ratio
 
 log = logging.getLogger("aoti_farm.hook")
 

@@ -39,13 +39,13 @@ from typing import Any, Callable
 
 import torch
 
-from aoti_farm import loadenv
+from aoti_farm.startup import loadenv
 from aoti_farm import signature as S
 from aoti_farm.cache.manifest import edge_notes, index_guards
 from aoti_farm.cache.store import BadEntry, Cache
-from aoti_farm.compiler import flat_tensors, load_runner
-from aoti_farm.counters import Counters
-from aoti_farm.tolerance import compare, length_tolerance
+from aoti_farm.compile.compiler import flat_tensors, load_runner
+from aoti_farm.metrics.counters import Counters
+from aoti_farm.compile.tolerance import compare, length_tolerance
 
 log = logging.getLogger("aoti_farm.hook")
 

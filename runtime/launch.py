@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 
-from aoti_farm import loadenv
+from aoti_farm.startup import loadenv
 from aoti_farm.errors import UserError
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")

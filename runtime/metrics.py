@@ -155,12 +155,12 @@ def register(hook, registry=None):
     return c
 
 
-from aoti_farm.exposition import Exporter, serve_http  # noqa: E402 -- shared with `serve`
+from aoti_farm.metrics.exposition import Exporter, serve_http  # noqa: E402 -- shared with `serve`
 
 
 def start_for_hook(hook, endpoint) -> "Exporter | NotExposed":
     """The hook's own endpoint (``install(metrics_port=...)``; ``endpoint`` a
-    :class:`aoti_farm.exposition.Endpoint`); never raises: a port that cannot be had is
+    :class:`aoti_farm.metrics.exposition.Endpoint`); never raises: a port that cannot be had is
     logged and the hook serves without metrics (a :class:`NotExposed`, which still counts
     the ports another user held)."""
     try:
@@ -222,7 +222,7 @@ class MissExplainer:
 
     def __call__(self, call) -> None:
         try:
-            from aoti_farm.explain import Explainer
+            from aoti_farm.report.explain import Explainer
 
             if self._explainer is None:
                 self._explainer = Explainer(self.cache, self.fps)

@@ -14,7 +14,7 @@ written by one process, and ``queue_cap_per_op`` per op (settings of ``[hook]`` 
 ``install()``, defaults :data:`QUEUE_CAP`, :data:`QUEUE_CAP_PER_OP`); a miss beyond either is not
 written and is counted (``queue_overflow``), so a caller choosing shapes cannot flood the
 queue that ``serve`` and the workers compile.  A miss that a shape class covers is queued
-as a request to widen that class (:mod:`aoti_farm.widen`), once per class and process
+as a request to widen that class (:mod:`aoti_farm.compile.widen`), once per class and process
 (``queue_widened_dedup`` counts the rest): one compile serves every shape of the class.
 
 It also keeps the miss -> hit timing: when a signature first missed here, and the
@@ -31,7 +31,7 @@ from typing import Callable
 
 from aoti_farm.cache import queue as missq
 from aoti_farm.cache.store import Cache
-from aoti_farm.counters import Counters
+from aoti_farm.metrics.counters import Counters
 from aoti_farm.runtime.metrics import LatencyHistogram
 
 log = logging.getLogger("aoti_farm.hook")
@@ -64,7 +64,7 @@ class MissWriter:
         self.cap, self.cap_per_op = cap, cap_per_op   # resolved settings queue_cap, queue_cap_per_op
         self.enabled = enabled                  # on_miss != "ignore"
         self._on_queued = on_queued             # (call) -> None, in the writer thread
-        self.widen_of: Callable = lambda call: None   # (call) -> a widened class to queue or None (aoti_farm/widen.py)
+        self.widen_of: Callable = lambda call: None   # (call) -> a widened class to queue or None (aoti_farm/compile/widen.py)
         self._pending: queue.Queue = queue.Queue(maxsize=PENDING_LIMIT)
         self._lock = threading.Lock()
         self._reported: set[str] = set()        # keys handed to the writer

@@ -2,7 +2,7 @@
 served ops (:class:`NativeRegistration`), the background build ``warm`` and the hook
 start, and ``python -m aoti_farm.runtime.native build|status``.
 
-Building and loading the extension is the core's :mod:`aoti_farm.hitpath` (the compiler
+Building and loading the extension is the core's :mod:`aoti_farm.speedgate.hitpath` (the compiler
 times kernels through it too); its names are re-exported here.  The extension keeps, per
 exact call metadata, what the Python hook decided (run this kernel / eager) and replays it
 without entering Python.  See fastpath.cpp for what the key holds and why it is never
@@ -18,11 +18,11 @@ import sys
 
 import torch
 
-from aoti_farm import spawn
-from aoti_farm.hitpath import (  # noqa: F401 -- re-exported: the hook's and the CLI's names
+from aoti_farm.startup import spawn
+from aoti_farm.speedgate.hitpath import (  # noqa: F401 -- re-exported: the hook's and the CLI's names
     BUILD_TIMEOUT, MODULE, SOURCE, build, build_id, command, compiler, disabled, error, library_path, load,
     native_dir)
-from aoti_farm.spawn import lowest_priority
+from aoti_farm.startup.spawn import lowest_priority
 
 #: The launcher's variables (``runtime/launch.py``): set, a Python child installs the hook.
 _LAUNCHER_VARS = ("AOTI_FARM_HOOK", "AOTI_FARM_RECORD_DIR")
@@ -33,7 +33,8 @@ def build_in_background(log_path: str | None = None) -> subprocess.Popen | None:
     disabled."""
     if disabled() or library_path().exists():
         return None
-    from aoti_farm import loadenv, private
+    from aoti_farm.startup import loadenv
+    from aoti_farm.security import private
 
     log = (os.fdopen(private.open_append(log_path), "ab") if log_path and log_path != os.devnull
            else open(os.devnull, "ab"))

@@ -23,7 +23,7 @@ from typing import Iterable, Iterator
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.counters import Counters
+from aoti_farm.metrics.counters import Counters
 from aoti_farm.errors import Ineligible
 from aoti_farm.runtime import dispatch
 from aoti_farm.trace import Trace, TraceEntry, save_trace

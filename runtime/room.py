@@ -1,6 +1,6 @@
 """The hook's compiles and the serving threads: the program's thread count is the program's.
 
-The hook's background compile (a C++ compiler at idle priority, :func:`aoti_farm.spawn.lowest_priority`)
+The hook's background compile (a C++ compiler at idle priority, :func:`aoti_farm.startup.spawn.lowest_priority`)
 shares the cores with serving.  An earlier version lowered each serving thread's intra-op
 thread count while a compile ran ("yield_core").  That changed the program's own state:
 a program that called ``torch.set_num_threads(2)`` was left at 1 when the thread never
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 
-from aoti_farm.counters import Counters
+from aoti_farm.metrics.counters import Counters
 
 
 def usable_cores() -> int:

@@ -112,7 +112,7 @@ def quiet_override_warning() -> None:
 
 def cannot_load_reason() -> str | None:
     """Why no AOTI kernel can be loaded into this process, or None when it can."""
-    from aoti_farm import loadenv
+    from aoti_farm.startup import loadenv
 
     if loadenv.load_safe():
         return None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from aoti_farm import config
 from aoti_farm.config import HookConfig, check_on_miss
 from aoti_farm.errors import UserError
-from aoti_farm.exposition import Endpoint
+from aoti_farm.metrics.exposition import Endpoint
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
 """Serving shape-general kernels: which class entry, if any, covers an exact call.
 
 The hook asks :meth:`ShapeIndex.call_for` only when a call's exact key is not published
-(exact first).  The answer comes from the group of the call (:func:`aoti_farm.shapes.group_of`:
+(exact first).  The answer comes from the group of the call (:func:`aoti_farm.dynamic.shapes.group_of`:
 op, non-tensor arguments, dtypes, ranks, devices, layout classes), the class keys hinted
 for that group (``<root>/<fp>/classes/<group key>/<class key>``, see
-:mod:`aoti_farm.dyncompile`) that are published in the hook's index, and each class's
-range check (:meth:`aoti_farm.shapes.ShapeClass.bind`: fixed dims equal, tied dims
+:mod:`aoti_farm.dynamic.dyncompile`) that are published in the hook's index, and each class's
+range check (:meth:`aoti_farm.dynamic.shapes.ShapeClass.bind`: fixed dims equal, tied dims
 agree, every symbol in its range).  Under the speed gate (``serve="faster"``) a class
 serves only inside its ``speed["serve_range"]`` (where it beat eager at every sampled
-shape, :func:`aoti_farm.dyncompile.gate`).  A call that a class covers
+shape, :func:`aoti_farm.dynamic.dyncompile.gate`).  A call that a class covers
 outside that range is a hit the gate declines: :meth:`declined` names the class, the hook
 counts the call ``gated`` (eager, remembered natively) and queues nothing (an exact kernel
 of the same op at a shape where the class lost would lose the same way).  A call outside
-every class's range is a miss, as before; what it queues is the ``widen`` policy (:mod:`aoti_farm.widen`): its exact
+every class's range is a miss, as before; what it queues is the ``widen`` policy (:mod:`aoti_farm.compile.widen`): its exact
 signature, or (``auto``, the default, when the call is near a range) a class kernel with
 the range widened to cover it (:meth:`widen_request`, read by the miss writer).
 
@@ -28,10 +28,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from aoti_farm import shapes as SH
-from aoti_farm import widen as W
-from aoti_farm.counters import Counters
-from aoti_farm.dyncompile import hinted_keys
+from aoti_farm.dynamic import shapes as SH
+from aoti_farm.compile import widen as W
+from aoti_farm.metrics.counters import Counters
+from aoti_farm.dynamic.dyncompile import hinted_keys
 
 log = logging.getLogger("aoti_farm.shapes")
 
@@ -43,7 +43,7 @@ class ShapeIndex:
     def __init__(self, cache, fps: dict, make_call, gated: bool = True, widen: str = "auto"):
         self.cache, self.fps, self._make_call = cache, fps, make_call
         self.gated = gated        # serve="faster": a class serves only inside its speed["serve_range"]
-        self.widen = W.check_policy(widen)   # what a call outside every range queues (aoti_farm/widen.py)
+        self.widen = W.check_policy(widen)   # what a call outside every range queues (aoti_farm/compile/widen.py)
         self._widen: dict[str, dict] = {}           # exact key -> the widened class to queue (to_obj form)
         self._lock = threading.Lock()
         self._gen = 0

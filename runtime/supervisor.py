@@ -2,7 +2,7 @@
 
 With ``on_miss="compile"`` the hook keeps one compile worker *process* per device
 (``python -m aoti_farm.runtime.compile_worker``, spawned, at the lowest priority: see
-:func:`aoti_farm.spawn.lowest_priority`) that drains the miss queue and exits when
+:func:`aoti_farm.startup.spawn.lowest_priority`) that drains the miss queue and exits when
 idle.  A start that fails is retried at most every :data:`RETRY_SECONDS`.  The workers
 (and the native path's background build, :meth:`WorkerSupervisor.watch_build`) write JSON
 events to one log that this module follows: their busy/idle events set the serving
@@ -25,9 +25,9 @@ the process that started it (``PR_SET_PDEATHSIG`` and a parent watch, in
 whatever its queue still holds: the queue stays for ``serve`` or the next process.
 
 The log the workers and the native build write is a file in this user's private
-directory (:func:`aoti_farm.private.new_log`, ``mkstemp``), never a predictable name in a
+directory (:func:`aoti_farm.security.private.new_log`, ``mkstemp``), never a predictable name in a
 shared one; a log the caller names is opened without following links, and only if it is
-this user's (:func:`aoti_farm.private.open_append`).
+this user's (:func:`aoti_farm.security.private.open_append`).
 """
 
 from __future__ import annotations
@@ -40,12 +40,14 @@ import subprocess
 import threading
 import time
 
-from aoti_farm import config, loadenv, ompwait, private, spawn
+from aoti_farm import config
+from aoti_farm.startup import loadenv, ompwait, spawn
+from aoti_farm.security import private
 from aoti_farm.cache.store import Cache
-from aoti_farm.counters import Counters
+from aoti_farm.metrics.counters import Counters
 from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events, worker_lock_path
 from aoti_farm.runtime.room import ThreadRoom
-from aoti_farm.spawn import lowest_priority
+from aoti_farm.startup.spawn import lowest_priority
 
 log = logging.getLogger("aoti_farm.hook")
 

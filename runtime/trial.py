@@ -5,7 +5,7 @@ manifest's compile-time speed (the entry is opened and verified again), and ``tr
 returns the kernel and eager on fresh inputs of the signature.
 
 Both sides are timed the way a served call runs, as the compiler times them too
-(:func:`aoti_farm.speed.time_served_call`).  For a native kernel (the hit path
+(:func:`aoti_farm.speedgate.speed.time_served_call`).  For a native kernel (the hit path
 almost every process uses) both call the op through the dispatcher, from the gate's
 thread: the kernel side with the native path forced to run that kernel
 (``FastPath.force``: boxing, the runner, its output tensors), the eager side with the hook
@@ -19,8 +19,8 @@ hook serves with against the op, hook bypassed.
 from __future__ import annotations
 
 from aoti_farm import signature as S
-from aoti_farm.compiler import flat_tensors
-from aoti_farm.speed import through_dispatcher
+from aoti_farm.compile.compiler import flat_tensors
+from aoti_farm.speedgate.speed import through_dispatcher
 from aoti_farm.runtime.gate import Gate
 
 

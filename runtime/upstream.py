@@ -13,7 +13,7 @@ kernels:
   copy (the verified bytes), never the shared file.
 * ``compile_fn(ns, op, device, dynamic, f, args, kwargs, ...)`` is called synchronously on a
   miss.  We rebuild the Signature from the OpOverload and the arguments and go through
-  ``aoti_farm.job.compile_and_publish``: it returns a cached entry, compiles under the
+  ``aoti_farm.compile.job.compile_and_publish``: it returns a cached entry, compiles under the
   fleet-wide lease, or reports that another worker holds the lease, in which case we
   wait for that worker's result.  A signature is thus compiled once fleet-wide.  On
   failure we return "" (upstream's holder then raises "Failed to produce kernel library").
@@ -31,12 +31,13 @@ from typing import Any
 
 import torch
 
-from aoti_farm import config, job
+from aoti_farm import config
+from aoti_farm.compile import job
 from aoti_farm.cache import leases
 from aoti_farm import signature as S
-from aoti_farm import upstream as U
+from aoti_farm.interop import upstream as U
 from aoti_farm.cache.store import BadEntry, Cache, load_signing_key
-from aoti_farm.counters import Counters
+from aoti_farm.metrics.counters import Counters
 from aoti_farm.errors import FarmError, Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
 
@@ -54,7 +55,7 @@ class UpstreamBackend:
 
     def __init__(self, cache: Cache, *, devices: tuple[str, ...], inductor_options: dict | None,
                  compile: bool, wait_s: float, compiler: Any = None, memory_budget: int | None = None):
-        from aoti_farm.compiler import AOTICompiler
+        from aoti_farm.compile.compiler import AOTICompiler
 
         self.cache = cache
         self.devices = devices

@@ -1,7 +1,7 @@
 """Exact counter deltas for tests (no tests here).
 
 ``assert_delta(before, after, expected)``: ``before``/``after`` are two ``stats()``
-snapshots (any component's; see :mod:`aoti_farm.counters`).  Every top-level integer
+snapshots (any component's; see :mod:`aoti_farm.metrics.counters`).  Every top-level integer
 counter must have changed by exactly ``expected.get(name, 0)`` (so an unexpected count
 fails too), except names in ``ignore``; a nested family named in ``expected`` (e.g.
 ``per_op``, ``fallbacks``) must have changed by exactly that dict.
@@ -9,7 +9,7 @@ fails too), except names in ``ignore``; a nested family named in ``expected`` (e
 
 from __future__ import annotations
 
-from aoti_farm.counters import delta
+from aoti_farm.metrics.counters import delta
 
 
 def _is_count(v) -> bool:

@@ -42,9 +42,9 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.compile.compiler import AOTICompiler
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.job import compile_and_publish
+from aoti_farm.compile.job import compile_and_publish
 
 # Keep Inductor single-process in tests (no compile subprocess pool on 2 cores).
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")

@@ -1,4 +1,4 @@
-"""A test double for :class:`aoti_farm.compiler.Compiler` (scheduler and job unit tests only).
+"""A test double for :class:`aoti_farm.compile.compiler.Compiler` (scheduler and job unit tests only).
 
 ``ScriptedCompiler`` never runs Inductor.  What it does for a signature is read from a
 script file (JSON ``{key: action}``) named by ``$AOTI_FARM_TEST_SCRIPT`` or the
@@ -22,7 +22,7 @@ import json
 import os
 import time
 
-from aoti_farm.compiler import CompileResult
+from aoti_farm.compile.compiler import CompileResult
 from aoti_farm.errors import CompileRefused
 
 

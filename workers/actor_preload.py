@@ -34,14 +34,14 @@ def _preload() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     try:
-        from aoti_farm import notices
+        from aoti_farm.startup import notices
 
         notices.drop(notices.TORCH_NOTICES)
         import torch  # noqa: F401
         import torch._inductor  # noqa: F401
         from torch._inductor import codecache  # noqa: F401
 
-        from aoti_farm.compiler import import_compile_path
+        from aoti_farm.compile.compiler import import_compile_path
 
         import_compile_path()
     except Exception as e:  # noqa: BLE001 -- the actor's warmup() imports again and reports it

@@ -5,8 +5,8 @@ A class compile is one scheduler task (:class:`aoti_farm.workers.scheduler.Task`
 :class:`~aoti_farm.workers.compile_actor.CompileActor`\\ s as the exact compiles, so it gets
 their warm torch and Inductor, and the scheduler's timeouts, retries, busy parking and
 lease breaking.  Its key is the class key: the lease, the entry and the hint are the class's
-(:func:`aoti_farm.dynwarm.compile_class`: the actor's own ``Compiler`` through
-:func:`aoti_farm.job.compile_and_publish`, as for an exact task).
+(:func:`aoti_farm.compile.dynwarm.compile_class`: the actor's own ``Compiler`` through
+:func:`aoti_farm.compile.job.compile_and_publish`, as for an exact task).
 
 Driver side, :class:`ClassWork`:
 
@@ -29,12 +29,12 @@ The pool's counters (``Scheduler.stats()``) count a class as one task: a fallbac
 decide the exit code.
 
 ``aoti-farm serve``: a queue item that asks for a widened class (the miss policy of
-:mod:`aoti_farm.widen`) is a :class:`WidenJob` task (:func:`queued_task`) on the same
-method: the actor runs :func:`aoti_farm.widen.compile_queued` (the class, else the exact
+:mod:`aoti_farm.compile.widen`) is a :class:`WidenJob` task (:func:`queued_task`) on the same
+method: the actor runs :func:`aoti_farm.compile.widen.compile_queued` (the class, else the exact
 signature) and the task keeps the queue item's key.
 
 Actor side, :func:`compile_in_actor` (``CompileActor.compile_class``): never raises; a
-:class:`~aoti_farm.compiler.CompileInfraError` comes back as status ``error`` (the
+:class:`~aoti_farm.compile.compiler.CompileInfraError` comes back as status ``error`` (the
 scheduler retries it), any other failure as ``failed`` (the fallback).
 """
 
@@ -46,8 +46,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from aoti_farm import dynwarm
-from aoti_farm import shapes as SH
+from aoti_farm.compile import dynwarm
+from aoti_farm.dynamic import shapes as SH
 from aoti_farm import signature as S
 
 METHOD = "compile_class"
@@ -70,7 +70,7 @@ class ClassJob:
 
 
 class WidenJob:
-    """A queued miss that asks for a widened class (:mod:`aoti_farm.widen`): the task's key
+    """A queued miss that asks for a widened class (:mod:`aoti_farm.compile.widen`): the task's key
     is the queued signature's, so ``serve`` retires the queue item as for an exact task."""
 
     def __init__(self, sig, widen_obj: dict):
@@ -87,7 +87,7 @@ class WidenJob:
 def queued_task(sig, widen_obj, kind: str, fp_id: str | None):
     """``aoti-farm serve``'s task for a queue item: a :class:`WidenJob` when the item asks for
     a usable widened class, else the exact signature's task."""
-    from aoti_farm.widen import parse_request
+    from aoti_farm.compile.widen import parse_request
     from aoti_farm.workers.scheduler import Task
 
     if parse_request(widen_obj, sig) is not None:
@@ -110,14 +110,14 @@ def parse_job(obj: dict) -> SH.ShapeClass:
 def compile_in_actor(actor, obj: dict, attempts: int = 1) -> dict:
     """One class in a compile actor (see module doc); ``Outcome.to_dict()`` plus ``span``
     and ``actor`` (its ``info()``), as ``CompileActor.compile`` returns."""
-    from aoti_farm.compiler import CompileInfraError
+    from aoti_farm.compile.compiler import CompileInfraError
     from aoti_farm.workers import metrics as farm_metrics
 
     t0, w0 = time.perf_counter(), time.time()
     try:
         actor._setup()
         if isinstance(obj, dict) and "signature" in obj:   # a queued miss asking for a widened class
-            from aoti_farm.widen import compile_queued
+            from aoti_farm.compile.widen import compile_queued
 
             sig = S.parse_signature(obj["signature"])
             out = compile_queued(actor._cache, actor._compiler, actor._fp, sig, obj.get("widen"), owner=actor._owner,
@@ -157,7 +157,7 @@ class ClassWork:
     # -- 1. planning
     def split(self, sigs: list) -> list:
         """The signatures left for the exact plan; class tasks (or cached classes) for the rest."""
-        from aoti_farm.compiler import AOTICompiler
+        from aoti_farm.compile.compiler import AOTICompiler
         from aoti_farm.fingerprint import fingerprint
         from aoti_farm.workers.placement import route
         from aoti_farm.workers.scheduler import Task

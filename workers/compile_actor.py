@@ -8,7 +8,7 @@ Contract (what the scheduler in :mod:`aoti_farm.workers.scheduler` relies on):
   computes this worker's fingerprint (so a CUDA fingerprint is computed *on the GPU
   node*, never on the driver) and returns :meth:`info`.  A worker is used only after its
   ``warmup()`` returned.
-* ``compile(sig_obj, attempts)`` runs :func:`aoti_farm.job.compile_and_publish` for one
+* ``compile(sig_obj, attempts)`` runs :func:`aoti_farm.compile.job.compile_and_publish` for one
   signature (``Signature.to_obj()`` form) and returns ``Outcome.to_dict()`` plus
   ``info()`` under ``"actor"``.  It never raises: an unexpected exception comes back as
   status ``"error"`` (an infrastructure failure the scheduler may retry); a deterministic
@@ -31,7 +31,7 @@ import time
 import warnings
 from typing import Callable
 
-from aoti_farm.progress import process_start_time
+from aoti_farm.report.progress import process_start_time
 from aoti_farm.workers import metrics as farm_metrics
 
 
@@ -40,7 +40,8 @@ def _host_steps() -> dict:
     build's common object): the evidence that they run once per host, not per actor."""
     out: dict = {}
     try:
-        from aoti_farm import fingerprint, splitbuild
+        from aoti_farm import fingerprint
+        from aoti_farm.build import splitbuild
 
         out.update(fingerprint.host_steps())
         sb = splitbuild.stats()
@@ -73,7 +74,7 @@ class CompileActor:
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=UserWarning)
-        from aoti_farm import notices
+        from aoti_farm.startup import notices
 
         notices.drop(notices.TORCH_NOTICES)   # before warmup() imports torch
         self.cache_root = cache_root
@@ -95,7 +96,7 @@ class CompileActor:
         if self._fp is not None:
             return
         from aoti_farm.cache.store import Cache
-        from aoti_farm.compiler import AOTICompiler
+        from aoti_farm.compile.compiler import AOTICompiler
         from aoti_farm.fingerprint import fingerprint
         from aoti_farm.cache.leases import new_owner
 
@@ -140,7 +141,7 @@ class CompileActor:
                 "warmup_span": self.warmup_span, "warmup_phases": self.warmup_phases,
                 "verifier_started": self.verifier_started,
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),   # "": an embedded Ray hid the GPUs
-                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),   # aoti_farm/ompwait.py
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),   # aoti_farm/startup/ompwait.py
                 "host_steps": _host_steps(), "fork": self.fork}
 
     # -- a compiling copy forked from the host's fork server (workers/forkserver.py)
@@ -239,7 +240,7 @@ class CompileActor:
             import torch._inductor  # noqa: F401 -- the import is the warm-up
             from torch._inductor import codecache  # noqa: F401
 
-            from aoti_farm.compiler import import_compile_path
+            from aoti_farm.compile.compiler import import_compile_path
 
             import_compile_path()
             phases["import"] = [s, time.time()]
@@ -263,7 +264,7 @@ class CompileActor:
                     self._compiler.compile(sig, d)
                 phases["compile"] = [s, time.time()]
             else:
-                from aoti_farm.compiler import _OpModule, flat_tensors
+                from aoti_farm.compile.compiler import _OpModule, flat_tensors
 
                 args, kwargs = S.materialize(sig, seed=0)
                 with torch.no_grad():
@@ -281,10 +282,10 @@ class CompileActor:
     LOADER_WATCH_S = 120.0
 
     def _verifier_when_needed(self) -> None:
-        """Start this process's verification child (:mod:`aoti_farm.verifyserver`) as soon
+        """Start this process's verification child (:mod:`aoti_farm.compile.verifyserver`) as soon
         as it is known to be needed, not when the first kernel is waiting for it.
 
-        Needed where kernels cannot be loaded here (:func:`aoti_farm.loadenv.load_safe`).
+        Needed where kernels cannot be loaded here (:func:`aoti_farm.startup.loadenv.load_safe`).
         On a fresh host nobody knows yet: the answer comes from the loader probe of the
         first kernel built here (the driver's host preparation, or a first compile), written
         to the host's memo.  So while no memo exists, a daemon thread looks for it every
@@ -294,11 +295,12 @@ class CompileActor:
 
         (Starting the child before the memo exists was tried, 0ad8a99: such a child ran
         without the preload the memo then asked for, and kernels crashed it on the
-        16-core host; removed, and :mod:`aoti_farm.verifyserver` now replaces a child
+        16-core host; removed, and :mod:`aoti_farm.compile.verifyserver` now replaces a child
         that lacks a preload the memo asks for.  Now, on hosts of
         :attr:`EARLY_VERIFIER_MIN_CORES` cores, the child starts at warm-up *with* the
         only preload the memo can ask for: :meth:`_early_preload`.)"""
-        from aoti_farm import loadenv, verifyserver
+        from aoti_farm.startup import loadenv
+        from aoti_farm.compile import verifyserver
 
         if not loadenv.load_safe():
             verifyserver.prestart()
@@ -339,13 +341,13 @@ class CompileActor:
         memo exists (a fresh host), or None to wait for the memo.
 
         The only preload the loader probe can ask for is the system libstdc++
-        (:func:`aoti_farm.loadenv.system_libstdcxx`), so a child started with it now is
+        (:func:`aoti_farm.startup.loadenv.system_libstdcxx`), so a child started with it now is
         exactly the child the memo would start if it says the host needs it; if the memo
         says kernels load in-process, the child is stopped unused, and a child whose
-        preload the memo does not want is never used (:mod:`aoti_farm.verifyserver`
+        preload the memo does not want is never used (:mod:`aoti_farm.compile.verifyserver`
         replaces it).  On the 16-core GPU host each actor's first verification waited
         3.5 s (p90) for a child started when the memo appeared."""
-        from aoti_farm import loadenv
+        from aoti_farm.startup import loadenv
 
         if (os.cpu_count() or 1) < self.EARLY_VERIFIER_MIN_CORES or loadenv.preloaded():
             return None   # few cores; or this process has the preload: it loads kernels itself
@@ -356,7 +358,7 @@ class CompileActor:
 
     def compile(self, sig_obj: dict, attempts: int = 1) -> dict:
         """Lease, compile, verify, publish one signature; never raises (see module doc)."""
-        from aoti_farm.job import compile_and_publish
+        from aoti_farm.compile.job import compile_and_publish
         from aoti_farm.signature import parse_signature
 
         if self._copy is not None:

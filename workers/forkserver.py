@@ -61,7 +61,7 @@ import sys
 import threading
 import time
 
-from aoti_farm import spawn
+from aoti_farm.startup import spawn
 from aoti_farm.workers.forkclient import METHODS, SOCKET_VAR, Lost, recv, send
 
 #: A copy's process name (``/proc/PID/comm``, at most 15 characters).
@@ -126,7 +126,7 @@ def start(env: dict, preload: str = PRELOAD) -> Server | None:
         folder = tempfile.mkdtemp(prefix="aoti-farm-fork-")   # 0700: only this user connects
         path = os.path.join(folder, "s")
         with open(os.path.join(folder, "server.log"), "wb") as log:
-            # the driver's working directory is not on its import path (aoti_farm.spawn: a
+            # the driver's working directory is not on its import path (aoti_farm.startup.spawn: a
             # module there must not shadow torch); each copy works in its actor's directory (_copy)
             proc = subprocess.Popen(spawn.python("-m", "aoti_farm.workers.forkserver", path, preload),
                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, env=env,
@@ -145,7 +145,7 @@ def serve(path: str, preload: str = PRELOAD) -> int:
     lst.listen(256)   # actors that come before the imports end wait here
     stdin = sys.stdin.fileno()
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    from aoti_farm import notices
+    from aoti_farm.startup import notices
 
     notices.drop(notices.TORCH_NOTICES)
     import torch  # noqa: F401 -- stage 1

@@ -183,11 +183,11 @@ class PoolCollector:
 
 
 def serve_pool_metrics(get_sched, endpoint, get_pending=None):
-    """Start the serve process's endpoint (an :class:`aoti_farm.exposition.Endpoint`);
+    """Start the serve process's endpoint (an :class:`aoti_farm.metrics.exposition.Endpoint`);
     returns the Exporter (``.port``, ``.close()``)."""
     from prometheus_client import CollectorRegistry
 
-    from aoti_farm.exposition import serve_http
+    from aoti_farm.metrics.exposition import serve_http
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(PoolCollector(get_sched, get_pending))

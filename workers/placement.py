@@ -26,17 +26,17 @@ def route(sig: Signature) -> str:
 def worker_env(libstdcxx: bool = True) -> dict[str, str]:
     """Environment for every actor (shipped through ``runtime_env.env_vars``).
 
-    Hook for the GPU-machine trap (see :mod:`aoti_farm.loadenv`): when this host was
+    Hook for the GPU-machine trap (see :mod:`aoti_farm.startup.loadenv`): when this host was
     probed to need it, or ``AOTI_FARM_PRELOAD_LIBSTDCXX=1``, the system libstdc++ is
     preloaded into the actors.  ``libstdcxx=False``: without that ``LD_PRELOAD`` (and
     without importing torch, which the probe needs).  OpenMP's wait policy: see
-    :mod:`aoti_farm.ompwait`."""
-    from aoti_farm import ompwait
+    :mod:`aoti_farm.startup.ompwait`."""
+    from aoti_farm.startup import ompwait
 
     env = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONWARNINGS": "ignore:Failed to initialize NumPy",
            **ompwait.compile_env(os.environ)}
     if libstdcxx:
-        from aoti_farm import loadenv
+        from aoti_farm.startup import loadenv
 
         preload = loadenv.child_env({}).get("LD_PRELOAD")
         if preload:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from aoti_farm import spawn
+from aoti_farm.startup import spawn
 from aoti_farm.config import FarmConfig, dev as _dev, key_file_for_children
 from aoti_farm.errors import UserError
 
@@ -75,7 +75,7 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
         _RAY_TMP = _RAY_TMP or private_ray_tmp()
         kw["_temp_dir"] = _RAY_TMP
         quiet_embedded_ray()
-        from aoti_farm import pycache
+        from aoti_farm.startup import pycache
 
         pycache.apply()   # the workers inherit it (warm applied it already; serve here)
         # The embedded Ray's workers inherit this environment: give it the actors'
@@ -103,7 +103,7 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
             os.environ[SOCKET_VAR] = _FORK_SERVER.path
     try:
         # Ray puts the driver's working directory first on every worker's sys.path:
-        # make it the farm's private one (aoti_farm.spawn)
+        # make it the farm's private one (aoti_farm.startup.spawn)
         with spawn.private_cwd():
             ray.init(**kw)
     except ConnectionError as e:
@@ -215,7 +215,7 @@ EMBEDDED_RAY_NOTICES = {
 
 def quiet_embedded_ray() -> None:
     """Drop :data:`EMBEDDED_RAY_NOTICES` (once per process)."""
-    from aoti_farm import notices
+    from aoti_farm.startup import notices
 
     notices.drop(EMBEDDED_RAY_NOTICES)
 
@@ -263,7 +263,7 @@ def _key_file(cfg: FarmConfig, cache) -> str | None:
         return None
     if cfg.signing_key_file:
         # absolute: an embedded Ray's workers run in the farm's private directory, not in the
-        # driver's working directory (aoti_farm.spawn.private_cwd)
+        # driver's working directory (aoti_farm.startup.spawn.private_cwd)
         return os.path.abspath(cfg.signing_key_file)
     if _EMBEDDED_ENV is not None:   # this host's own Ray: its workers are this host's processes
         return key_file_for_children(cache.signing_key, None)

@@ -10,13 +10,13 @@ Routing, pool sizes and the actors' resource requests are :mod:`aoti_farm.worker
 * Bounded in-flight: at most ``max_in_flight`` compile calls are submitted at once
   (``ray.wait`` on them is the backpressure), at most ``depth`` per actor.
 * One worker per signature: a key is in at most one actor's queue at a time (and the
-  lease in :mod:`aoti_farm.job` keeps it so fleet-wide).
+  lease in :mod:`aoti_farm.compile.job` keeps it so fleet-wide).
 * Per-signature timeout, measured from the moment the call reaches the head of its
   actor's queue: the actor is killed (``ray.kill``; Ray restarts it, ``max_restarts``),
   its leases are broken, and the signature is retried as an infrastructure failure.
 * Infrastructure failures (the actor died, its node was lost, an unexpected exception)
   are retried up to ``retries`` times; a deterministic failure (status ``failed`` from
-  :func:`aoti_farm.job.compile_and_publish`, which wrote a failure record) is final.
+  :func:`aoti_farm.compile.job.compile_and_publish`, which wrote a failure record) is final.
 * ``busy`` (another farm holds the lease): the task is parked and the cache re-checked
   every ``lease_ttl/4`` s; it is dispatched again only when the lease is gone or stale,
   so nothing is compiled twice.  It gives up after waiting ``timeout`` seconds.
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from aoti_farm.cache import leases
 from aoti_farm.cache.store import Cache
-from aoti_farm.counters import Counters
+from aoti_farm.metrics.counters import Counters
 from aoti_farm.errors import FarmError
 from aoti_farm.signature import Signature
 from aoti_farm.workers import metrics as farm_metrics
@@ -72,13 +72,13 @@ class Result:
     fp_id: str | None = None
     span: tuple | None = None       # (start, end) wall clock of the compile call in the actor
     phases: dict = field(default_factory=dict)   # export/inductor/verify seconds
-    build: dict = field(default_factory=dict)    # how the wrapper was built (aoti_farm.splitbuild)
+    build: dict = field(default_factory=dict)    # how the wrapper was built (aoti_farm.build.splitbuild)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-#: The pool's counters (:class:`aoti_farm.counters.Counters`); :meth:`Scheduler.stats` adds
+#: The pool's counters (:class:`aoti_farm.metrics.counters.Counters`); :meth:`Scheduler.stats` adds
 #: the gauge ``peak_in_flight`` (a running maximum, kept as a plain attribute: not a count).
 POOL_COUNTERS = ("dispatched", "compiled", "cached", "failed", "retried", "timeouts", "actor_losses",
                  "actors_started", "actors_replaced", "busy_parks", "leases_broken")

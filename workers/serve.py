@@ -23,17 +23,17 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
           stream: TextIO | None = None, compiler_factory: Callable | None = None,
           on_event: Callable | None = None, metrics=None, signing_key: bytes | None = None) -> int:
     """Drain the miss queues until ``stop`` is set (or SIGTERM/SIGINT); returns 0.
-    ``metrics``: an :class:`aoti_farm.exposition.Endpoint` to expose the pool's counters on
+    ``metrics``: an :class:`aoti_farm.metrics.exposition.Endpoint` to expose the pool's counters on
     (see aoti_farm.workers.metrics), None for none;
     ``signing_key``: the resolved key's bytes (None: no signing)."""
     from aoti_farm.cache import queue as missq
-    from aoti_farm.progress import Progress
+    from aoti_farm.report.progress import Progress
     from aoti_farm.workers import metrics as farm_metrics
     from aoti_farm.workers.placement import pool_sizes, route
     from aoti_farm.workers.scheduler import Task
 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    from aoti_farm import notices
+    from aoti_farm.startup import notices
 
     notices.drop(notices.TORCH_NOTICES)   # `aoti-farm serve` is the farm's own process
     stop = stop or threading.Event()
@@ -137,7 +137,7 @@ def _enqueue_pending(cache, fp_id, kind, sched, bad, missq, Task, route) -> None
             if cache.has_entry(fp_id, key) or cache.failure(fp_id, key) is not None:
                 missq.done(cache, fp_id, key)
                 continue
-            sig, wid = missq.read_item(cache, fp_id, key)   # wid: a widened class asked for (aoti_farm/widen.py)
+            sig, wid = missq.read_item(cache, fp_id, key)   # wid: a widened class asked for (aoti_farm/compile/widen.py)
             if route(sig) != kind:
                 continue
         except FileNotFoundError:

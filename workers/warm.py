@@ -155,7 +155,7 @@ PREP_MIN_CORES = 4
 
 def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
                     compiler_factory: Callable | None) -> threading.Thread | None:
-    """Build this host's per-host compile products (:mod:`aoti_farm.hostprep`: ISA
+    """Build this host's per-host compile products (:mod:`aoti_farm.compile.hostprep`: ISA
     probe, precompiled headers, the split build's common object, the loader probe) in a
     child process watched by a thread of the driver, while Ray and the actors start, so that no actor's first
     compile builds them and the others queue behind it.  Only for an embedded Ray (the
@@ -167,7 +167,7 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
         return None
 
     def run() -> None:
-        from aoti_farm import hostprep
+        from aoti_farm.compile import hostprep
 
         t0 = time.time()
         out = hostprep.prepare_in_child(cfg.inductor_options)   # a child: not under this interpreter's lock
@@ -181,16 +181,16 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
 
 def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None):
     """On a fresh many-core host, the planner's ISA probe in a child
-    (:class:`aoti_farm.hostprep.IsaChild`, started here, awaited by
+    (:class:`aoti_farm.compile.hostprep.IsaChild`, started here, awaited by
     :func:`await_isa_probe`) while this process starts Ray: probing here would import
     Inductor into the driver and hold its interpreter lock while ``import ray`` and
     ``ray.init`` need it.  None where it does not apply (no CPU signature, fewer than
     :data:`PREP_MIN_CORES` cores, a test double compiler, a known host: its memo is
-    found without importing torch, :func:`aoti_farm.hostprep.isa_memo_known`); a failed
+    found without importing torch, :func:`aoti_farm.compile.hostprep.isa_memo_known`); a failed
     child: :func:`plan` probes here as before."""
     if n_cpu < 1 or compiler_factory is not None or (os.cpu_count() or 1) < PREP_MIN_CORES:
         return None
-    from aoti_farm import hostprep
+    from aoti_farm.compile import hostprep
 
     return None if hostprep.isa_memo_known() else hostprep.IsaChild()
 
@@ -338,18 +338,18 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
          counters_out: dict | None = None, signing_key: bytes | None = None) -> int:
     """Compile every signature of ``models`` into the cache; exit code 0/1 (UserError: 2).
     ``signing_key``: the resolved key's bytes (None: no signing)."""
-    from aoti_farm.progress import Progress, command_start_time, write_report
+    from aoti_farm.report.progress import Progress, command_start_time, write_report
 
     # wall-clock marks for the report (where a run's time goes: see "timeline")
     timeline: dict = {"process_start": command_start_time(), "warm_start": time.time(), "workers": []}
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    from aoti_farm import notices
+    from aoti_farm.startup import notices
 
     notices.drop(notices.TORCH_NOTICES)   # before anything here imports torch
-    from aoti_farm import pycache
+    from aoti_farm.startup import pycache
 
-    timeline["pycache"] = pycache.apply(here=True)   # before any child starts (aoti_farm/pycache.py)
-    from aoti_farm import pyprecompile
+    timeline["pycache"] = pycache.apply(here=True)   # before any child starts (aoti_farm/startup/pycache.py)
+    from aoti_farm.startup import pyprecompile
 
     # a fresh bytecode cache: compile what every process here will import, in parallel, now
     precompiled = pyprecompile.start(timeline["pycache"]) if compiler_factory is None else None
@@ -458,12 +458,12 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         r["device"] = s.device
         rows.append(r)
     rows += classes.rows() if classes is not None else []
-    from aoti_farm.progress import attach_speed
+    from aoti_farm.report.progress import attach_speed
 
     attach_speed(rows, cache, cfg.inductor_options)   # each kernel's measured speed-up
     mark_refusals(rows, cache)
     progress.finish(rows)
-    from aoti_farm.progress import startup_line
+    from aoti_farm.report.progress import startup_line
 
     line = startup_line(timeline)
     if line:
@@ -481,10 +481,10 @@ def mark_refusals(rows: list[dict], cache) -> None:
     """Set ``refused`` on each failed row that verification refused and that the cache
     records: the kernel was built and is not eager's (or cannot be checked as serving
     needs), a final, deterministic outcome after which eager serves the signature
-    (:data:`aoti_farm.compiler.VERIFICATION_REFUSALS`).  Such a row does not fail
+    (:data:`aoti_farm.compile.compiler.VERIFICATION_REFUSALS`).  Such a row does not fail
     ``warm``.  Everything else does: an unrecorded failure (timeouts, lost workers, the
     memory budget), a signature eager rejects, an Inductor error, a bug of aoti-farm."""
-    from aoti_farm.compiler import is_verification_refusal
+    from aoti_farm.compile.compiler import is_verification_refusal
 
     for r in rows:
         if r.get("status") != "failed" or (r.get("evidence") or {}).get("bug") or not r.get("fp_id"):

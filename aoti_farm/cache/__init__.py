@@ -6,9 +6,6 @@ Its parts, from the bottom up (each module's docstring says more):
   ``layout``          names in the cache directory: the format version, an entry's file names,
                       ``check_key``/``check_fp`` (no name read from a file ever becomes a path
                       unchecked).
-  ``safeio``          bounded, link-safe reads of shared files: ``open_regular``,
-                      ``read_bounded``, ``open_dir``/``walk``, ``private_copy`` (a sealed memfd,
-                      hashed while copied); ``UnsafeFile(kind)``.
   ``elfstack``        a kernel library's ELF stack request: refused where it asks for an
                       executable stack; the compiler clears the one AOTI's link makes.
   ``manifest``        one entry's manifest: decode and shape checks, HMAC, file hashes;
@@ -29,8 +26,13 @@ Its parts, from the bottom up (each module's docstring says more):
   ``verify_records``  ``cache verify``/``--repair`` and ``stats`` for the records and the
                       cache's directories.
 
-Not here, on purpose: ``aoti_farm.private`` and ``aoti_farm.fsutil`` (this host's own private
-0700 files, never the shared cache), ``aoti_farm.widen`` (the hook's miss policy) and
+Every read of a shared file goes through ``aoti_farm.security.safeio`` (bounded, link-safe
+reads: ``open_regular``, ``read_bounded``, ``open_dir``/``walk``, ``private_copy``;
+``UnsafeFile(kind)``), which ``security.private`` and the key file's reader use too.
+
+Not here, on purpose: ``aoti_farm.security.private`` and ``aoti_farm.security.fsutil`` (this
+host's own private 0700 files, never the shared cache), ``aoti_farm.compile.widen`` (the
+hook's miss policy) and
 ``runtime/index.py`` (a serving process's in-memory index, built through ``store``).
 
 This package imports nothing itself: import a part, e.g.

@@ -1,7 +1,7 @@
 """An index of a cache for explaining misses: every namespace's keys listed once, each
 entry's key fields read from its manifest once (bounded, link-safe, never hashed), and the
 entries of one op aligned so the nearest one to a signature is found in one vectorised
-pass (:class:`OpGroup`).  Used by :mod:`aoti_farm.explain` and the serving hook's
+pass (:class:`OpGroup`).  Used by :mod:`aoti_farm.report.explain` and the serving hook's
 ``explain_misses``.
 
 Key fields are the named fields of a signature's JSON form (``Signature.to_obj()``):
@@ -19,7 +19,7 @@ from typing import Any
 
 import msgpack
 
-from aoti_farm.cache import safeio
+from aoti_farm.security import safeio
 from aoti_farm.cache.store import MANIFEST, Cache
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import msgpack
 
-from aoti_farm.cache import safeio
+from aoti_farm.security import safeio
 from aoti_farm.errors import FarmError
 from aoti_farm.cache.layout import CACHE_FORMAT, KERNEL, MANIFEST
-from aoti_farm.cache.safeio import PrivateCopy, UnsafeFile
+from aoti_farm.security.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
 #: A file name an entry may hold.
@@ -47,7 +47,7 @@ def sign(manifest: dict, key: bytes) -> str:
 class Entry:
     """A verified entry.
 
-    ``kernel`` (when opened with ``private=True``) is a :class:`~aoti_farm.cache.safeio.PrivateCopy`
+    ``kernel`` (when opened with ``private=True``) is a :class:`~aoti_farm.security.safeio.PrivateCopy`
     of ``kernel.so`` holding exactly the bytes whose sha256 was checked: load
     ``kernel.path``, then ``close()`` the entry.  ``kernel_path`` is the shared file, for
     tools that copy it (with a hash check); never load it."""

@@ -42,7 +42,7 @@ def queue_dir(cache: Cache, fp_id: str) -> Path:
 def enqueue(cache: Cache, fp_id: str, sig: Signature, widen: dict | None = None) -> bool:
     """True if this call added it, False if it was already queued.  ``widen``: a shape
     class (``ShapeClass.to_obj()``) to compile instead, when it covers ``sig`` (the miss
-    policy of :mod:`aoti_farm.widen`; an optional field: drainers that ignore it compile
+    policy of :mod:`aoti_farm.compile.widen`; an optional field: drainers that ignore it compile
     the exact signature)."""
     key = check_key(sig.key)
     name = f"{key}{SUFFIX}"
@@ -99,7 +99,7 @@ def read(cache: Cache, fp_id: str, key: str) -> Signature:
 
 def read_item(cache: Cache, fp_id: str, key: str) -> tuple[Signature, dict | None]:
     """(the queued signature, its ``widen`` request or None), as :func:`read`; the request
-    is not checked here (:func:`aoti_farm.widen.parse_request` does, and ignores a bad one)."""
+    is not checked here (:func:`aoti_farm.compile.widen.parse_request` does, and ignores a bad one)."""
     check_key(key)
     what = f"queue item {queue_dir(cache, fp_id) / (key + SUFFIX)}"
     fd = records.open_subdir(cache, fp_id, "queue")

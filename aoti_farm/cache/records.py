@@ -8,7 +8,7 @@ record with hostile values (``"ttl": Infinity``, another key).  So every read he
   opened without following a link (``O_NOFOLLOW | O_DIRECTORY``) and checked for owner
   and mode (:func:`open_subdir`); writers use the same walk, so a symlinked ``queue/``,
   ``leases/`` or ``failed/`` directory never makes anyone write outside the cache;
-* reads the file through :func:`aoti_farm.cache.safeio.read_bounded`: regular files only,
+* reads the file through :func:`aoti_farm.security.safeio.read_bounded`: regular files only,
   opened non-blocking, at most :data:`RECORD_MAX` bytes, before anything is parsed;
 * checks the decoded structure against a schema (types of each field, the key equals the
   file name, numbers finite) before any field is used.
@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterable
 
 import msgpack
 
-from aoti_farm.cache import safeio
-from aoti_farm.counters import Counters
+from aoti_farm.security import safeio
+from aoti_farm.metrics.counters import Counters
 from aoti_farm.errors import FarmError
 
 RECORD_MAX = safeio.RECORD_MAX

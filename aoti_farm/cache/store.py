@@ -46,15 +46,15 @@ import msgpack
 
 from aoti_farm.config import load_signing_key  # noqa: F401 -- checks an explicit key; re-exported
 from aoti_farm.errors import FarmError, UserError
-from aoti_farm.cache import safeio
+from aoti_farm.security import safeio
 from aoti_farm.fingerprint import Fingerprint
-from aoti_farm.fsutil import atomic_write, fsync_dir  # noqa: F401 -- used by importers too
+from aoti_farm.security.fsutil import atomic_write, fsync_dir  # noqa: F401 -- used by importers too
 from aoti_farm.cache.layout import (  # noqa: F401 -- the cache's names, used by importers too
     CACHE_FORMAT, FP_RE, KERNEL, KEY_RE, MANIFEST, check_fp, check_key, msgpack_default)
 from aoti_farm.cache.manifest import (  # noqa: F401 -- Entry, BadEntry, sign, sha256_file: used by importers too
     BAD_KIND, FILE_RE, UNBUILT, BadEntry, index_guards, Entry, decode_manifest, plain, sha256_fd, sha256_file, sign)
 from aoti_farm.cache import elfstack
-from aoti_farm.cache.safeio import PrivateCopy, UnsafeFile
+from aoti_farm.security.safeio import PrivateCopy, UnsafeFile
 from aoti_farm.signature import Signature, parse_signature
 
 _KEY_RE, _FP_RE = KEY_RE, FP_RE
@@ -289,8 +289,8 @@ class Cache:
             try:
                 sig = parse_signature(m["signature"])
                 sig_key = sig.key
-                if "shape_class" in m:   # a shape-general entry: keyed by its class (aoti_farm/shapes.py)
-                    from aoti_farm.shapes import parse_class
+                if "shape_class" in m:   # a shape-general entry: keyed by its class (aoti_farm/dynamic/shapes.py)
+                    from aoti_farm.dynamic.shapes import parse_class
 
                     cls = parse_class(m["shape_class"])
                     if cls.example != sig:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import stat
 
-from aoti_farm.cache import failures as failrec, leases, queue as missq, records, safeio
+from aoti_farm.cache import failures as failrec, leases, queue as missq, records
+from aoti_farm.security import safeio
 from aoti_farm.cache.store import Cache
 from aoti_farm.errors import FarmError
 from aoti_farm.cache.records import BadRecord
-from aoti_farm.cache.safeio import UnsafeFile
+from aoti_farm.security.safeio import UnsafeFile
 
 
 def check(cache: Cache, fp_id: str, *, repair: bool) -> list[dict]:

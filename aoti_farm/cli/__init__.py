@@ -47,7 +47,7 @@ EXTERNAL = {
             "run a Python program with the serving hook installed"),
     "record": ("aoti_farm.runtime.launch", "add_record_args", "record_command",
                "run a Python program and record the op signatures it calls into a trace"),
-    "explain": ("aoti_farm.explain", "add_explain_args", "explain_command",
+    "explain": ("aoti_farm.report.explain", "add_explain_args", "explain_command",
                 "say what a serving process here would do with each signature of a trace, and why"),
     "report": ("aoti_farm.cli.report_cmd", "add_report_args", "report_command",
                "render a warm report (--report JSON) as a self-contained HTML timeline"),
@@ -287,9 +287,9 @@ PRIVATE_INDUCTOR = ("warm", "serve", "compile-one")
 
 
 def _private_inductor(command: str) -> None:
-    """:func:`aoti_farm.private.use_inductor_cache` without importing torch (each place
+    """:func:`aoti_farm.security.private.use_inductor_cache` without importing torch (each place
     that builds patches torch itself); an unsafe directory is a one-line error."""
-    from aoti_farm import private
+    from aoti_farm.security import private
 
     try:
         private.use_inductor_cache(patch_torch=False)

@@ -149,7 +149,7 @@ def _classes(cache: Cache, fp_id: str, manifests: list[dict]) -> tuple[dict, dic
 def stats(ns) -> int:
     from aoti_farm.cache import verify_records
     from aoti_farm.cache.failures import counts_text
-    from aoti_farm.speed import GATE_RATIO, compile_ratio, speed_summary
+    from aoti_farm.speedgate.speed import GATE_RATIO, compile_ratio, speed_summary
 
     cache = open_cache(ns.cache_dir, signing_key=_key(ns))
     per = {}
@@ -198,7 +198,7 @@ def _fp_summary(cache: Cache, fp_id: str) -> str:
 
 
 def ls(ns) -> int:
-    from aoti_farm.speed import speedup_text
+    from aoti_farm.speedgate.speed import speedup_text
     from aoti_farm.signature import describe, parse_signature
 
     cache = open_cache(ns.cache_dir, signing_key=_key(ns))
@@ -215,8 +215,8 @@ def ls(ns) -> int:
                 try:
                     sig = parse_signature(m.get("signature"))
                     op, desc = sig.op, describe(sig)
-                    if "shape_class" in m:   # a shape-general entry: its pattern and ranges (aoti_farm/shapes.py)
-                        from aoti_farm.shapes import parse_class
+                    if "shape_class" in m:   # a shape-general entry: its pattern and ranges (aoti_farm/dynamic/shapes.py)
+                        from aoti_farm.dynamic.shapes import parse_class
 
                         cls = parse_class(m["shape_class"])
                         desc, ranges = f"{cls.describe()} [shape-general]", {n: [lo, hi] for n, lo, hi in cls.ranges}

@@ -1,13 +1,13 @@
 """`aoti-farm report REPORT.json --html OUT.html`: the command line of
-:mod:`aoti_farm.report_html`."""
+:mod:`aoti_farm.report.report_html`."""
 
 from __future__ import annotations
 
 import os
 
-from aoti_farm import private
+from aoti_farm.security import private
 from aoti_farm.errors import UserError
-from aoti_farm.report_html import load_report, render
+from aoti_farm.report.report_html import load_report, render
 
 
 def add_report_args(p) -> None:

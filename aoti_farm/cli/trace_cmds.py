@@ -180,9 +180,9 @@ def cmd_compile_one(ns) -> int:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     import torch
 
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import compile_and_publish
+    from aoti_farm.compile.job import compile_and_publish
     from aoti_farm.cache.leases import new_owner
 
     if sig.device == "cuda" and not torch.cuda.is_available():
@@ -211,7 +211,7 @@ def cmd_compile_one(ns) -> int:
 
 def _show_classes(trace, as_json: bool = False) -> int:
     """``aoti-farm trace show --classes``: one line per class (key, members, ranges)."""
-    from aoti_farm.shapes import classes, distinct_shapes
+    from aoti_farm.dynamic.shapes import classes, distinct_shapes
     from aoti_farm.signature import describe
 
     cls, loose = classes(trace.signatures)

@@ -1,5 +1,5 @@
 """`aoti-farm cache export-upstream` / `import-upstream`: the command lines of
-:mod:`aoti_farm.upstream` (torch's aoti_eager cache layout, both ways)."""
+:mod:`aoti_farm.interop.upstream` (torch's aoti_eager cache layout, both ways)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from aoti_farm.cache.store import Cache
 from aoti_farm.cache.opening import open_cache
 from aoti_farm.errors import FarmError, UserError
-from aoti_farm.upstream import export_upstream, import_upstream
+from aoti_farm.interop.upstream import export_upstream, import_upstream
 
 
 def _open(ns: Any, create: bool) -> Cache:

@@ -95,14 +95,14 @@ def _farm_helper(argv=None, orig_argv=None, farm_dirs=None, probe=None) -> bool:
     verification child and server, host preparation, the loader probe, the ``aoti-farm``
     command): a hook there would route the eager reference that a kernel is checked
     against.  Its main script is in the farm's packages, or it runs ``aoti-farm``, or
-    its ``-c`` code is the loader probe (``aoti_farm.loadenv``)."""
+    its ``-c`` code is the loader probe (``aoti_farm.startup.loadenv``)."""
     argv = sys.argv if argv is None else argv
     orig_argv = getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv
     main = argv[0] if argv else ""
     if main == "-c":
         if probe is None:
             try:
-                from aoti_farm.loadenv import _PROBE as probe
+                from aoti_farm.startup.loadenv import _PROBE as probe
             except Exception:  # noqa: BLE001 -- no farm to ask: not its probe
                 return False
         return "-c" in orig_argv[:-1] and orig_argv[orig_argv.index("-c") + 1] == probe

@@ -338,9 +338,9 @@ def sig_from_spec(spec: dict):
 def compile_into(cache_dir: str, sigs: list) -> list[dict]:
     """Real compiles (in this process) of ``sigs`` into an aoti-farm cache; skips present ones."""
     from aoti_farm.cache.store import Cache
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import compile_and_publish
+    from aoti_farm.compile.job import compile_and_publish
 
     cache, fp, comp = Cache(cache_dir, signing_key=None), fingerprint("cpu"), AOTICompiler()
     return [compile_and_publish(cache, comp, fp, s, owner="bench").to_dict() for s in sigs]
@@ -409,8 +409,8 @@ def upstream_in_place(inductor_cache_dir: str, sigs_and_kernels: list[tuple]) ->
     """Upstream JSON that points at the kernels where they are (absolute paths; nothing
     copied) -- for the 10,000-entry start-up benchmark, where ``export_upstream``'s copy of
     every kernel would cost minutes.  The metadata and file names are the package's
-    (``aoti_farm.upstream.meta_info``, ``op_file_names``), as ``export_upstream`` writes them."""
-    from aoti_farm.upstream import meta_info, op_file_names
+    (``aoti_farm.interop.upstream.meta_info``, ``op_file_names``), as ``export_upstream`` writes them."""
+    from aoti_farm.interop.upstream import meta_info, op_file_names
 
     files: dict[tuple, list] = {}
     for sig, kp in sigs_and_kernels:
@@ -425,15 +425,15 @@ def upstream_in_place(inductor_cache_dir: str, sigs_and_kernels: list[tuple]) ->
 
 
 def export_to_upstream(cache_dir: str, inductor_cache_dir: str) -> str:
-    """Put the cache's kernels in upstream's layout with ``aoti_farm.upstream.export_upstream``
+    """Put the cache's kernels in upstream's layout with ``aoti_farm.interop.upstream.export_upstream``
     (what ``aoti-farm cache export-upstream`` does).  Returns how, for the report."""
     from aoti_farm.cache.store import Cache
-    from aoti_farm.upstream import export_upstream
+    from aoti_farm.interop.upstream import export_upstream
 
     rep = export_upstream(Cache(cache_dir, signing_key=None), inductor_cache_dir)
     if not rep["exported"]:
         raise RuntimeError(f"export_upstream exported nothing: {rep}")
-    return "aoti_farm.upstream.export_upstream"
+    return "aoti_farm.interop.upstream.export_upstream"
 
 
 def rmtree(p) -> None:

@@ -26,7 +26,7 @@ import time
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.compile.compiler import AOTICompiler
 from aoti_farm.errors import CompileRefused
 
 OPS = [

@@ -34,7 +34,7 @@ def one(spec: dict) -> dict:
     warnings.filterwarnings("ignore")
     from aoti_farm import budget
     from aoti_farm import signature as S
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
 
     def rss() -> int:
         with open("/proc/self/status") as f:

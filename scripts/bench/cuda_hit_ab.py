@@ -41,11 +41,11 @@ def main() -> int:
     ns = ap.parse_args()
     from aoti_farm import signature as S
     from aoti_farm.cache.store import Cache
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import compile_and_publish
+    from aoti_farm.compile.job import compile_and_publish
     from aoti_farm.runtime import install, native
-    from aoti_farm.upstream import export_upstream
+    from aoti_farm.interop.upstream import export_upstream
 
     R: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
     root = tempfile.mkdtemp(prefix="ab-cache-")

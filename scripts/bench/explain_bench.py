@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     os.makedirs(root, exist_ok=True)
     cache, fp, trace_path, build_s, n_trace = build(root, a.entries, a.trace)
 
-    from aoti_farm.explain import Explainer
+    from aoti_farm.report.explain import Explainer
     from aoti_farm.trace import load_trace
 
     tr = load_trace(trace_path)

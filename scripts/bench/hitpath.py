@@ -11,8 +11,8 @@ batch of calls):
 * ``eager``                 torch.add
 * ``container run``         torch's AOTIModelContainerRunner{Cpu,Cuda}(path, 1).run (the
                             default container run: each call waits for a free model)
-* ``pooled runner``         aoti_farm.runner.PooledRunner.run (single-threaded containers)
-* ``load_runner``           what aoti_farm.compiler.load_runner returns for the device
+* ``pooled runner``         aoti_farm.compile.runner.PooledRunner.run (single-threaded containers)
+* ``load_runner``           what aoti_farm.compile.compiler.load_runner returns for the device
 * ``hook (native)``         torch.add with the serving hook installed (serve="always")
 """
 
@@ -47,10 +47,10 @@ def _batch(fn, n, sync):
 def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = None, quick: bool = False) -> dict:
     from aoti_farm import signature as S
     from aoti_farm.cache.store import Cache
-    from aoti_farm.compiler import AOTICompiler, load_runner
+    from aoti_farm.compile.compiler import AOTICompiler, load_runner
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import compile_and_publish
-    from aoti_farm.runner import PooledRunner
+    from aoti_farm.compile.job import compile_and_publish
+    from aoti_farm.compile.runner import PooledRunner
     from aoti_farm.runtime import install
     from aoti_farm.runtime.hook import Hook
     from aoti_farm.runtime.hook import install as install_fn

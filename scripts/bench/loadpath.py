@@ -28,9 +28,9 @@ import torch  # noqa: E402
 
 from aoti_farm import signature as S  # noqa: E402
 from aoti_farm.cache.store import Cache  # noqa: E402
-from aoti_farm.compiler import AOTICompiler, load_runner  # noqa: E402
+from aoti_farm.compile.compiler import AOTICompiler, load_runner  # noqa: E402
 from aoti_farm.fingerprint import fingerprint  # noqa: E402
-from aoti_farm.job import compile_and_publish  # noqa: E402
+from aoti_farm.compile.job import compile_and_publish  # noqa: E402
 
 
 def _per_call(fn, n: int) -> float:

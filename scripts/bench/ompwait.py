@@ -1,6 +1,6 @@
 """What OpenMP's wait policy costs a kernel's verification: the wall and the CPU of
 ``AOTICompiler.verify`` under libgomp's default policy and under ``OMP_WAIT_POLICY=PASSIVE``
-(what the farm's compile processes get: ``aoti_farm/ompwait.py``).
+(what the farm's compile processes get: ``aoti_farm/startup/ompwait.py``).
 
 Verification runs each CPU kernel and eager at 1, 2 and the host's cores
 (``compiler.verify_thread_counts``).  In a warm every other core is compiling, and a
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             raise ValueError
     except ValueError:
         raise SystemExit(f"ompwait: --busy {ns.busy!r}: give non-negative integers, e.g. --busy 0,15") from None
-    from aoti_farm.compiler import AOTICompiler, verify_thread_counts
+    from aoti_farm.compile.compiler import AOTICompiler, verify_thread_counts
 
     work = tempfile.mkdtemp(prefix="aoti-ompwait-")
     try:

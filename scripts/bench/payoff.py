@@ -223,9 +223,9 @@ def _compile_shard(units: list[tuple[str, str, int]], device: str, threads: int 
     if threads:
         torch.set_num_threads(threads)
     from aoti_farm.cache.store import Cache
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import compile_and_publish
+    from aoti_farm.compile.job import compile_and_publish
     from aoti_farm.trace import load_trace
 
     comp, fp = AOTICompiler(), fingerprint(device)

@@ -25,7 +25,7 @@ build switch A/B'd in one process).  worker.py and common.py are their helpers.
 How things are measured (see each bench_* function):
   * per-call times: median over R repeats of (N back-to-back calls)/N after a warm-up,
     one process per (signature, mode); upstream's holder serves the *same* kernel file
-    as the hook (exported with aoti_farm.upstream.export_upstream), so only the call
+    as the hook (exported with aoti_farm.interop.upstream.export_upstream), so only the call
     path differs;
   * farm CPU: every process descending from the `aoti-farm warm` process (driver,
     raylet, Ray workers, g++): sampled from /proc every 0.2 s, each process's own time

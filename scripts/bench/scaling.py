@@ -15,7 +15,7 @@ Each run is a fresh `aoti-farm warm` process with a fresh cache, a fresh Inducto
 (TORCHINDUCTOR_CACHE_DIR) and fresh host memos (XDG_CACHE_HOME: the ISA and loader
 memos): each pays the ISA probe, the split build's common object
 and the loader probe once.  Inductor's precompiled headers (in the farm's private Inductor
-cache, ``<TORCHINDUCTOR_CACHE_DIR>/precompiled_headers``: see ``aoti_farm/private.py``) are
+cache, ``<TORCHINDUCTOR_CACHE_DIR>/precompiled_headers``: see ``aoti_farm/security/private.py``) are
 built once before the runs and copied into each run's fresh Inductor cache, so every run
 finds them, as every warm after a host's first does (``--fresh-headers``: each run builds
 them too, as on a brand-new host).  Runs are sequential, W=all first.
@@ -115,14 +115,15 @@ def make_trace(work: Path, source: str, unique: int | None, lengths: tuple = BER
 
 
 # One real compile of a small signature by the farm's compiler, recording the C++ compiles
-# it runs: the wrapper's model half (aoti_farm.splitbuild) and the kernel, each with its
+# it runs: the wrapper's model half (aoti_farm.build.splitbuild) and the kernel, each with its
 # source copied beside (Inductor deletes its build directory).  host_ceiling replays them.
 _CAPTURE_FARM_COMPILE = r"""
 import json, os, shlex, shutil, sys, tempfile
 import torch
 from torch._inductor import cpp_builder
-from aoti_farm import signature as S, splitbuild
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm import signature as S
+from aoti_farm.build import splitbuild
+from aoti_farm.compile.compiler import AOTICompiler
 out = sys.argv[1]
 got = {}
 def keep(name, argv, src_i, cwd):
@@ -172,7 +173,7 @@ def prebuild_headers(work: Path, extra_env: dict | None = None, name: str = "hea
     env = {**os.environ, **(extra_env or {}), "XDG_CACHE_HOME": str(d / "xdg"),
            "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor")}
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-c", "import json; from aoti_farm.hostprep import prepare; "
+    p = subprocess.run([sys.executable, "-c", "import json; from aoti_farm.compile.hostprep import prepare; "
                         "print(json.dumps(prepare()['status']))"], env=env, capture_output=True, text=True,
                        timeout=1800)
     out = {"seconds": round(time.time() - t0, 1), "rc": p.returncode, "out": p.stdout.strip()[-200:]}
@@ -272,8 +273,8 @@ def kind_of(argv: list[str]) -> str | None:
         return "ray python"          # log monitor, dashboard, the autoscaler monitor
     if "aoti_farm.workers.forkserver" in argv[1:4]:
         return "fork server"         # and its children, the actors' compiling copies (CpuSampler._scan)
-    if "aoti_farm.compiler" in argv[1:4] and "--serve" in argv:
-        return "verification children"   # an actor's long-lived one (aoti_farm/verifyserver.py)
+    if "aoti_farm.compile.compiler" in argv[1:4] and "--serve" in argv:
+        return "verification children"   # an actor's long-lived one (aoti_farm/compile/verifyserver.py)
     if "aoti_farm" in argv[1:4]:
         return "driver and its children"   # python -m aoti_farm warm ...
     return None

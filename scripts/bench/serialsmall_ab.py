@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Small CPU kernels with and without aoti_farm/serialsmall.py, in one process.
+"""Small CPU kernels with and without aoti_farm/build/serialsmall.py, in one process.
 
     python scripts/bench/serialsmall_ab.py [--threads 2] [--rounds 3] [--out DIR | --json FILE]
 
@@ -53,12 +53,12 @@ def main(argv=None) -> int:
 
     import torch
 
-    from aoti_farm import serialsmall
+    from aoti_farm.build import serialsmall
     from aoti_farm import signature as S
     from aoti_farm.cache.store import Cache
-    from aoti_farm.compiler import AOTICompiler, flat_tensors, load_runner
+    from aoti_farm.compile.compiler import AOTICompiler, flat_tensors, load_runner
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import compile_and_publish
+    from aoti_farm.compile.job import compile_and_publish
 
     torch.set_num_threads(ns.threads)
     a, E, L = torch.ops.aten, torch.empty, torch.long

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Compile a few single-op signatures into a fresh cache and print each kernel's speed as
 the hook serves it (the manifest's compile-time record, timed through the dispatcher into
-the native hit path: aoti_farm/speed.py ``time_served_call``), with its refusal or edge
+the native hit path: aoti_farm/speedgate/speed.py ``time_served_call``), with its refusal or edge
 notes: the ops issue 48 names (index ops, ``upsample_bilinear2d``, ``max_pool2d``), on the
 device given.  ``via: runner`` marks an op the hit path cannot register at the device's
 dispatch key (a composite op such as ``embedding``: eager runs its decomposition, and the
@@ -53,9 +53,9 @@ def main(argv=None) -> int:
 
     from aoti_farm import signature as S
     from aoti_farm.cache.store import Cache
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import compile_and_publish
+    from aoti_farm.compile.job import compile_and_publish
 
     comp = AOTICompiler()
     fp = fingerprint("cuda:0" if ns.device == "cuda" else "cpu", comp.options())

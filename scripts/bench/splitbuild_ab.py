@@ -1,4 +1,4 @@
-"""Split vs whole AOTI wrapper build, side by side in one process (aoti_farm.splitbuild).
+"""Split vs whole AOTI wrapper build, side by side in one process (aoti_farm.build.splitbuild).
 
     python scripts/bench/splitbuild_ab.py cuda|cpu
 
@@ -9,8 +9,9 @@ AOTICompiler.compile.  Results: docs/benchmarks.md, "Split build".
 """
 import os, sys, time, tempfile
 import torch
-from aoti_farm import signature as S, splitbuild
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm import signature as S
+from aoti_farm.build import splitbuild
+from aoti_farm.compile.compiler import AOTICompiler
 comp = AOTICompiler()
 dev = sys.argv[1]
 def sig(n, k):

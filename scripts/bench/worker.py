@@ -252,7 +252,7 @@ def _hook_breakdown(sig, op, args, kwargs, cache_dir, iters) -> dict:
     input list, the runner call itself, and a do-nothing Python kernel registered through
     torch.library (the dispatcher -> Python round trip every Python hook pays)."""
     from aoti_farm import signature as S
-    from aoti_farm.compiler import flat_tensors, load_runner
+    from aoti_farm.compile.compiler import flat_tensors, load_runner
     from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
 
@@ -375,7 +375,7 @@ def profile_compile(trace: str, warmup_index: int = 0, index: int = 1, top: int 
     import cProfile
     import pstats
     import tempfile
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
     from aoti_farm.trace import load_trace
 
     tr = load_trace(trace)
@@ -629,7 +629,7 @@ def verify_checks(spec: str) -> None:
     from pathlib import Path
 
     from aoti_farm import signature as S
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
 
     spec = json.loads(Path(spec).read_text())
     verifier = AOTICompiler({}, measure_speed=False, builds=False)

@@ -114,7 +114,7 @@ def main():
     rc = step_warm(ns.out, cache_dir)
     # steps 2-4 run in a child re-exec'ed with the libstdc++ preload when the host needs it
     env = dict(os.environ)
-    from aoti_farm.loadenv import child_env, remembered
+    from aoti_farm.startup.loadenv import child_env, remembered
 
     RESULTS["loadenv"] = remembered()
     env = child_env(env)

@@ -69,7 +69,7 @@ def step_differential(cache_dir):
 
 def step_bench(cache_dir, shapes=((64, 128), (1024, 1024))):
     from aoti_farm.runtime import install
-    from aoti_farm.upstream import export_upstream
+    from aoti_farm.interop.upstream import export_upstream
 
     rows = []
     up_dir = tempfile.mkdtemp(prefix="upstream-")

@@ -1,4 +1,4 @@
-"""The refusal before the C++ build (aoti_farm/abortscan.py), against verification itself:
+"""The refusal before the C++ build (aoti_farm/build/abortscan.py), against verification itself:
 a CPU op whose kernel checks an index that eager rejects, and whose index has no guard
 (made so here), is compiled for real twice, with the scan and with ``AOTI_FARM_DEV=abort_scan=0``.
 Both refuse it, and neither publishes anything.  With the scan, no wrapper is built.  The
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm import splitbuild
+from aoti_farm.build import splitbuild
 from aoti_farm.cache.store import Cache
-from aoti_farm.compiler import AOTICompiler, is_verification_refusal
+from aoti_farm.compile.compiler import AOTICompiler, is_verification_refusal
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.job import compile_and_publish
+from aoti_farm.compile.job import compile_and_publish
 
 PREDICTED = ("kernel aborts the process where eager raises (its generated code checks an index inside an "
              "OpenMP region; refused before its C++ build): index out of bounds: ")
@@ -24,7 +24,7 @@ def _sig(op, rows: int = 2):
     """Signatures of the three index ops a recorded BERT or GPT-2 has, with their indices'
     recorded range (in bounds: eager accepts the example inputs).  ``rows``: the index's
     rows; at 2048 and more the kernel's loop nest holds over 4096 elements, so it keeps its
-    OpenMP region (a smaller one is serial, aoti_farm/serialsmall.py, and its check raises
+    OpenMP region (a smaller one is serial, aoti_farm/build/serialsmall.py, and its check raises
     as eager does)."""
     i64 = torch.int64
     if op == "gather":
@@ -66,7 +66,7 @@ def test_refused_before_its_build_as_verification_refuses_it(op, tmp_path, monke
     op adversarial.index_bound cannot bound), in a kernel large enough to keep its OpenMP
     region."""
     fp, sig = fingerprint("cpu"), _sig(op, rows=2048)
-    monkeypatch.setattr("aoti_farm.adversarial.index_guards", lambda *a, **k: None)
+    monkeypatch.setattr("aoti_farm.compile.adversarial.index_guards", lambda *a, **k: None)
     monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
     cache = Cache(tmp_path / "scan")
     before = _built_wrappers()
@@ -88,14 +88,14 @@ def test_refused_before_its_build_as_verification_refuses_it(op, tmp_path, monke
 
 
 def test_a_small_index_kernel_without_a_guard_raises_as_eager_does(tmp_path, monkeypatch):
-    """Under 4096 elements the kernel's loop nest is serial (aoti_farm/serialsmall.py): its
+    """Under 4096 elements the kernel's loop nest is serial (aoti_farm/build/serialsmall.py): its
     index check sits outside any OpenMP region and raises where eager raises, so even
     without a guard the kernel is verified on the bad-index cases and published, and it
     raises on a negative index as eager does."""
-    from aoti_farm.compiler import load_runner
+    from aoti_farm.compile.compiler import load_runner
 
     fp, sig = fingerprint("cpu"), _sig("gather")
-    monkeypatch.setattr("aoti_farm.adversarial.index_guards", lambda *a, **k: None)
+    monkeypatch.setattr("aoti_farm.compile.adversarial.index_guards", lambda *a, **k: None)
     monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
     cache = Cache(tmp_path / "small")
     out = compile_and_publish(cache, AOTICompiler(measure_speed=False), fp, sig, owner="t")
@@ -113,7 +113,7 @@ def test_a_small_index_kernel_without_a_guard_raises_as_eager_does(tmp_path, mon
 def test_a_class_where_eager_rejects_an_index_is_refused_before_its_build(tmp_path):
     """A class kernel is never verified in the verification child, so its members are
     compiled exactly; that is known before the class's compile, which is not run."""
-    from aoti_farm import shapes as SH
+    from aoti_farm.dynamic import shapes as SH
 
     i64 = torch.int64
     sigs = []

@@ -13,7 +13,7 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.compile.compiler import AOTICompiler
 from aoti_farm.errors import CompileRefused
 from aoti_farm.trace import Trace, TraceEntry, load_trace, save_trace
 

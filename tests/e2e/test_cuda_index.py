@@ -1,7 +1,7 @@
 """CUDA index ops served with eager's error behaviour (issue 48): ``embedding``,
 ``index_select`` and ``gather`` are compiled with each negative index mapped out of range
 in the graph, their generated Triton code is read for a device assert before every
-indirect address (aoti_farm/tritonscan.py), and they are published.  On valid indices a
+indirect address (aoti_farm/build/tritonscan.py), and they are published.  On valid indices a
 kernel returns eager's values; on a negative or an out-of-range index it fails a device
 assert as eager does -- run in child processes, since a device assert leaves a process's
 CUDA context unusable.  Skipped where no GPU is present (CI)."""
@@ -17,12 +17,12 @@ import textwrap
 import pytest
 import torch
 
-from aoti_farm import loadenv
+from aoti_farm.startup import loadenv
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.compile.compiler import AOTICompiler
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.job import compile_and_publish
+from aoti_farm.compile.job import compile_and_publish
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")]
@@ -42,7 +42,7 @@ def _calls():
 CHILD = textwrap.dedent("""
     import json, sys, torch
     from aoti_farm import signature as S
-    from aoti_farm.compiler import load_runner, flat_tensors
+    from aoti_farm.compile.compiler import load_runner, flat_tensors
     path, which, op_name, value, pos = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     sig = S.parse_signature(json.loads(sys.stdin.read()))
     args, kwargs = S.materialize(sig, seed=3)
@@ -80,7 +80,7 @@ def test_cuda_index_ops_are_served_and_assert_where_eager_asserts(tmp_path):
         assert out.status == "compiled", (name, out.error, out.evidence)
         entry = cache.open_entry(fp, sig.key)
         assert entry.manifest["verification"]["index_asserts"] == [[pos, bound]], entry.manifest["verification"]
-        from aoti_farm.compiler import flat_tensors, load_runner
+        from aoti_farm.compile.compiler import flat_tensors, load_runner
 
         a, kw = S.materialize(sig, seed=5)
         got = load_runner(entry.kernel_path, "cuda").run(flat_tensors(sig, a, kw))[0]

@@ -62,7 +62,7 @@ def _listening(inodes: set[int]) -> list[tuple[str, int]]:
     """(address, port) of the TCP listeners among ``inodes`` (/proc/net/tcp and tcp6)."""
     import ipaddress
 
-    from aoti_farm.exposition import parse_proc_net_tcp
+    from aoti_farm.metrics.exposition import parse_proc_net_tcp
 
     out = []
     for name in ("tcp", "tcp6"):

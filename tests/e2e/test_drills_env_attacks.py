@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aoti_farm import private
+from aoti_farm.security import private
 from aoti_farm import signature as S
-from aoti_farm.cache.safeio import UnsafeFile
+from aoti_farm.security.safeio import UnsafeFile
 
 ATTACKER = "aotiattacker"
 REPO = Path(__file__).resolve().parents[2]
@@ -114,8 +114,8 @@ def test_drill_1_squatted_default_inductor_cache_is_never_used(attacker, shared,
     if inductor_ran_first:
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(squat))   # what Inductor's cache_dir() leaves
 
-    from aoti_farm import splitbuild
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.build import splitbuild
+    from aoti_farm.compile.compiler import AOTICompiler
 
     AOTICompiler({})   # what every compiling process makes before its first compile
     import torch._inductor.codecache as cc
@@ -145,7 +145,7 @@ def test_drill_1_unsafe_inductor_cache_dir_is_refused_with_one_line(attacker, sh
 
 def test_drill_1_common_object_with_a_rewritten_digest_is_not_trusted(attacker, shared):
     """An object and its .sha256 that agree, in a directory the attacker wrote: never linked."""
-    from aoti_farm import splitbuild
+    from aoti_farm.build import splitbuild
 
     d = shared / "aoti_farm_common"
     as_attacker(attacker, f"mkdir -m 0777 {d} && printf 'evil' > {d}/k.o && "
@@ -217,7 +217,8 @@ def _evil_library(tmp_path: Path, marker: Path) -> Path:
 def test_drill_3_planted_native_library_is_never_loaded(attacker, shared, tmp_path, monkeypatch):
     """``AOTI_FARM_NATIVE_DIR`` in a directory the attacker wrote, holding a library with a
     constructor at the exact path ``native.load()`` looks at: refused before dlopen."""
-    from aoti_farm import hitpath, loadenv
+    from aoti_farm.speedgate import hitpath
+    from aoti_farm.startup import loadenv
     from aoti_farm.runtime import native
 
     if not loadenv.load_safe():
@@ -240,7 +241,7 @@ def test_drill_3_planted_native_library_is_never_loaded(attacker, shared, tmp_pa
 
 def test_drill_3_memos_live_apart_from_the_shared_cache_and_are_checked(attacker, shared, monkeypatch):
     from aoti_farm.config import cache_dir
-    from aoti_farm.fsutil import memo_dir
+    from aoti_farm.security.fsutil import memo_dir
 
     os.chmod(shared, 0o1777)   # like /tmp
     monkeypatch.setenv("HOME", str(shared / "home"))
@@ -303,7 +304,7 @@ def test_drill_4_absurd_report_numbers_are_one_line_errors(tmp_path, capsys, ove
 
 
 def test_drill_4_ticks_are_capped():
-    from aoti_farm.report_html import MAX_TICKS, render
+    from aoti_farm.report.report_html import MAX_TICKS, render
 
     doc = {"format": "aoti-farm-warm-report", "signatures": [],
            "timeline": {"process_start": 0.0, "end": 29 * 86400.0}}
@@ -341,7 +342,7 @@ def test_drill_6_metrics_listen_on_loopback_by_default():
     from prometheus_client import CollectorRegistry
 
     from aoti_farm.config import metrics_endpoint
-    from aoti_farm.exposition import serve_http
+    from aoti_farm.metrics.exposition import serve_http
 
     ep = metrics_endpoint(0, env={})
     assert ep.addr == "127.0.0.1"
@@ -397,7 +398,7 @@ def test_drill_6_squatted_metrics_ports_are_named_counted_and_avoided(attacker, 
     import json
     import urllib.request
 
-    from aoti_farm.exposition import Endpoint
+    from aoti_farm.metrics.exposition import Endpoint
     from aoti_farm.runtime import metrics as rt_metrics
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

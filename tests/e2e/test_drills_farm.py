@@ -64,7 +64,7 @@ def _leftovers(root: Path) -> dict:
 
 
 def _report(path: Path) -> dict:
-    """The warm report written by ``--report`` (aoti_farm.progress.write_report); {} if none."""
+    """The warm report written by ``--report`` (aoti_farm.report.progress.write_report); {} if none."""
     try:
         rep = json.loads(Path(path).read_text())
     except (OSError, ValueError):

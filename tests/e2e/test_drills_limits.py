@@ -336,8 +336,8 @@ def test_compile_and_publish_refuses_before_lease_and_compile(tmp_path):
     """The shared compile path (Ray actors, the hook's worker, compile-one): refused
     with no lease left, no entry and no failure record.  With the real compiler: were the
     budget not checked, this would compile (a small kernel) and the test would fail."""
-    from aoti_farm import job
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile import job
+    from aoti_farm.compile.compiler import AOTICompiler
 
     c = Cache(tmp_path / "c", signing_key=None)
     fp = fingerprint("cpu")

@@ -14,7 +14,7 @@ line of any process that imports it.  Then, with that directory as the working d
   compile actors.
 
 Both run in a fresh private directory (``XDG_CACHE_HOME``), so every memo is missing
-and every helper starts.  Nothing planted may run.  The fix is aoti_farm/spawn.py; the
+and every helper starts.  Nothing planted may run.  The fix is aoti_farm/startup/spawn.py; the
 test that every spawn site goes through it is tests/unit/test_spawn_sites.py.
 """
 

@@ -26,8 +26,8 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import KERNEL, MANIFEST, BadEntry, Cache
-from aoti_farm.compiler import load_runner
-from aoti_farm.job import compile_and_publish
+from aoti_farm.compile.compiler import load_runner
+from aoti_farm.compile.job import compile_and_publish
 from aoti_farm.runtime import install
 
 from _runtime_helpers import build_evil_so

@@ -21,10 +21,10 @@ import torch
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
 from aoti_farm.cli import main
-from aoti_farm.compiler import AOTICompiler
-from aoti_farm.explain import NOT_TIMED_HERE
+from aoti_farm.compile.compiler import AOTICompiler
+from aoti_farm.report.explain import NOT_TIMED_HERE
 from aoti_farm.fingerprint import Fingerprint, fingerprint
-from aoti_farm.job import compile_and_publish
+from aoti_farm.compile.job import compile_and_publish
 from aoti_farm.trace import Trace, TraceEntry, save_trace
 
 from conftest import sig_add_alpha, sig_mul
@@ -109,7 +109,7 @@ def test_one_signature_per_outcome_named_field_by_field(cache, tmp_path, capsys)
 
     failed = rows[BAD.key]
     assert failed["reason"].startswith("compile failed (") and len(failed["reason"]) > len("compile failed (x): ") + 5
-    from aoti_farm.compiler import REFUSAL_CLASSES
+    from aoti_farm.compile.compiler import REFUSAL_CLASSES
 
     assert failed["category"] in REFUSAL_CLASSES, failed   # the named class of the failure
     assert failed["data"]["failure"]["reason"] == cache.failure(fingerprint("cpu").id, BAD.key)["reason"]
@@ -249,8 +249,8 @@ def test_the_policy_is_resolved_like_the_hooks(cache, tmp_path, capsys):
 def test_gated_here_from_this_hosts_kept_decisions(cache, tmp_path, capsys, monkeypatch):
     """A hit on the compile host that this host's gate declined is "gated here" with its
     on-host ratio; one that won here stays a hit and says so.  The decisions are the ones a
-    real hook's on-host trial kept (aoti_farm/hostgate.py), then ones written as it would."""
-    from aoti_farm import hostgate
+    real hook's on-host trial kept (aoti_farm/speedgate/hostgate.py), then ones written as it would."""
+    from aoti_farm.speedgate import hostgate
     from aoti_farm.runtime import install
 
     monkeypatch.setattr(hostgate, "overloaded", lambda: False)   # kept whatever the shared host's load

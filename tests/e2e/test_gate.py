@@ -23,10 +23,10 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compiler import AOTICompiler, CompileInfraError, infrastructure_error
+from aoti_farm.compile.compiler import AOTICompiler, CompileInfraError, infrastructure_error
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.job import compile_and_publish
+from aoti_farm.compile.job import compile_and_publish
 from aoti_farm.runtime import install
 from aoti_farm.runtime.gate import time_against_eager
 
@@ -128,10 +128,10 @@ def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_pa
 def test_compile_time_speed_is_timed_as_the_hook_serves(tmp_path, monkeypatch):
     """One truth about speed: the manifest's compile-time record (what ``warm`` prints and
     the gate's first check reads) times the kernel as the hook's on-host trial does,
-    through the dispatcher into the native hit path (``aoti_farm.speed.time_served_call``),
+    through the dispatcher into the native hit path (``aoti_farm.speedgate.speed.time_served_call``),
     not the runner from Python against the op from Python; where the hit path cannot load,
     the record says it timed the runner."""
-    from aoti_farm import hitpath
+    from aoti_farm.speedgate import hitpath
 
     if hitpath.disabled():
         pytest.skip("AOTI_FARM_NATIVE=0")
@@ -145,7 +145,7 @@ def test_compile_time_speed_is_timed_as_the_hook_serves(tmp_path, monkeypatch):
     assert speed["via"] == "hit path" and speed["kernel_us"] > 0 and speed["eager_us"] > 0, speed
     # the hit path unavailable (this process verifies a CPU kernel itself): the runner is
     # timed, and the record says so
-    from aoti_farm import speed as speed_mod
+    from aoti_farm.speedgate import speed as speed_mod
 
     monkeypatch.setattr(speed_mod, "time_served_call", lambda *a, **k: None)
     sig2 = S.from_call(torch.ops.aten.mul.Tensor, (torch.empty(4, 33), torch.empty(4, 33)), {})
@@ -173,7 +173,7 @@ _PROBE = textwrap.dedent(r"""
     import json, os, sys, time, warnings
     warnings.filterwarnings("ignore")
     import torch
-    from aoti_farm.compiler import load_runner
+    from aoti_farm.compile.compiler import load_runner
     path, n = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(n)
     runner = load_runner(path, "cpu")
@@ -309,7 +309,7 @@ def test_deterministic_compile_errors_are_still_refusals(tmp_path):
 
 def test_cache_ls_stats_and_warm_summary_show_speed(kernels, tmp_path, capsys):
     from aoti_farm.cli import main
-    from aoti_farm.progress import Progress, attach_speed
+    from aoti_farm.report.progress import Progress, attach_speed
 
     cache = _gate_cache(kernels, tmp_path, ratio=0.4)      # 4 us kernel against 10 us eager
     assert main(["cache", "ls", "--cache-dir", str(cache.root)]) == 0

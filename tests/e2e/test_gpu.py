@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aoti_farm import loadenv
+from aoti_farm.startup import loadenv
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.compile.compiler import AOTICompiler
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.job import compile_and_publish
+from aoti_farm.compile.job import compile_and_publish
 from aoti_farm.runtime import install
 
 pytestmark = [pytest.mark.gpu,

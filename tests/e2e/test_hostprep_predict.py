@@ -20,8 +20,9 @@ def test_a_preloaded_process_verifies_without_waiting_for_anothers_loader_probe(
     from conftest import sig_add_alpha
     from filelock import FileLock
 
-    from aoti_farm import compiler, loadenv
-    from aoti_farm.fsutil import memo_dir
+    from aoti_farm.compile import compiler
+    from aoti_farm.startup import loadenv
+    from aoti_farm.security.fsutil import memo_dir
 
     lib = loadenv.system_libstdcxx()
     if not lib:

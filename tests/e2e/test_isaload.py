@@ -1,4 +1,4 @@
-"""The ISA probe's load checks skip `import torch` on torch < 2.13 (aoti_farm/isaload.py).
+"""The ISA probe's load checks skip `import torch` on torch < 2.13 (aoti_farm/startup/isaload.py).
 This box has torch 2.13, whose load code no longer imports torch, so a stand-in for
 `torch._inductor.cpu_vec_isa` carries torch 2.11's load code; the children are real."""
 
@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from aoti_farm import isaload
+from aoti_farm.startup import isaload
 
 OLD_LOAD = '\nimport torch\nfrom ctypes import cdll\ncdll.LoadLibrary("__lib_path__")\n'   # torch 2.11
 

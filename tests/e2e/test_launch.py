@@ -1,5 +1,5 @@
 """Serving-process edges of the hook: ``aoti-farm run``'s stats folder, and a process that
-cannot load kernels (the libstdc++ trap, see aoti_farm.loadenv).
+cannot load kernels (the libstdc++ trap, see aoti_farm.startup.loadenv).
 
 The unit tests of this module (no compile, no Ray, no subprocess) are in tests/unit/test_launch.py.
 """
@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from aoti_farm import loadenv
+from aoti_farm.startup import loadenv
 from aoti_farm.errors import UserError
 from aoti_farm.runtime import install, launch
 from aoti_farm.trace import load_trace
@@ -86,9 +86,9 @@ mine = subprocess.run([sys.executable, "-c", "import os, torch; torch.neg(torch.
                       capture_output=True, text=True, check=True).stdout.split()[-1]
 subprocess.run([sys.executable, "-c", "print('no torch here')"], check=True)
 # two children the farm starts for itself: its loader probe and its verification child
-from aoti_farm.loadenv import _PROBE
+from aoti_farm.startup.loadenv import _PROBE
 subprocess.run([sys.executable, "-c", _PROBE, "/no/such/kernel.so", "cpu"], capture_output=True)
-subprocess.run([sys.executable, "-m", "aoti_farm.compiler"], input=b"{}", capture_output=True)
+subprocess.run([sys.executable, "-m", "aoti_farm.compile.compiler"], input=b"{}", capture_output=True)
 print("booting", os.getpid(), mine)
 """
 

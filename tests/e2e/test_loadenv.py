@@ -1,4 +1,4 @@
-"""The libstdc++ trap of the GPU machine (aoti_farm.loadenv), exercised on CPU.
+"""The libstdc++ trap of the GPU machine (aoti_farm.startup.loadenv), exercised on CPU.
 
 ``AOTI_FARM_PRELOAD_LIBSTDCXX=1`` declares a host that needs the preload.  A process
 started without it must then never dlopen a kernel itself: the compiler verifies in a
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aoti_farm import loadenv
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.startup import loadenv
+from aoti_farm.compile.compiler import AOTICompiler
 from aoti_farm.runtime import install
 
 from conftest import sig_add_alpha

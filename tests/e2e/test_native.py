@@ -14,7 +14,7 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm import hitpath
+from aoti_farm.speedgate import hitpath
 from aoti_farm.runtime import install, native
 
 from _runtime_helpers import run_threads, same, wait_until
@@ -209,8 +209,8 @@ def test_threads_run_a_kernel_at_once_each_with_its_own_container(big_add, tmp_p
 def test_pooled_runner_from_several_threads(big_add):
     """The Python path's wait-free runner (used for CUDA kernels; runs CPU kernels too):
     thread-safe, one container per concurrent call, eager's results."""
-    from aoti_farm.compiler import flat_tensors
-    from aoti_farm.runner import PooledRunner
+    from aoti_farm.compile.compiler import flat_tensors
+    from aoti_farm.compile.runner import PooledRunner
 
     sig = sig_add_alpha((256, 1024))
     r = PooledRunner(big_add.cache.open_entry(big_add.fp, sig.key).kernel_path, "cpu")

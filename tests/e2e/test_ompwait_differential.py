@@ -1,4 +1,4 @@
-"""The differential test of the compile processes' OpenMP wait policy (aoti_farm/ompwait.py):
+"""The differential test of the compile processes' OpenMP wait policy (aoti_farm/startup/ompwait.py):
 a real AOTI kernel and eager, at 1, 2 and 3 intra-op threads, return the same bits under
 libgomp's default policy (spin, then sleep) and under ``OMP_WAIT_POLICY=PASSIVE``; only how
 a waiting thread waits differs (libgomp's own account of its spin count says which policy
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.compile.compiler import AOTICompiler
 
 THREADS = (1, 2, 3)
 
@@ -25,8 +25,8 @@ CHILD = textwrap.dedent("""
     import json, sys
     import torch
     from aoti_farm import signature as S
-    from aoti_farm.compiler import load_runner
-    from aoti_farm.runner import flat_tensors
+    from aoti_farm.compile.compiler import load_runner
+    from aoti_farm.compile.runner import flat_tensors
 
     sig, kernel, out = S.parse_signature(json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]
     runner = load_runner(kernel, "cpu")

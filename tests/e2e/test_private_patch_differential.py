@@ -1,5 +1,5 @@
 """The differential test of ``private._patch_torch_cache_dirs``, the one patch of a torch
-internal in ``aoti_farm/private.py`` (Inductor's ``default_cache_dir()`` and
+internal in ``aoti_farm/security/private.py`` (Inductor's ``default_cache_dir()`` and
 ``codecache._HEADER_DIR``): the same signature compiled by the farm's compile path with
 the patch and without it gives kernels whose outputs are bitwise identical; only the
 directories Inductor's defaults point at differ (private, against torch's
@@ -20,10 +20,11 @@ import torch
 CHILD = textwrap.dedent("""
     import json, os, sys, tempfile
     import torch
-    from aoti_farm import private, splitbuild
+    from aoti_farm.security import private
+    from aoti_farm.build import splitbuild
     from aoti_farm import signature as S
-    from aoti_farm.compiler import AOTICompiler, load_runner
-    from aoti_farm.runner import flat_tensors
+    from aoti_farm.compile.compiler import AOTICompiler, load_runner
+    from aoti_farm.compile.runner import flat_tensors
 
     mode, out = sys.argv[1], sys.argv[2]
     if mode == "unpatched":
@@ -93,7 +94,7 @@ START = textwrap.dedent("""
     from aoti_farm.cli import _private_inductor
     _private_inductor("warm")                  # what `aoti-farm warm` does first
     torch_at_start = "torch" in sys.modules
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.compile.compiler import AOTICompiler
     AOTICompiler({}, measure_speed=False)      # a place that builds: patches torch itself
     import torch._inductor.codecache as cc
     from torch._inductor.runtime import runtime_utils

@@ -1,4 +1,4 @@
-"""The compile path's bytecode compiled ahead of the importers (aoti_farm/pyprecompile.py,
+"""The compile path's bytecode compiled ahead of the importers (aoti_farm/startup/pyprecompile.py,
 #17): the names resolve to the files Python imports, the children write the ``.pyc``
 files a later import really loads, nothing runs where it does not apply, and the
 shipped list still covers what the compile path imports here.
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from aoti_farm import pyprecompile
+from aoti_farm.startup import pyprecompile
 from _procs import warm_on_a_bad_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ def test_names_resolve_to_the_files_python_imports():
     import json.decoder  # noqa: F401 -- a stdlib package's submodule
     import torch._inductor.codecache  # noqa: F401 -- a deep one in site-packages
 
-    names = ["json", "json.decoder", "torch._inductor.codecache", "aoti_farm.pyprecompile", "torch"]
+    names = ["json", "json.decoder", "torch._inductor.codecache", "aoti_farm.startup.pyprecompile", "torch"]
     got = pyprecompile.source_files(names + ["sys", "no_such_pkg.mod", "torch.no_such_mod", "json"])
     assert got == [sys.modules[n].__file__ for n in names]
 
@@ -89,7 +89,7 @@ def test_the_shipped_list_covers_what_the_compile_path_imports_here():
     assert len(imported) > 1000
     assert len(missing) <= 0.05 * len(imported), (
         f"{len(missing)} of {len(imported)} modules the compile path imports are not in {pyprecompile.LIST.name} "
-        f"(e.g. {missing[:5]}): run `python -m aoti_farm.pyprecompile --write`")
+        f"(e.g. {missing[:5]}): run `python -m aoti_farm.startup.pyprecompile --write`")
 
 
 def test_cancel_stops_the_children_and_leaves_no_partial_bytecode(tmp_path, monkeypatch):
@@ -109,7 +109,7 @@ def test_warm_starts_the_precompile_first_and_stops_it_on_bad_input(tmp_path, mo
     """``warm`` starts the children before anything imports torch (reading the traces
     does), with the farm's bytecode cache as their prefix; a trace that fails to load
     ends the command with its one-line error, and no child is left running."""
-    from aoti_farm import pycache
+    from aoti_farm.startup import pycache
 
     src = tmp_path / "src"
     (src / "pp_big").mkdir(parents=True)

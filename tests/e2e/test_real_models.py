@@ -125,7 +125,7 @@ if mode == "record":
         for n in lengths:
             run(n)
     sys.exit(0)
-from aoti_farm import hostgate
+from aoti_farm.speedgate import hostgate
 from aoti_farm.runtime import install
 hostgate.overloaded = lambda: False            # keep decisions whatever the shared test host's load
 eager = {n: run(n) for n in lengths}
@@ -179,9 +179,9 @@ def test_bert_at_unseen_lengths_served_or_gated_under_the_defaults(bert_dynamic)
     kernel (or an exact entry) covers is served where it wins here and counted gated where
     it loses, never missed; a miss is only a signature nothing covers (explain agrees, call
     by call); outputs equal eager's.  A second process takes this host's decisions from
-    its memo (aoti_farm/hostgate.py): no trial, nothing pending, the same calls served."""
+    its memo (aoti_farm/speedgate/hostgate.py): no trial, nothing pending, the same calls served."""
     from aoti_farm.cache.store import Cache
-    from aoti_farm.explain import Explainer
+    from aoti_farm.report.explain import Explainer
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.trace import load_trace
 
@@ -242,7 +242,7 @@ def _generate(m, n: int, new: int):
 def _strided_int64_add(sig) -> bool:
     """GPT-2 decode's ``add([1,1], ids[:, -1:])``: an int64 add on a column of the growing
     [2, n] ids buffer (strides (n, 1), not implied by its sizes)."""
-    from aoti_farm import shapes as SH
+    from aoti_farm.dynamic import shapes as SH
 
     return (sig.op == "aten::add.Tensor" and sig.args[1][1] == "int64"
             and SH.tensor_layout(sig.args[1][2], sig.args[1][3]) is None)
@@ -255,7 +255,7 @@ def test_gpt2_decode_ops_at_an_unseen_prompt_length_are_class_hits(tmp_path):
     a symbol (one kernel, not one per step); at the unseen prompt length 11 every such add
     and every cat is a hit of a class kernel, and the tokens equal eager's."""
     import aoti_farm
-    from aoti_farm import shapes as SH
+    from aoti_farm.dynamic import shapes as SH
     from aoti_farm.cache.store import Cache
     from aoti_farm.cli import main
     from aoti_farm.fingerprint import fingerprint

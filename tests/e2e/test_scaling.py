@@ -55,7 +55,7 @@ def test_process_start_time_is_the_process_age_from_boot():
     import sys
 
     code = ("import time; time.sleep(1.5)\n"
-            "from aoti_farm.progress import process_start_time\n"
+            "from aoti_farm.report.progress import process_start_time\n"
             "print(time.time() - process_start_time())")
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                check=True).stdout.strip())
@@ -69,10 +69,10 @@ def test_command_start_is_the_exec_not_the_shells_fork():
     import sys
 
     code = ("import time\n"
-            "from aoti_farm.progress import command_start_time, process_start_time\n"
+            "from aoti_farm.report.progress import command_start_time, process_start_time\n"
             "now = time.time()\n"
             "print(now - process_start_time(), now - command_start_time())")
-    from aoti_farm.progress import EXEC_SLACK_S
+    from aoti_farm.report.progress import EXEC_SLACK_S
 
     out = subprocess.run(["bash", "-c", f"sleep {EXEC_SLACK_S + 1} && exec {sys.executable} -c '{code}'"],
                          capture_output=True, text=True, check=True).stdout.split()
@@ -123,7 +123,7 @@ def test_prestarted_workers_import_the_actors_modules(monkeypatch):
 def test_host_prep_in_a_child_answers_its_status():
     """hostprep.prepare_in_child: the child's answer line comes back as prepare()'s dict
     (here a failure: Inductor options this torch does not know), marked as from a child."""
-    from aoti_farm import hostprep
+    from aoti_farm.compile import hostprep
 
     out = hostprep.prepare_in_child({"no_such_inductor_option": 1}, timeout=300)
     assert out["child"] is True and out["status"] == "failed", out
@@ -137,7 +137,8 @@ def test_actor_starts_its_verification_child_when_the_loader_memo_appears(tmp_pa
     load in-process, none is started."""
     import time
 
-    from aoti_farm import loadenv, verifyserver
+    from aoti_farm.startup import loadenv
+    from aoti_farm.compile import verifyserver
     from aoti_farm.workers.compile_actor import CompileActor
 
     if not loadenv.system_libstdcxx() or loadenv.preloaded():
@@ -186,8 +187,8 @@ def test_loader_probe_runs_once_when_first_verifications_start_together(kernels,
 
     from conftest import sig_add_alpha
 
-    from aoti_farm import loadenv
-    from aoti_farm.compiler import AOTICompiler
+    from aoti_farm.startup import loadenv
+    from aoti_farm.compile.compiler import AOTICompiler
 
     sig = sig_add_alpha()
     kernels.ensure(sig)
@@ -228,7 +229,8 @@ def test_a_verification_child_without_the_wanted_preload_is_replaced(tmp_path, m
     child: failure records for good kernels.)"""
     import os
 
-    from aoti_farm import loadenv, verifyserver
+    from aoti_farm.startup import loadenv
+    from aoti_farm.compile import verifyserver
 
     lib = loadenv.system_libstdcxx()
     if not lib or loadenv.preloaded():

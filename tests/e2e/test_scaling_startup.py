@@ -39,7 +39,7 @@ def _apply_in_child(tmp_path: Path, env_extra: dict, make_pyc: bool = False) -> 
         py_compile.compile(str(sub / "probe_mod.py"), doraise=True)
     code = textwrap.dedent("""
         import subprocess, sys
-        from aoti_farm import pycache
+        from aoti_farm.startup import pycache
         pycache.PROBE = ("probe_pkg", "sub/probe_mod.py")
         d = pycache.apply()
         assert "probe_pkg.sub" not in sys.modules, "deciding imported the probed package"
@@ -89,7 +89,7 @@ def test_warm_driver_imports_through_the_farm_bytecode_cache_too(tmp_path):
     (src / "mod.py").write_text("X = 1\n")
     code = textwrap.dedent("""
         import sys
-        from aoti_farm import pycache
+        from aoti_farm.startup import pycache
         pycache.PROBE = ("here_pkg", "mod.py")
         d = pycache.apply(here=True)
         import here_pkg.mod
@@ -109,7 +109,7 @@ def _child_env_of(pid: int) -> dict:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:   # until the child has exec'ed (its own environment)
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"aoti_farm.compiler" in f.read():
+            if b"aoti_farm.compile.compiler" in f.read():
                 break
         time.sleep(0.05)
     with open(f"/proc/{pid}/environ", "rb") as f:
@@ -123,7 +123,8 @@ def test_fresh_host_actor_starts_its_verification_child_at_warm_up_with_the_cand
     warm-up, preloaded with the only library the memo can ask for.  When the memo then
     says the host needs it, that same child serves (no second torch import); when it says
     kernels load in-process, the child is stopped unused."""
-    from aoti_farm import loadenv, verifyserver
+    from aoti_farm.startup import loadenv
+    from aoti_farm.compile import verifyserver
     from aoti_farm.workers.compile_actor import CompileActor
 
     lib = loadenv.system_libstdcxx()
@@ -168,7 +169,7 @@ def test_loader_probe_loads_plain_and_preloaded_at_once_on_many_cores(kernels, t
     many-core host, for real, and answer as the one-after-the-other probe does here."""
     from conftest import sig_add_alpha
 
-    from aoti_farm import loadenv
+    from aoti_farm.startup import loadenv
 
     if not loadenv.system_libstdcxx():
         pytest.skip("needs a system libstdc++")
@@ -202,7 +203,8 @@ def test_fresh_host_isa_probe_runs_in_a_child_not_in_the_warm_driver(tmp_path, m
     """On a fresh many-core host the planner's ISA probe runs in a child (for real: its
     check builds), so the driver's interpreter lock stays free for Ray's start; the
     driver then reads the memo without probing.  With the memo there, no child."""
-    from aoti_farm import fingerprint, hostprep
+    from aoti_farm import fingerprint
+    from aoti_farm.compile import hostprep
     from aoti_farm.workers import warm
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -229,7 +231,8 @@ def test_warm_starts_the_isa_probe_child_before_reading_the_traces_and_stops_it_
     child first (for real).  A trace that fails to load ends the command with its
     one-line error, and the child is stopped, not left behind.  ``fresh_isa=0`` (the A/B
     side) starts no child before the traces."""
-    from aoti_farm import hostprep, pycache
+    from aoti_farm.compile import hostprep
+    from aoti_farm.startup import pycache
     from aoti_farm.workers import warm
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -1,4 +1,4 @@
-"""The differential test of aoti_farm/serialsmall.py (a patch of Inductor's parallel-depth
+"""The differential test of aoti_farm/build/serialsmall.py (a patch of Inductor's parallel-depth
 decision): small kernels built with it (serial, no OpenMP region) and without it (a
 parallel scope the OpenMP runtime manages) give bitwise the same results at 1, 2 and every
 core's intra-op threads, and both pass verification as usual.  Reductions (Welford
@@ -13,11 +13,11 @@ import os
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm import serialsmall
+from aoti_farm.build import serialsmall
 from aoti_farm.cache.store import Cache
-from aoti_farm.compiler import AOTICompiler, flat_tensors, load_runner
+from aoti_farm.compile.compiler import AOTICompiler, flat_tensors, load_runner
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.job import compile_and_publish
+from aoti_farm.compile.job import compile_and_publish
 
 
 def _corpus():

@@ -16,11 +16,12 @@ import msgpack
 import pytest
 import torch
 
-from aoti_farm import dyncompile, shapes as SH, signature as S
+from aoti_farm.dynamic import dyncompile, shapes as SH
+from aoti_farm import signature as S
 from aoti_farm.cache.store import BadEntry, Cache
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.compile.compiler import AOTICompiler
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.job import compile_and_publish
+from aoti_farm.compile.job import compile_and_publish
 
 
 from unit.test_shapes import T, add   # the encoded-signature builders the unit tier uses
@@ -30,7 +31,7 @@ from unit.test_shapes import T, add   # the encoded-signature builders the unit 
 
 
 def test_a_class_that_cannot_be_exported_dynamically_falls_back_to_exact(tmp_path):
-    from aoti_farm import dynwarm
+    from aoti_farm.compile import dynwarm
     from aoti_farm.workers.classtasks import ClassWork
     from aoti_farm.workers.scheduler import Result
 
@@ -248,7 +249,7 @@ def test_under_the_speed_gate_a_class_serves_only_inside_its_serve_range(warmed,
 
 def test_cache_ls_shows_ranges_and_export_upstream_skips_class_entries(warmed, tmp_path, capsys):
     from aoti_farm.cli import main
-    from aoti_farm.upstream import export_upstream
+    from aoti_farm.interop.upstream import export_upstream
 
     cache, fp, _ = warmed
     assert main(["cache", "ls", "--cache-dir", str(cache.root), "--json"]) == 0
@@ -261,11 +262,11 @@ def test_cache_ls_shows_ranges_and_export_upstream_skips_class_entries(warmed, t
     assert "shape-general" in rep["skipped"][0]["reason"]
 
 
-# --- the miss policy: widen the range (aoti_farm/widen.py) -------------------------------------------
+# --- the miss policy: widen the range (aoti_farm/compile/widen.py) -------------------------------------------
 
 
 def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed, tmp_path):
-    from aoti_farm import widen
+    from aoti_farm.compile import widen
     from aoti_farm.cache import queue as missq
     from aoti_farm.runtime import install
 
@@ -309,7 +310,7 @@ def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed
 
 
 def test_a_refused_widened_class_falls_back_to_the_exact_signature(warmed, tmp_path):
-    from aoti_farm import widen
+    from aoti_farm.compile import widen
 
     cache, fp, _ = warmed
     cls = SH.parse_class(cache.open_entry(fp, _class_key(cache, fp)).manifest["shape_class"])
@@ -329,7 +330,7 @@ def test_a_refused_widened_class_falls_back_to_the_exact_signature(warmed, tmp_p
 def test_serve_drains_a_widen_request_on_its_ray_pool(warmed, tmp_path):
     import threading
 
-    from aoti_farm import widen
+    from aoti_farm.compile import widen
     from aoti_farm.cache import queue as missq
     from aoti_farm.config import FarmConfig, resolve
     from aoti_farm.workers.serve import serve
@@ -365,7 +366,7 @@ def test_explain_names_class_covered_signatures_and_gated_ones(warmed, tmp_path)
     """On a --dynamic auto cache, explain says "covered by class ..." for a length the
     class covers (not "not published; nearest entry ... differs"), and "gated" where the
     class covers it outside the range where it beat eager."""
-    from aoti_farm.explain import Explainer
+    from aoti_farm.report.explain import Explainer
 
     cache, fp, _ = warmed
     c2 = Cache(tmp_path / "c")

@@ -1,4 +1,4 @@
-"""The wrapper's split build (aoti_farm.splitbuild): the model-independent half of every
+"""The wrapper's split build (aoti_farm.build.splitbuild): the model-independent half of every
 AOTI wrapper is compiled once per host and linked into each kernel; every way it can go
 wrong falls back to Inductor's whole-file build, and the kernel is still verified.
 
@@ -14,8 +14,8 @@ import torch
 from filelock import FileLock
 
 from aoti_farm import signature as S
-from aoti_farm import splitbuild
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.build import splitbuild
+from aoti_farm.compile.compiler import AOTICompiler
 
 from conftest import sig_add_alpha
 
@@ -38,7 +38,7 @@ def test_session_kernels_are_split_built(kernels):
 
 def _wrapper(r) -> dict:
     """How the wrapper was built (the build record less what the compiler adds to it: the
-    serial nests' count of aoti_farm/serialsmall.py, the cleared stack request of
+    serial nests' count of aoti_farm/build/serialsmall.py, the cleared stack request of
     aoti_farm/cache/elfstack.py)."""
     return {k: v for k, v in r.build.items() if k not in ("serial_nests", "exec_stack")}
 

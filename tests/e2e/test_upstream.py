@@ -1,4 +1,4 @@
-"""Interop with torch's own AOTI-eager cache and holder (aoti_farm/upstream.py,
+"""Interop with torch's own AOTI-eager cache and holder (aoti_farm/interop/upstream.py,
 runtime/upstream.py).
 
 Upstream's C++ holder is real in every test: it runs in a fresh subprocess (registering
@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm import upstream as U
+from aoti_farm.interop import upstream as U
 from aoti_farm.cli import upstream_cmds
 from aoti_farm.cache.store import Cache
 
@@ -155,7 +155,7 @@ def test_backend_serves_warm_cache_and_waits_for_fleet_compile(warmed, tmp_path)
     res = run_py(f"""
         import json, os, threading, time, torch
         from aoti_farm.cache import leases
-        from aoti_farm.compiler import AOTICompiler
+        from aoti_farm.compile.compiler import AOTICompiler
         from aoti_farm.runtime import enable_upstream_backend
         compiles = []
         orig = AOTICompiler.compile
@@ -163,7 +163,7 @@ def test_backend_serves_warm_cache_and_waits_for_fleet_compile(warmed, tmp_path)
             compiles.append(sig.op)
             return orig(self, sig, workdir)
         AOTICompiler.compile = counting
-        from aoti_farm import job
+        from aoti_farm.compile import job
         statuses = []
         orig_cap = job.compile_and_publish
         def recording(*a, **k):

@@ -13,11 +13,11 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compiler import AOTICompiler, compare, length_tolerance, load_runner
+from aoti_farm.compile.compiler import AOTICompiler, compare, length_tolerance, load_runner
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.job import compile_and_publish
-from aoti_farm.runner import flat_tensors
+from aoti_farm.compile.job import compile_and_publish
+from aoti_farm.compile.runner import flat_tensors
 
 
 @contextlib.contextmanager
@@ -107,7 +107,7 @@ def test_a_kernel_wrong_at_two_threads_is_refused_naming_the_count(tmp_path, mon
     assert ev["threads"] == 2 and ev["problem"] == "values" and ev["output"] == 0   # the variance
     # at 1 thread alone its values pass, as they did before; what refuses it then is its
     # float32 accumulation (eager's is float64), on the precision case
-    monkeypatch.setattr("aoti_farm.compiler.verify_thread_counts", lambda device: [1])
+    monkeypatch.setattr("aoti_farm.compile.compiler.verify_thread_counts", lambda device: [1])
     with pytest.raises(CompileRefused) as again:
         AOTICompiler(measure_speed=False).verify(sig, path)
     assert again.value.evidence["problem"] == "precision", again.value.evidence
@@ -144,7 +144,7 @@ def test_negative_index_where_eager_raises_is_refused(tmp_path, monkeypatch):
     # verification itself, of a kernel without index guards (tests/e2e/test_index_guards.py
     # serves index_select behind them) and without the scan that refuses such a kernel
     # before its build (tests/e2e/test_abortscan.py)
-    monkeypatch.setattr("aoti_farm.adversarial.index_guards", lambda *a, **k: None)
+    monkeypatch.setattr("aoti_farm.compile.adversarial.index_guards", lambda *a, **k: None)
     monkeypatch.setenv("AOTI_FARM_DEV", "abort_scan=0")
     cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
     w, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
@@ -183,8 +183,8 @@ def test_a_proxy_executor_op_seen_once_costs_no_compile_again(tmp_path, monkeypa
     """The first signature of an op whose kernel needs the proxy executor is compiled and
     refused from its generated source; the host remembers the op, and its next signature
     (another shape) is refused before Inductor runs: no wrapper is built."""
-    from aoti_farm import splitbuild
-    from aoti_farm.compiler import known_proxy_op
+    from aoti_farm.build import splitbuild
+    from aoti_farm.compile.compiler import known_proxy_op
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))   # a fresh private memo
     cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
@@ -282,7 +282,7 @@ def test_a_variance_less_accurate_than_eager_is_built_again_in_float64(tmp_path)
     served it is as accurate as eager on the ill-conditioned rows."""
     import tempfile
 
-    from aoti_farm.compiler import load_runner
+    from aoti_farm.compile.compiler import load_runner
 
     sig = S.from_call(torch.ops.aten.var.correction, (torch.empty(8, 4096), [1]), {"correction": 1})
     comp = AOTICompiler(measure_speed=False)

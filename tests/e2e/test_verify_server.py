@@ -1,4 +1,4 @@
-"""The long-lived verification child (aoti_farm.verifyserver), exercised on CPU.
+"""The long-lived verification child (aoti_farm.compile.verifyserver), exercised on CPU.
 
 ``AOTI_FARM_PRELOAD_LIBSTDCXX=1`` declares a host that needs the preload, so this process
 (started without it) verifies in a preloaded child.  That child imports torch once per
@@ -13,8 +13,9 @@ import signal
 
 import pytest
 
-from aoti_farm import loadenv, verifyserver
-from aoti_farm.compiler import AOTICompiler
+from aoti_farm.startup import loadenv
+from aoti_farm.compile import verifyserver
+from aoti_farm.compile.compiler import AOTICompiler
 
 from conftest import sig_add_alpha, sig_mul
 
@@ -63,7 +64,7 @@ def test_a_dead_child_is_replaced(kernels, unsafe_host):
 
 _CHILD_IMPORTS = r"""
 import json, sys
-from aoti_farm.compiler import _verify_request
+from aoti_farm.compile.compiler import _verify_request
 
 ans = _verify_request({"sig": json.loads(sys.argv[1]), "path": sys.argv[2], "trials": 3, "speed": True})
 print("OUT " + json.dumps({"ok": ans.get("ok"), "speed": "speed" in ans,

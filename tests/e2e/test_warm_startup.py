@@ -3,7 +3,7 @@ process (real Ray, a real compile) with the core threshold lowered so this 2-cor
 takes the many-core path.  Where the job surely has work, Ray starts while the planner's
 thread probes a fresh host's ISA in an exec'd child (workers/warm.py); a CPU-only job's
 actor compiles in a copy forked from the fork server (workers/forkserver.py); an image
-without bytecode gets the farm's own bytecode cache (aoti_farm/pycache.py).
+without bytecode gets the farm's own bytecode cache (aoti_farm/startup/pycache.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ _WARM = textwrap.dedent("""
     import os, sys
     from aoti_farm.workers import warm
     warm.PREP_MIN_CORES = 1      # take the many-core path on this box
-    if os.environ.get("PYTHONDONTWRITEBYTECODE"):   # as on an image without bytecode (aoti_farm/pycache.py)
-        from aoti_farm import pycache
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):   # as on an image without bytecode (aoti_farm/startup/pycache.py)
+        from aoti_farm.startup import pycache
         pycache.PROBE = ("probe_pkg", "probe_mod.py")
     from aoti_farm.cli import main
     rc = main(["warm", "--model", sys.argv[1], "--cache-dir", sys.argv[2], "--report", sys.argv[3]])
@@ -63,7 +63,7 @@ def test_warm_starts_ray_while_planning_and_compiles_in_a_forked_copy(tmp_path):
     out, rep = _warm(tmp_path, t, "first", no_bytecode=True)
     assert out.returncode == 0, out.stderr[-3000:]
     # no notice a user cannot act on, from Ray or (a CUDA build of torch on a CPU host) torch,
-    # in the driver, the actors or the children (aoti_farm/notices.py)
+    # in the driver, the actors or the children (aoti_farm/startup/notices.py)
     assert "Token authentication is enabled" not in out.stderr, out.stderr[-3000:]
     assert "No CUDA runtime is found" not in out.stderr, out.stderr[-3000:]
     # nor Ray's notice of an actor class attribute that shadows one of its own
@@ -81,7 +81,7 @@ def test_warm_starts_ray_while_planning_and_compiles_in_a_forked_copy(tmp_path):
     # a job without GPU signatures: the embedded Ray's workers saw no GPU (raysetup.start_ray),
     # and the warm's own process kept what it had
     assert [w["cuda_visible_devices"] for w in tl["workers"]] == [""], tl["workers"]
-    # the compile process verifies at every thread count with waiting threads asleep (aoti_farm/ompwait.py)
+    # the compile process verifies at every thread count with waiting threads asleep (aoti_farm/startup/ompwait.py)
     assert [w["omp_wait_policy"] for w in tl["workers"]] == ["PASSIVE"], tl["workers"]
     # a CPU-only job on a many-core host: the actor's compiling copy was forked from the fork
     # server, which had imported torch (workers/forkserver.py); the compile ran in the copy

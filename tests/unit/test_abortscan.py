@@ -1,4 +1,4 @@
-"""aoti_farm/abortscan.py: the index check inside an OpenMP region, read from generated C++
+"""aoti_farm/build/abortscan.py: the index check inside an OpenMP region, read from generated C++
 (no compile: the sources below are Inductor's own output for one ``index_select``,
 torch 2.13, CPU); tests/e2e/test_abortscan.py compiles each such op both ways."""
 
@@ -9,10 +9,10 @@ import os
 import pytest
 import torch
 
-from aoti_farm import abortscan, splitbuild
+from aoti_farm.build import abortscan, splitbuild
 from aoti_farm import signature as S
-from aoti_farm.adversarial import BAD_INDEX_CASES
-from aoti_farm.compiler import eager_raises_on_adversarial, is_verification_refusal
+from aoti_farm.compile.adversarial import BAD_INDEX_CASES
+from aoti_farm.compile.compiler import eager_raises_on_adversarial, is_verification_refusal
 
 #: ``index_select(float32[1000, 64], 0, int64[128])`` under ``cpp.dynamic_threads`` (the
 #: farm's default): the loops, and the index check, inside ``#pragma omp parallel``.

@@ -14,7 +14,7 @@ from aoti_farm.cache.failures import REFUSAL_CLASSES, refusal_class, tally
 from aoti_farm.cache.store import Cache
 from aoti_farm.cli import main
 from aoti_farm.fingerprint import Fingerprint
-from aoti_farm.progress import Progress, write_report
+from aoti_farm.report.progress import Progress, write_report
 
 STRIDES = ("kernel disagrees with eager: output 0 strides", {"problem": "strides"})
 VALUES = ("kernel disagrees with eager at 2 intra-op threads", {"problem": "values"})

@@ -4,7 +4,7 @@ globals the kernel was verified under and, on CPU, the thread counts it was veri
 from __future__ import annotations
 
 from aoti_farm import signature as S
-from aoti_farm.explain import serving_conditions
+from aoti_farm.report.explain import serving_conditions
 
 
 def test_a_hit_names_its_serving_conditions_and_verified_threads():

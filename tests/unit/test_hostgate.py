@@ -1,4 +1,4 @@
-"""This host's gate decisions kept between processes (aoti_farm/hostgate.py, Gate.preload):
+"""This host's gate decisions kept between processes (aoti_farm/speedgate/hostgate.py, Gate.preload):
 a later gate takes a measured decision with no trial, only at the thread count it was
 measured at, and never from a memo another user could have written."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from aoti_farm import hostgate
+from aoti_farm.speedgate import hostgate
 from aoti_farm.runtime.gate import Gate
 
 FP = "f" * 16

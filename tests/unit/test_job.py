@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 
-from aoti_farm import budget, job
+from aoti_farm import budget
+from aoti_farm.compile import job
 from aoti_farm.cache import leases
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
@@ -170,7 +171,7 @@ def test_outcome_to_dict_is_plain(tmp_path, fp):
 
 def a_class():
     """The class of ``add`` on [n, 16] for n = 4, 8, 12 (s0 = 4..12)."""
-    from aoti_farm import shapes as SH
+    from aoti_farm.dynamic import shapes as SH
     from unit.test_shapes import T, add
 
     return SH.classes([add(T((n, 16)), T((n, 16))) for n in (4, 8, 12)])[0][0]
@@ -180,7 +181,7 @@ def test_a_class_task_is_compiled_by_the_actors_compiler_through_the_job(tmp_pat
     """On the pool, a class task (``CompileActor.compile_class``) is compiled by the actor's
     own ``Compiler`` (here the scheduler's double) through ``job.compile_and_publish``:
     one compile path, not a second one that builds its own compiler."""
-    from aoti_farm import dyncompile, shapes as SH
+    from aoti_farm.dynamic import dyncompile, shapes as SH
     from aoti_farm.workers.classtasks import ClassJob
     from aoti_farm.workers.compile_actor import CompileActor
 
@@ -209,7 +210,7 @@ def test_a_refused_class_leaves_no_failure_record(tmp_path, fp):
     """A class the compiler refuses falls back to its members (who get their own records);
     a failure the compiler raises otherwise is the caller's (dynwarm: the fallback), never
     a record of the class key."""
-    from aoti_farm import dynwarm
+    from aoti_farm.compile import dynwarm
 
     cls = a_class()
     w = World(tmp_path, fp, {cls.key: "refuse"})

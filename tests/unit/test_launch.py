@@ -79,9 +79,9 @@ def test_record_ops_are_checked_before_the_program_starts():
 
 @pytest.mark.parametrize("argv, orig, expected", [
     # the farm's own children: verification child and server, host preparation, the command
-    (["/src/aoti_farm/compiler.py", "--serve"], None, True),
-    (["-m"], ["py", "-m", "aoti_farm.compiler", "--serve"], True),        # before runpy names the file
-    (["-m"], ["py", "-W", "ignore", "-m", "aoti_farm.hostprep", "{}"], True),
+    (["/src/aoti_farm/compile/compiler.py", "--serve"], None, True),
+    (["-m"], ["py", "-m", "aoti_farm.compile.compiler", "--serve"], True),        # before runpy names the file
+    (["-m"], ["py", "-W", "ignore", "-m", "aoti_farm.compile.hostprep", "{}"], True),
     (["/src/runtime/compile_worker.py"], None, True),
     (["/v/bin/aoti-farm", "warm"], None, True),
     (["-c"], ["py", "-c", "PROBE", "/k/kernel.so", "cpu"], True),         # the loader probe

@@ -1,4 +1,4 @@
-"""The memory format a tensor's strides suggest (aoti_farm.shapes.memory_format) is torch's
+"""The memory format a tensor's strides suggest (aoti_farm.dynamic.shapes.memory_format) is torch's
 own, size-1 dims included; verification compares it, and a shape class never mixes
 tensors whose size-1 strides suggest different formats (the third pass's served-wrong
 case: a channels-last ``[N, C, 1, 1]`` served contiguous-strided results)."""
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch._prims_common import suggest_memory_format
 
-from aoti_farm import shapes
-from aoti_farm.tolerance import compare
+from aoti_farm.dynamic import shapes
+from aoti_farm.compile.tolerance import compare
 
 NAMES = {torch.contiguous_format: "contiguous", torch.channels_last: "channels_last",
          torch.channels_last_3d: "channels_last_3d"}
@@ -95,7 +95,7 @@ def test_a_class_never_mixes_size1_strides_of_another_format():
 
 
 def test_precision_refuses_a_kernel_less_accurate_than_eager_where_eager_is_accurate():
-    from aoti_farm.tolerance import precision
+    from aoti_farm.compile.tolerance import precision
 
     truth = torch.tensor([0.967412, 0.5], dtype=torch.float64)
     eager = truth.float()
@@ -112,7 +112,7 @@ def test_precision_refuses_a_kernel_less_accurate_than_eager_where_eager_is_accu
 
 
 def test_precision_cases_are_ill_conditioned_and_finite():
-    from aoti_farm import adversarial
+    from aoti_farm.compile import adversarial
     from aoti_farm import signature as S
 
     sig = S.from_call(torch.ops.aten.mean.dim, (torch.empty(4, 64), [1]), {})

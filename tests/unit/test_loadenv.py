@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from aoti_farm import loadenv
+from aoti_farm.startup import loadenv
 
 pytestmark = pytest.mark.skipif(loadenv.system_libstdcxx() is None, reason="no system libstdc++ to preload")
 

@@ -1,4 +1,4 @@
-"""The compile processes' OpenMP wait policy (aoti_farm/ompwait.py): passive unless the
+"""The compile processes' OpenMP wait policy (aoti_farm/startup/ompwait.py): passive unless the
 environment names one or the A/B switch is off, in every environment the farm builds for a
 process that verifies kernels.  tests/e2e/test_ompwait_differential.py shows the policy
 changes no result; tests/e2e/test_warm_startup.py that a real actor starts with it."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from aoti_farm import ompwait
+from aoti_farm.startup import ompwait
 from aoti_farm.runtime import supervisor
 from aoti_farm.workers.placement import CPU, actor_options, worker_env
 

@@ -50,7 +50,7 @@ def test_the_actors_get_the_key_files_absolute_path(tmp_path, monkeypatch):
 
 
 def test_ray_init_runs_in_the_private_directory_and_the_driver_returns(tmp_path, monkeypatch):
-    from aoti_farm import spawn
+    from aoti_farm.startup import spawn
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.chdir(tmp_path)

@@ -23,8 +23,8 @@ def test_a_report_whose_evidence_holds_infinities_is_read_by_report(tmp_path, ca
     without end)."""
     import json
 
-    from aoti_farm.progress import write_report
-    from aoti_farm.report_html import load_report
+    from aoti_farm.report.progress import write_report
+    from aoti_farm.report.report_html import load_report
 
     path = tmp_path / "r.json"
     write_report(str(path), [{"key": "k" * 64, "op": "aten::gelu", "status": "failed", "seconds": 1.0,

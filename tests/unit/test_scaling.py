@@ -39,7 +39,7 @@ def test_torch_cuda_runtime_notice_is_dropped_and_other_warnings_kept(caplog):
     """torch's CUDA build on a host without a GPU logs "No CUDA runtime is found" once per
     process that imports torch.utils.cpp_extension: the farm's own processes drop it
     (warm, serve, the actors); its other warnings still show."""
-    from aoti_farm import notices
+    from aoti_farm.startup import notices
 
     name = "torch.utils.cpp_extension"
     assert name in notices.TORCH_NOTICES
@@ -55,7 +55,7 @@ def test_torch_cuda_runtime_notice_is_dropped_and_other_warnings_kept(caplog):
 
 
 def test_startup_line_names_the_slowest_phase():
-    from aoti_farm.progress import startup_line
+    from aoti_farm.report.progress import startup_line
 
     tl = {"process_start": 100.0, "ray_started": 116.7, "first_dispatch": 132.3,
           "workers": [{"ready_seen": 132.3, "phases": {"import": [118.3, 132.1]}},

@@ -30,7 +30,7 @@ def test_cpu_by_process_kind_reads_the_command_lines_ray_and_the_farm_use():
         ("/v/bin/python", f"{site}/_private/workers/default_worker.py", "--node-ip-address=1"): "actors",
         ("/v/bin/python", "-m", "aoti_farm", "warm", "--model", "t.json"): "driver and its children",
         ("/v/bin/python", "-m", "aoti_farm.workers.forkserver", "/tmp/aoti-farm-fork-x/s"): "fork server",
-        ("/v/bin/python", "-m", "aoti_farm.compiler", "--serve"): "verification children",
+        ("/v/bin/python", "-m", "aoti_farm.compile.compiler", "--serve"): "verification children",
         ("/opt/gcc/bin/g++", "-O2", "-c", "k.cpp"): None,
     }
     for argv, kind in cases.items():

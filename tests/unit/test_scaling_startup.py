@@ -10,7 +10,8 @@ import pytest
 def test_no_early_verification_child_where_the_actor_has_the_preload_itself(tmp_path, monkeypatch):
     """An actor started with the libstdc++ preload (its Ray inherited it, as
     on a GPU host) loads kernels itself whatever the memo says: no child is started early."""
-    from aoti_farm import loadenv, verifyserver
+    from aoti_farm.startup import loadenv
+    from aoti_farm.compile import verifyserver
     from aoti_farm.workers.compile_actor import CompileActor
 
     lib = loadenv.system_libstdcxx()
@@ -41,7 +42,7 @@ def test_torch_git_version_is_read_without_importing_torch(tmp_path, monkeypatch
 
     import torch
 
-    from aoti_farm import hostid
+    from aoti_farm.startup import hostid
 
     monkeypatch.delitem(sys.modules, "torch.version")      # as if torch were not imported yet
     assert hostid.torch_git_version() == torch.version.git_version   # the real torch's file
@@ -61,7 +62,8 @@ def test_torch_git_version_is_read_without_importing_torch(tmp_path, monkeypatch
 def test_a_known_host_starts_no_isa_probe_child(tmp_path, monkeypatch):
     """The memo found without torch is the one the fingerprint writes and reads: with it,
     ``warm`` starts no probe child; without it (or a corrupt one) the host is not known."""
-    from aoti_farm import fingerprint, hostprep
+    from aoti_farm import fingerprint
+    from aoti_farm.compile import hostprep
     from aoti_farm.workers import warm
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -1,6 +1,6 @@
 """Unit tests of issue 32's defences that need no process, compile or Ray: the metrics
 span's squatted-port check (its ``/proc/net/tcp`` parsing), the miss queue's caps as
-settings, the one owner/mode check of ``aoti_farm/private.py``, and each layer of the
+settings, the one owner/mode check of ``aoti_farm/security/private.py``, and each layer of the
 escaping and report-tick defences on its own (the e2e drills in
 ``tests/e2e/test_drills_env_attacks.py`` pass while either layer holds)."""
 
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from aoti_farm import exposition
+from aoti_farm.metrics import exposition
 
 # --- metrics: ports another user holds ------------------------------------------------------------
 
@@ -112,8 +112,8 @@ def test_the_miss_writer_keeps_to_the_caps_it_is_given(tmp_path):
 
 def test_private_checks_share_one_rule(tmp_path):
     """check_dir, check_file and open_append refuse the same things for the same reasons."""
-    from aoti_farm import private
-    from aoti_farm.cache.safeio import UnsafeFile
+    from aoti_farm.security import private
+    from aoti_farm.security.safeio import UnsafeFile
 
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
@@ -172,7 +172,7 @@ def _timeline(seconds: float) -> dict:
 def test_report_ticks_step_spreads_them_over_the_whole_span():
     """Layer 1 (``_tick_step``): 13 ticks reach the end of a 29-day span.  Without it the
     loop's count alone stops after 12 two-hour steps, a day into the span."""
-    from aoti_farm.report_html import MAX_TICKS, render
+    from aoti_farm.report.report_html import MAX_TICKS, render
 
     total = 29 * 86400.0
     ticks = _ticks(render(_timeline(total)))
@@ -183,7 +183,7 @@ def test_report_ticks_step_spreads_them_over_the_whole_span():
 def test_report_ticks_count_is_capped_whatever_the_step(monkeypatch):
     """Layer 2 (the drawing loop's count): with a step far too small for the span, still
     at most MAX_TICKS ticks are drawn."""
-    from aoti_farm import report_html
+    from aoti_farm.report import report_html
 
     monkeypatch.setattr(report_html, "_tick_step", lambda total: 1.0)
     ticks = _ticks(report_html.render(_timeline(86400.0)))

@@ -1,5 +1,5 @@
 """Unit tests (no compile): an unserved call is eager's own call, and signatures and the
-runner's inputs are exact (runtime/dispatch.py, aoti_farm/signature, aoti_farm/runner.py)."""
+runner's inputs are exact (runtime/dispatch.py, aoti_farm/signature, aoti_farm/compile/runner.py)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_record_does_not_change_numbers_next_to_0dim_tensors(tmp_path):
 
 
 def test_flat_tensors_binds_keyword_only_tensors_by_name():
-    from aoti_farm.runner import flat_tensors
+    from aoti_farm.compile.runner import flat_tensors
     from aoti_farm.runtime.calls import gatherer
 
     seq = torch.tensor([5.0, 1.0, 3.0])

@@ -27,30 +27,30 @@ WRITES = {"setdefault", "update", "pop"}
 CHILD = "builds a child process's environment"
 #: (file, function) -> why it may read the environment; a switch names its variable.
 ALLOWED = {
-    ("aoti_farm/loadenv.py", "child_env"): CHILD,
-    ("aoti_farm/loadenv.py", "_try_load"): CHILD + " (the loader probe)",
-    ("aoti_farm/isaload.py", "check_call"): CHILD + " (an ISA load check)",
+    ("aoti_farm/startup/loadenv.py", "child_env"): CHILD,
+    ("aoti_farm/startup/loadenv.py", "_try_load"): CHILD + " (the loader probe)",
+    ("aoti_farm/startup/isaload.py", "check_call"): CHILD + " (an ISA load check)",
     ("workers/placement.py", "worker_env"): CHILD + " (the compile actors)",
     ("workers/raysetup.py", "start_ray"): CHILD + " (what an embedded Ray's workers inherit)",
-    ("aoti_farm/pyprecompile.py", "start"): CHILD + " (a bytecode compiler)",
-    ("aoti_farm/pyprecompile.py", "record"): CHILD + " (the list's recording warm, a developer's tool)",
+    ("aoti_farm/startup/pyprecompile.py", "start"): CHILD + " (a bytecode compiler)",
+    ("aoti_farm/startup/pyprecompile.py", "record"): CHILD + " (the list's recording warm, a developer's tool)",
     ("runtime/supervisor.py", "worker_env"): CHILD + " (the hook's compile worker)",
     ("workers/compile_actor.py", "info"): "reports the CUDA_VISIBLE_DEVICES and OMP_WAIT_POLICY its Ray worker "
                                           "was started with",
     ("runtime/launch.py", "_child_env"): CHILD + " (`aoti-farm run`'s program)",
-    ("aoti_farm/loadenv.py", "forced"): "switch AOTI_FARM_PRELOAD_LIBSTDCXX",
-    ("aoti_farm/loadenv.py", "preloaded"): "switch LD_PRELOAD",
+    ("aoti_farm/startup/loadenv.py", "forced"): "switch AOTI_FARM_PRELOAD_LIBSTDCXX",
+    ("aoti_farm/startup/loadenv.py", "preloaded"): "switch LD_PRELOAD",
     ("workers/forkclient.py", "inherited_socket"): "where an embedded Ray's workers find the fork server (set by start_ray)",
     ("workers/forkclient.py", "attach"): "the actor hands its environment to its forked copy",
     ("workers/forkserver.py", "_copy"): "a forked copy takes its actor's environment",
     ("workers/forkserver.py", "_apply_threads"): "a forked copy takes its actor's OMP_NUM_THREADS",
-    ("aoti_farm/private.py", "root"): "switch XDG_CACHE_HOME",
-    ("aoti_farm/private.py", "inductor_cache_dir"): "switch TORCHINDUCTOR_CACHE_DIR",
-    ("aoti_farm/private.py", "inductor_cache_scope"): "switch TORCHINDUCTOR_CACHE_DIR",
-    ("aoti_farm/private.py", "private_cache_dir"): "switch TORCHINDUCTOR_CACHE_DIR",
-    ("aoti_farm/hitpath.py", "disabled"): "switch AOTI_FARM_NATIVE",
-    ("aoti_farm/hitpath.py", "compiler"): "switch CXX",
-    ("aoti_farm/hitpath.py", "native_dir"): "switch AOTI_FARM_NATIVE_DIR, XDG_CACHE_HOME",
+    ("aoti_farm/security/private.py", "root"): "switch XDG_CACHE_HOME",
+    ("aoti_farm/security/private.py", "inductor_cache_dir"): "switch TORCHINDUCTOR_CACHE_DIR",
+    ("aoti_farm/security/private.py", "inductor_cache_scope"): "switch TORCHINDUCTOR_CACHE_DIR",
+    ("aoti_farm/security/private.py", "private_cache_dir"): "switch TORCHINDUCTOR_CACHE_DIR",
+    ("aoti_farm/speedgate/hitpath.py", "disabled"): "switch AOTI_FARM_NATIVE",
+    ("aoti_farm/speedgate/hitpath.py", "compiler"): "switch CXX",
+    ("aoti_farm/speedgate/hitpath.py", "native_dir"): "switch AOTI_FARM_NATIVE_DIR, XDG_CACHE_HOME",
     # the launched program's side (its own command layer)
     ("runtime/launch.py", "run_command"): "`aoti-farm run`: a command",
     ("runtime/launch.py", "boot"): "the launched program's side of `aoti-farm run`/`record`",
@@ -91,7 +91,7 @@ def env_reads() -> list[tuple[str, str, int]]:
 
 def test_the_scan_sees_reads_and_not_writes(tmp_path):
     reads = env_reads()
-    assert ("aoti_farm/hitpath.py", "disabled") in {(f, fn) for f, fn, _ in reads}
+    assert ("aoti_farm/speedgate/hitpath.py", "disabled") in {(f, fn) for f, fn, _ in reads}
     # the compile actor sets TORCHINDUCTOR_COMPILE_THREADS for its own Inductor (a write) and
     # only reports what its worker was given (a read)
     assert set(r[1] for r in reads if r[0] == "workers/compile_actor.py") == {"info"}
@@ -123,7 +123,7 @@ def test_a_serving_process_resolves_its_settings_through_config(tmp_path):
 
     from aoti_farm.config import HookConfig, default_cache_dir
     from aoti_farm.errors import UserError
-    from aoti_farm.exposition import Endpoint
+    from aoti_farm.metrics.exposition import Endpoint
     from aoti_farm.runtime.settings import resolve
 
     env = {"AOTI_FARM_CACHE_DIR": str(tmp_path), "AOTI_FARM_MEMORY_BUDGET": "6G", "AOTI_FARM_SERVE": "always",

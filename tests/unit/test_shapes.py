@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from aoti_farm import shapes as SH, signature as S
+from aoti_farm.dynamic import shapes as SH
+from aoti_farm import signature as S
 from aoti_farm.errors import UserError
 
 

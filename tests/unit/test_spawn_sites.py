@@ -1,5 +1,5 @@
 """Every place the package starts a process is found here, and each Python child imports
-only the farm's and the environment's code (aoti_farm/spawn.py): its argv comes from
+only the farm's and the environment's code (aoti_farm/startup/spawn.py): its argv comes from
 ``spawn.python`` (``-P``), and ``ray.init`` runs inside ``spawn.private_cwd`` (Ray puts the
 driver's working directory first on every worker's ``sys.path``).
 
@@ -32,23 +32,23 @@ RAY = "ray"            # inside `with spawn.private_cwd()`
 #: (file, function) -> what it starts.  PY and RAY are checked; the others say why no
 #: Python of ours is started there.
 SITES = {
-    ("aoti_farm/loadenv.py", "_try_load"): PY,
-    ("aoti_farm/pyprecompile.py", "start"): PY,
-    ("aoti_farm/pyprecompile.py", "record"): PY,
-    ("aoti_farm/verifyserver.py", "_start_locked"): (PY, "CHILD"),
-    ("aoti_farm/hostprep.py", "prepare_in_child"): PY,
-    ("aoti_farm/hostprep.py", "__init__"): PY,
-    ("aoti_farm/isaload.py", "check_call"): PY,
+    ("aoti_farm/startup/loadenv.py", "_try_load"): PY,
+    ("aoti_farm/startup/pyprecompile.py", "start"): PY,
+    ("aoti_farm/startup/pyprecompile.py", "record"): PY,
+    ("aoti_farm/compile/verifyserver.py", "_start_locked"): (PY, "CHILD"),
+    ("aoti_farm/compile/hostprep.py", "prepare_in_child"): PY,
+    ("aoti_farm/compile/hostprep.py", "__init__"): PY,
+    ("aoti_farm/startup/isaload.py", "check_call"): PY,
     ("runtime/native.py", "build_in_background"): PY,
     ("runtime/supervisor.py", "_start"): (PY, "command"),
     ("runtime/drill.py", "compile_all"): PY,
     ("runtime/drill.py", "replay"): PY,
     ("workers/forkserver.py", "start"): PY,
     ("workers/raysetup.py", "start_ray"): RAY,
-    ("aoti_farm/splitbuild.py", "_compiler_version"): "the C++ compiler's --version",
-    ("aoti_farm/splitbuild.py", "_start"): "a C++ compiler (Inductor's own command line)",
-    ("aoti_farm/hitpath.py", "_compiler_version"): "the C++ compiler's --version",
-    ("aoti_farm/hitpath.py", "build"): "the C++ compiler building the native hit path",
+    ("aoti_farm/build/splitbuild.py", "_compiler_version"): "the C++ compiler's --version",
+    ("aoti_farm/build/splitbuild.py", "_start"): "a C++ compiler (Inductor's own command line)",
+    ("aoti_farm/speedgate/hitpath.py", "_compiler_version"): "the C++ compiler's --version",
+    ("aoti_farm/speedgate/hitpath.py", "build"): "the C++ compiler building the native hit path",
     ("runtime/launch.py", "_run"): "the user's own program (`aoti-farm run -- CMD`)",
     ("aoti_farm/cli/bench.py", "main"): "scripts/bench/run.py by its path: its own directory, the checkout's",
 }
@@ -138,11 +138,11 @@ def test_every_site_that_starts_a_process_is_listed_and_safe():
 
 
 def test_no_argv_names_the_interpreter_except_spawn():
-    """``sys.executable`` inside a list or tuple (an argv) only in aoti_farm/spawn.py and
+    """``sys.executable`` inside a list or tuple (an argv) only in aoti_farm/startup/spawn.py and
     the benchmark runner (a script by path, SITES says why)."""
     found = []
     for rel in _sources():
-        if rel in ("aoti_farm/spawn.py", "aoti_farm/cli/bench.py"):
+        if rel in ("aoti_farm/startup/spawn.py", "aoti_farm/cli/bench.py"):
             continue
         tree, parents = _parse(rel)
         for node in ast.walk(tree):
@@ -154,7 +154,7 @@ def test_no_argv_names_the_interpreter_except_spawn():
 def test_spawn_python_drops_the_unsafe_path_entry():
     import sys
 
-    from aoti_farm import spawn
+    from aoti_farm.startup import spawn
 
     argv = spawn.python("-m", "x")
     assert argv[:2] == [sys.executable, "-P"] and argv[2:] == ["-m", "x"]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from aoti_farm import splitbuild
+from aoti_farm.build import splitbuild
 
 IFACE = splitbuild.interface_text()
 HEAD = "\n#include <torch/csrc/inductor/aoti_include/cpu.h>\n"

@@ -1,4 +1,4 @@
-"""aoti_farm/stridesym.py: the graph of a shape class whose strides are symbols, and the
+"""aoti_farm/dynamic/stridesym.py: the graph of a shape class whose strides are symbols, and the
 proof that what the trace assumed holds across the class (tracing only: fake tensors, no
 compile; the compile and the verification are in tests/e2e/test_real_models.py)."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aoti_farm import shapes as SH, signature as S, stridesym
-from aoti_farm.runner import flat_tensors
+from aoti_farm.dynamic import shapes as SH, stridesym
+from aoti_farm import signature as S
+from aoti_farm.compile.runner import flat_tensors
 
 from unit.test_shapes import T, add
 

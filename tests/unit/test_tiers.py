@@ -90,7 +90,7 @@ E2E_USES = [
     "import os\nos.system('true')\n",
     "import os\ndef f():\n    return os.fork()\n",
     "from os import posix_spawn\n",
-    "from aoti_farm.compiler import AOTICompiler\n",
+    "from aoti_farm.compile.compiler import AOTICompiler\n",
     "from _install import clean_env\n",
     "from e2e.test_drills_util import env\n",
     "from e2e import test_gate\n",

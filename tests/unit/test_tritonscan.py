@@ -1,10 +1,10 @@
-"""aoti_farm/tritonscan.py: a CUDA index kernel is served only where its generated Triton
+"""aoti_farm/build/tritonscan.py: a CUDA index kernel is served only where its generated Triton
 code asserts every indirect index before using it.  The sources are Inductor's own output
 (torch 2.11, one H200, 2026-11-29) for ``embedding`` and ``gather``, and edits of them."""
 
 from __future__ import annotations
 
-from aoti_farm import tritonscan
+from aoti_farm.build import tritonscan
 
 EMBEDDING = '''
 @triton.jit

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm import upstream as U
+from aoti_farm.interop import upstream as U
 from aoti_farm.cli import upstream_cmds
 from aoti_farm.cache.store import Cache
 from aoti_farm.errors import Ineligible, UserError

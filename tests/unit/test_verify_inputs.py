@@ -27,7 +27,7 @@ def test_materialize_takes_the_range_of_a_tensor_list_item():
 
 
 def test_compare_checks_nan_places_infinities_and_signed_zeros():
-    from aoti_farm.tolerance import compare
+    from aoti_farm.compile.tolerance import compare
 
     inf, nan = float("inf"), float("nan")
     e = torch.tensor([1.0, -0.0, inf, -inf, nan, 0.0])
@@ -56,7 +56,7 @@ def test_compare_checks_nan_places_infinities_and_signed_zeros():
 
 
 def _cases(op, args, kwargs=None, hints=None):
-    from aoti_farm import adversarial as A
+    from aoti_farm.compile import adversarial as A
 
     sig = S.from_call(op, args, kwargs or {})
     if hints:
@@ -69,7 +69,7 @@ def test_adversarial_floats_meet_in_every_pair_of_special_values():
     """Two float inputs of 10x10 elements meet in every pair of each case's values: 1.0 //
     0.1 among the finite ones; -inf // -1, remainder(5.0, inf) and remainder(-0.0, inf)
     among the non-finite ones; strides and the inputs given are kept."""
-    from aoti_farm.adversarial import FINITE, NONFINITE
+    from aoti_farm.compile.adversarial import FINITE, NONFINITE
 
     x, y = torch.empty(10, 10), torch.empty(10, 10).t()
     sig, a, kw, cases = _cases(torch.ops.aten.floor_divide.default, (x, y))
@@ -146,7 +146,7 @@ def test_adversarial_indices_at_the_bound_negative_and_out_of_range():
 
 
 def test_adversarial_index_bounds_of_embedding_gather_and_nll_loss():
-    from aoti_farm.adversarial import index_bound
+    from aoti_farm.compile.adversarial import index_bound
 
     W, x = torch.empty(7, 3), torch.empty(4, 5)
     assert index_bound("aten::embedding", "indices", None, {"weight": W}) == 7
@@ -168,7 +168,7 @@ def _raise(fn):
 
 
 def test_own_code_error_tells_our_bugs_from_torch_and_the_host():
-    from aoti_farm.compiler import own_code_error
+    from aoti_farm.compile.compiler import own_code_error
     from aoti_farm.errors import CompileRefused
     from aoti_farm.signature import decode_value
 
@@ -207,8 +207,8 @@ class _BuggyCompiler:
 def test_a_bug_of_ours_is_recorded_once_with_its_traceback(tmp_path):
     from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.job import COUNTERS, compile_and_publish
-    from aoti_farm.progress import bug_lines
+    from aoti_farm.compile.job import COUNTERS, compile_and_publish
+    from aoti_farm.report.progress import bug_lines
 
     cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
     sig = S.from_call(torch.ops.aten.mul.Tensor, (torch.empty(3, 5), torch.empty(3, 5)), {})
@@ -280,7 +280,7 @@ def test_tf32_tolerance_follows_eager_flags():
     """A correct float32 matmul/convolution whose operands eager rounded to TF32 (flags on)
     is within flag_tolerance of the exact result, and outside the fixed tolerance; with the
     flags off, or on CPU, no extra tolerance."""
-    from aoti_farm.tolerance import compare, flag_tolerance
+    from aoti_farm.compile.tolerance import compare, flag_tolerance
 
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(64, 512, generator=g), torch.randn(512, 64, generator=g)
@@ -336,7 +336,7 @@ def test_cuda_index_ops_are_refused_before_compiling_unless_eager_asserts_on_eve
     ``[0, bound)`` (``index_select``, ``embedding``, ``gather``): its negative indices are
     mapped to the bound in the graph and its generated code is read for the asserts
     (tests/e2e/test_cuda_index.py on a GPU); a shape class of it is still refused."""
-    from aoti_farm import adversarial
+    from aoti_farm.compile import adversarial
 
     W, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
     cpu = S.from_call(torch.ops.aten.index_select.default, (W, 0, idx), {})
@@ -362,7 +362,7 @@ def test_cuda_index_ops_are_refused_before_compiling_unless_eager_asserts_on_eve
 
 
 def test_no_out_of_bound_index_case_for_a_cuda_tensor(monkeypatch):
-    from aoti_farm import adversarial
+    from aoti_farm.compile import adversarial
 
     W, idx = torch.empty(10, 4), torch.empty(3, dtype=torch.int64)
     sig = S.from_call(torch.ops.aten.index_select.default, (W, 0, idx), {})

@@ -10,7 +10,7 @@ import torch
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
 from aoti_farm.fingerprint import fingerprint
-from aoti_farm.progress import Progress
+from aoti_farm.report.progress import Progress
 from aoti_farm.workers.warm import mark_refusals
 
 

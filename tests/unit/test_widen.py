@@ -1,4 +1,4 @@
-"""The miss policy for calls outside every shape class's range (aoti_farm/widen.py): the
+"""The miss policy for calls outside every shape class's range (aoti_farm/compile/widen.py): the
 decision, its settings and the queue item's optional field.  Pure: no compile (the hook and
 the real class compile of a widened range are in tests/e2e/test_shapes.py, on its shared class)."""
 
@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from aoti_farm import shapes as SH, signature as S, widen as W
+from aoti_farm.dynamic import shapes as SH
+from aoti_farm import signature as S
+from aoti_farm.compile import widen as W
 from aoti_farm.cache import queue as missq
 from aoti_farm.cache.store import Cache
 from aoti_farm.config import HookConfig, resolve
