@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aoti_farm import signature as S
-from aoti_farm.compile.compiler import flat_tensors
+from aoti_farm.compile.runner import flat_tensors
 
 #: Most distinct (op, encoding) pairs memoised; beyond, keys are computed per call.
 MEMO_LIMIT = 65536
@@ -25,7 +25,7 @@ class Call:
 
 def gatherer(sig: S.Signature):
     """A function building the runner's inputs for calls of ``sig`` (the same list as
-    ``compiler.flat_tensors``), specialised once: the hit path then skips the schema walk."""
+    ``runner.flat_tensors``), specialised once: the hit path then skips the schema walk."""
     pos = S.tensor_positions(sig)
     info = sig.info()
     if all(j is None and not info.kwarg_only[i] for i, j in pos):

@@ -613,7 +613,7 @@ Keyed key_value(std::string& k, const c10::IValue& v) {
 }
 
 // Runner inputs: every defined tensor, in schema order, lists flattened (as
-// aoti_farm.compile.compiler.flat_tensors and upstream's unpack_tensors do).
+// aoti_farm.compile.runner.flat_tensors and upstream's unpack_tensors do).
 std::vector<at::Tensor> runner_inputs(const c10::IValue* args, size_t n) {
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < n; ++i) {

@@ -43,7 +43,8 @@ from aoti_farm.startup import loadenv
 from aoti_farm import signature as S
 from aoti_farm.cache.manifest import edge_notes, index_guards
 from aoti_farm.cache.store import BadEntry, Cache
-from aoti_farm.compile.compiler import flat_tensors, load_runner
+from aoti_farm.compile.runner import flat_tensors
+from aoti_farm.compile.compiler import load_runner
 from aoti_farm.metrics.counters import Counters
 from aoti_farm.compile.tolerance import compare, length_tolerance
 

@@ -19,7 +19,7 @@ hook serves with against the op, hook bypassed.
 from __future__ import annotations
 
 from aoti_farm import signature as S
-from aoti_farm.compile.compiler import flat_tensors
+from aoti_farm.compile.runner import flat_tensors
 from aoti_farm.speedgate.speed import through_dispatcher
 from aoti_farm.runtime.gate import Gate
 

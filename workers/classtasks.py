@@ -34,7 +34,7 @@ method: the actor runs :func:`aoti_farm.compile.widen.compile_queued` (the class
 signature) and the task keeps the queue item's key.
 
 Actor side, :func:`compile_in_actor` (``CompileActor.compile_class``): never raises; a
-:class:`~aoti_farm.compile.compiler.CompileInfraError` comes back as status ``error`` (the
+:class:`~aoti_farm.compile.faults.CompileInfraError` comes back as status ``error`` (the
 scheduler retries it), any other failure as ``failed`` (the fallback).
 """
 
@@ -110,7 +110,7 @@ def parse_job(obj: dict) -> SH.ShapeClass:
 def compile_in_actor(actor, obj: dict, attempts: int = 1) -> dict:
     """One class in a compile actor (see module doc); ``Outcome.to_dict()`` plus ``span``
     and ``actor`` (its ``info()``), as ``CompileActor.compile`` returns."""
-    from aoti_farm.compile.compiler import CompileInfraError
+    from aoti_farm.compile.faults import CompileInfraError
     from aoti_farm.workers import metrics as farm_metrics
 
     t0, w0 = time.perf_counter(), time.time()

@@ -264,7 +264,8 @@ class CompileActor:
                     self._compiler.compile(sig, d)
                 phases["compile"] = [s, time.time()]
             else:
-                from aoti_farm.compile.compiler import _OpModule, flat_tensors
+                from aoti_farm.compile.compiler import _OpModule
+                from aoti_farm.compile.runner import flat_tensors
 
                 args, kwargs = S.materialize(sig, seed=0)
                 with torch.no_grad():

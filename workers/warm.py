@@ -481,10 +481,10 @@ def mark_refusals(rows: list[dict], cache) -> None:
     """Set ``refused`` on each failed row that verification refused and that the cache
     records: the kernel was built and is not eager's (or cannot be checked as serving
     needs), a final, deterministic outcome after which eager serves the signature
-    (:data:`aoti_farm.compile.compiler.VERIFICATION_REFUSALS`).  Such a row does not fail
+    (:data:`aoti_farm.compile.verify.VERIFICATION_REFUSALS`).  Such a row does not fail
     ``warm``.  Everything else does: an unrecorded failure (timeouts, lost workers, the
     memory budget), a signature eager rejects, an Inductor error, a bug of aoti-farm."""
-    from aoti_farm.compile.compiler import is_verification_refusal
+    from aoti_farm.compile.verify import is_verification_refusal
 
     for r in rows:
         if r.get("status") != "failed" or (r.get("evidence") or {}).get("bug") or not r.get("fp_id"):

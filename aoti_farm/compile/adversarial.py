@@ -76,11 +76,11 @@ FLOAT_CASES = ("finite special values", "infinities and NaN", "magnitudes", "iso
                "isolated NaN")
 
 #: The cases whose inputs are not all finite: a difference there is an edge note, not a
-#: refusal, under the finite contract (compiler.edge_class).
+#: refusal, under the finite contract (checks.edge_class).
 NONFINITE_CASES = ("infinities and NaN", "isolated infinities", "isolated NaN")
 #: Ops that reduce (besides the norms, every op with "norm" in its name): where a sum of
 #: squares of the magnitudes case overflows, eager's and a kernel's ways of accumulating
-#: differ by more than rounding (compiler.edge_class).
+#: differ by more than rounding (checks.edge_class).
 REDUCING_OPS = frozenset({"sum", "nansum", "mean", "nanmean", "var", "std", "var_mean", "std_mean", "norm",
                           "linalg_vector_norm", "logsumexp", "_softmax", "_log_softmax", "softmax", "log_softmax",
                           "prod", "cumsum", "cumprod", "trace", "mm", "bmm", "addmm", "matmul", "linear", "dot",

@@ -42,7 +42,7 @@ def compile_class(cache, cls: SH.ShapeClass, compiler, fp, memory_budget, *, own
     shape-general kernel: the reason is ``error``; the caller compiles the members
     exactly).  ``CompileInfraError`` (this host could not compile: retried) is raised;
     nothing else is: whatever else fails a class compile, its members are compiled exactly."""
-    from aoti_farm.compile.compiler import CompileInfraError
+    from aoti_farm.compile.faults import CompileInfraError
     from aoti_farm.compile.job import FAILED, Outcome, compile_and_publish
 
     t0 = time.perf_counter()

@@ -19,7 +19,8 @@ from aoti_farm.dynamic import dyncompile
 from aoti_farm.cache import leases
 from aoti_farm.cache.manifest import GUARDED_FORMAT
 from aoti_farm.cache.store import Cache
-from aoti_farm.compile.compiler import Compiler, own_code_error
+from aoti_farm.compile.compiler import Compiler
+from aoti_farm.compile.faults import own_code_error
 from aoti_farm.metrics.counters import Counters
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import Fingerprint

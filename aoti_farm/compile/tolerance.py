@@ -94,7 +94,7 @@ TF32_EPS = 2.0 ** -11
 
 def flag_tolerance(sig: S.Signature, args: tuple, kwargs: dict, flags: dict | None) -> tuple[float, float]:
     """(extra rtol, extra atol) for a CUDA float32 matmul or convolution when eager ran with
-    TF32 allowed (``flags``: :func:`aoti_farm.compile.compiler.eager_flags`, recorded in the
+    TF32 allowed (``flags``: :func:`aoti_farm.compile.checks.eager_flags`, recorded in the
     manifest's verification).  Eager then rounds its operands to TF32 (10 mantissa bits)
     and a correct kernel that rounds differently (or not at all) differs by about
     ``eps_tf32 * K * mean|a| * mean|b|`` for K products per output element: refusing it

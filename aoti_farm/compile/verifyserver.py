@@ -5,7 +5,7 @@ is False: the host needs the libstdc++ preload and this process started without 
 the Ray actors of a fresh host do), every kernel is verified in a child that has the
 preload.  A child per kernel imports torch per kernel: 4.5 s median per signature with
 16 actors on a 16-core H100 host,
-as long as the compile itself.  So the child lives on: ``python -m aoti_farm.compile.compiler
+as long as the compile itself.  So the child lives on: ``python -m aoti_farm.compile.child
 --serve`` imports torch once, then verifies one kernel per request line (the same
 ``AOTICompiler._verify_here`` as before: trials against eager, the speed gate) and answers
 one line.
@@ -40,8 +40,8 @@ from aoti_farm.metrics.counters import Counters
 #: Marks the answer line (anything else the child writes to stdout is skipped).
 REPLY = "aoti-farm-verify: "
 
-#: The child: the compiler's verification entry point, serving (no import of it here).
-CHILD = spawn.python("-m", "aoti_farm.compile.compiler", "--serve")
+#: The child: the compiler's verification entry point (aoti_farm/compile/child.py), serving (no import of it here).
+CHILD = spawn.python("-m", "aoti_farm.compile.child", "--serve")
 
 _lock = threading.Lock()
 _proc: subprocess.Popen | None = None

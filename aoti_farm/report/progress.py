@@ -185,7 +185,7 @@ class Progress:
 
 def bug_lines(results: list[dict]) -> list[str]:
     """The summary of compiles that failed on a bug of aoti-farm's own code (their evidence
-    says ``bug``: :func:`aoti_farm.compile.compiler.own_code_error`): a count, then one line per
+    says ``bug``: :func:`aoti_farm.compile.faults.own_code_error`): a count, then one line per
     signature with the exception and where it was raised.  Tracebacks are in the failure
     records (``aoti-farm cache ls --failed``) and the warm report."""
     bugs = [r for r in results if r.get("status") == "failed" and (r.get("evidence") or {}).get("bug")]

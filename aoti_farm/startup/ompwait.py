@@ -1,7 +1,7 @@
 """The OpenMP wait policy of the processes that compile and verify kernels.
 
 Verification runs a CPU kernel and eager at every intra-op thread count the kernel may be
-served at (:func:`aoti_farm.compile.compiler.verify_thread_counts`: 1, 2 and the host's cores), so
+served at (:func:`aoti_farm.compile.verify.verify_thread_counts`: 1, 2 and the host's cores), so
 a compile process opens OpenMP regions as wide as the host while every core is compiling.
 libgomp's default lets a thread that waits at a region's barrier spin for about 3 ms
 (``GOMP_SPINCOUNT`` 300,000) before it sleeps.  On a host whose cores are all busy, a

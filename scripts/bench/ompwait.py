@@ -3,7 +3,7 @@
 (what the farm's compile processes get: ``aoti_farm/startup/ompwait.py``).
 
 Verification runs each CPU kernel and eager at 1, 2 and the host's cores
-(``compiler.verify_thread_counts``).  In a warm every other core is compiling, and a
+(``verify.verify_thread_counts``).  In a warm every other core is compiling, and a
 region's threads then wait for each other to be scheduled; ``--busy N`` puts N spinning
 processes beside the verifying one to stand in for the compiles (``--busy 0``: an idle
 host, as at W=1).  The CPU column is the verifying process's own (all its threads): what
@@ -78,7 +78,8 @@ def main(argv=None) -> int:
             raise ValueError
     except ValueError:
         raise SystemExit(f"ompwait: --busy {ns.busy!r}: give non-negative integers, e.g. --busy 0,15") from None
-    from aoti_farm.compile.compiler import AOTICompiler, verify_thread_counts
+    from aoti_farm.compile.compiler import AOTICompiler
+    from aoti_farm.compile.verify import verify_thread_counts
 
     work = tempfile.mkdtemp(prefix="aoti-ompwait-")
     try:

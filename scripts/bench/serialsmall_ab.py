@@ -56,7 +56,8 @@ def main(argv=None) -> int:
     from aoti_farm.build import serialsmall
     from aoti_farm import signature as S
     from aoti_farm.cache.store import Cache
-    from aoti_farm.compile.compiler import AOTICompiler, flat_tensors, load_runner
+    from aoti_farm.compile.compiler import AOTICompiler, load_runner
+    from aoti_farm.compile.runner import flat_tensors
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.compile.job import compile_and_publish
 

@@ -252,7 +252,8 @@ def _hook_breakdown(sig, op, args, kwargs, cache_dir, iters) -> dict:
     input list, the runner call itself, and a do-nothing Python kernel registered through
     torch.library (the dispatcher -> Python round trip every Python hook pays)."""
     from aoti_farm import signature as S
-    from aoti_farm.compile.compiler import flat_tensors, load_runner
+    from aoti_farm.compile.runner import flat_tensors
+    from aoti_farm.compile.compiler import load_runner
     from aoti_farm.cache.store import Cache
     from aoti_farm.fingerprint import fingerprint
 

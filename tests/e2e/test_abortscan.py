@@ -12,7 +12,8 @@ import torch
 from aoti_farm import signature as S
 from aoti_farm.build import splitbuild
 from aoti_farm.cache.store import Cache
-from aoti_farm.compile.compiler import AOTICompiler, is_verification_refusal
+from aoti_farm.compile.compiler import AOTICompiler
+from aoti_farm.compile.verify import is_verification_refusal
 from aoti_farm.fingerprint import fingerprint
 from aoti_farm.compile.job import compile_and_publish
 

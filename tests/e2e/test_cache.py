@@ -41,7 +41,9 @@ def test_publish_open_round_trip(kernels, tmp_path):
     assert set(cpu) == {"inductor_own", "inductor_compilers"} and cpu["inductor_own"] > 0
     assert 0 <= cpu["inductor_compilers"] and cpu["inductor_own"] < e.manifest["phases"]["inductor"] * 4
     # the kernel really is the op: run it through the runner
-    from aoti_farm.compile.compiler import compare, flat_tensors, load_runner
+    from aoti_farm.compile.tolerance import compare
+    from aoti_farm.compile.runner import flat_tensors
+    from aoti_farm.compile.compiler import load_runner
 
     args, kwargs = S.materialize(sig, seed=7)
     got = load_runner(e.kernel_path, "cpu").run(flat_tensors(sig, args, kwargs))

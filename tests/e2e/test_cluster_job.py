@@ -39,7 +39,9 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compile.compiler import compare, flat_tensors, load_runner
+from aoti_farm.compile.tolerance import compare
+from aoti_farm.compile.runner import flat_tensors
+from aoti_farm.compile.compiler import load_runner
 from aoti_farm.fingerprint import fingerprint
 
 from e2e.test_drills_util import kill_tree, wait_for

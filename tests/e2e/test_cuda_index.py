@@ -42,7 +42,8 @@ def _calls():
 CHILD = textwrap.dedent("""
     import json, sys, torch
     from aoti_farm import signature as S
-    from aoti_farm.compile.compiler import load_runner, flat_tensors
+    from aoti_farm.compile.compiler import load_runner
+    from aoti_farm.compile.runner import flat_tensors
     path, which, op_name, value, pos = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     sig = S.parse_signature(json.loads(sys.stdin.read()))
     args, kwargs = S.materialize(sig, seed=3)
@@ -80,7 +81,8 @@ def test_cuda_index_ops_are_served_and_assert_where_eager_asserts(tmp_path):
         assert out.status == "compiled", (name, out.error, out.evidence)
         entry = cache.open_entry(fp, sig.key)
         assert entry.manifest["verification"]["index_asserts"] == [[pos, bound]], entry.manifest["verification"]
-        from aoti_farm.compile.compiler import flat_tensors, load_runner
+        from aoti_farm.compile.runner import flat_tensors
+        from aoti_farm.compile.compiler import load_runner
 
         a, kw = S.materialize(sig, seed=5)
         got = load_runner(entry.kernel_path, "cuda").run(flat_tensors(sig, a, kw))[0]

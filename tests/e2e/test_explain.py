@@ -109,7 +109,7 @@ def test_one_signature_per_outcome_named_field_by_field(cache, tmp_path, capsys)
 
     failed = rows[BAD.key]
     assert failed["reason"].startswith("compile failed (") and len(failed["reason"]) > len("compile failed (x): ") + 5
-    from aoti_farm.compile.compiler import REFUSAL_CLASSES
+    from aoti_farm.cache.failures import REFUSAL_CLASSES
 
     assert failed["category"] in REFUSAL_CLASSES, failed   # the named class of the failure
     assert failed["data"]["failure"]["reason"] == cache.failure(fingerprint("cpu").id, BAD.key)["reason"]

@@ -22,7 +22,9 @@ import torch
 from aoti_farm.cache import queue as missq
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compile.compiler import compare, flat_tensors, load_runner
+from aoti_farm.compile.tolerance import compare
+from aoti_farm.compile.runner import flat_tensors
+from aoti_farm.compile.compiler import load_runner
 from aoti_farm.config import FarmConfig
 from aoti_farm.fingerprint import fingerprint
 

@@ -23,7 +23,8 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compile.compiler import AOTICompiler, CompileInfraError, infrastructure_error
+from aoti_farm.compile.compiler import AOTICompiler
+from aoti_farm.compile.faults import CompileInfraError, infrastructure_error
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import fingerprint
 from aoti_farm.compile.job import compile_and_publish

@@ -209,7 +209,7 @@ def test_threads_run_a_kernel_at_once_each_with_its_own_container(big_add, tmp_p
 def test_pooled_runner_from_several_threads(big_add):
     """The Python path's wait-free runner (used for CUDA kernels; runs CPU kernels too):
     thread-safe, one container per concurrent call, eager's results."""
-    from aoti_farm.compile.compiler import flat_tensors
+    from aoti_farm.compile.runner import flat_tensors
     from aoti_farm.compile.runner import PooledRunner
 
     sig = sig_add_alpha((256, 1024))

@@ -13,7 +13,8 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
-from aoti_farm.compile.compiler import AOTICompiler, compare, length_tolerance, load_runner
+from aoti_farm.compile.compiler import AOTICompiler, load_runner
+from aoti_farm.compile.tolerance import compare, length_tolerance
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import fingerprint
 from aoti_farm.compile.job import compile_and_publish
@@ -107,7 +108,7 @@ def test_a_kernel_wrong_at_two_threads_is_refused_naming_the_count(tmp_path, mon
     assert ev["threads"] == 2 and ev["problem"] == "values" and ev["output"] == 0   # the variance
     # at 1 thread alone its values pass, as they did before; what refuses it then is its
     # float32 accumulation (eager's is float64), on the precision case
-    monkeypatch.setattr("aoti_farm.compile.compiler.verify_thread_counts", lambda device: [1])
+    monkeypatch.setattr("aoti_farm.compile.verify.verify_thread_counts", lambda device: [1])
     with pytest.raises(CompileRefused) as again:
         AOTICompiler(measure_speed=False).verify(sig, path)
     assert again.value.evidence["problem"] == "precision", again.value.evidence
@@ -184,7 +185,7 @@ def test_a_proxy_executor_op_seen_once_costs_no_compile_again(tmp_path, monkeypa
     refused from its generated source; the host remembers the op, and its next signature
     (another shape) is refused before Inductor runs: no wrapper is built."""
     from aoti_farm.build import splitbuild
-    from aoti_farm.compile.compiler import known_proxy_op
+    from aoti_farm.compile.checks import known_proxy_op
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))   # a fresh private memo
     cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")

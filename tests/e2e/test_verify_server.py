@@ -64,7 +64,7 @@ def test_a_dead_child_is_replaced(kernels, unsafe_host):
 
 _CHILD_IMPORTS = r"""
 import json, sys
-from aoti_farm.compile.compiler import _verify_request
+from aoti_farm.compile.child import _verify_request
 
 ans = _verify_request({"sig": json.loads(sys.argv[1]), "path": sys.argv[2], "trials": 3, "speed": True})
 print("OUT " + json.dumps({"ok": ans.get("ok"), "speed": "speed" in ans,

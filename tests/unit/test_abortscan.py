@@ -12,7 +12,7 @@ import torch
 from aoti_farm.build import abortscan, splitbuild
 from aoti_farm import signature as S
 from aoti_farm.compile.adversarial import BAD_INDEX_CASES
-from aoti_farm.compile.compiler import eager_raises_on_adversarial, is_verification_refusal
+from aoti_farm.compile.verify import eager_raises_on_adversarial, is_verification_refusal
 
 #: ``index_select(float32[1000, 64], 0, int64[128])`` under ``cpp.dynamic_threads`` (the
 #: farm's default): the loops, and the index check, inside ``#pragma omp parallel``.

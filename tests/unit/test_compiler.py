@@ -9,7 +9,7 @@ import os
 import torch
 
 from aoti_farm.cli import main
-from aoti_farm.compile.compiler import compare
+from aoti_farm.compile.tolerance import compare
 from aoti_farm.trace import load_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.compile.compiler import compare, length_tolerance
+from aoti_farm.compile.tolerance import compare, length_tolerance
 from aoti_farm.runtime import install
 from aoti_farm.runtime.gate import GATE_RATIO, Gate, time_against_eager
 

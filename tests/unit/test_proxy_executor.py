@@ -4,7 +4,9 @@ unsupported, a verification refusal (recorded once, never retried)."""
 
 from __future__ import annotations
 
-from aoti_farm.compile.compiler import PROXY_EXECUTOR_REFUSAL, is_verification_refusal, needs_proxy_executor
+from aoti_farm.cache.failures import PROXY_EXECUTOR_REFUSAL
+from aoti_farm.compile.verify import is_verification_refusal
+from aoti_farm.compile.checks import needs_proxy_executor
 
 
 def test_the_generated_wrapper_tells_a_proxy_executor_call(tmp_path):
@@ -19,7 +21,7 @@ def test_the_generated_wrapper_tells_a_proxy_executor_call(tmp_path):
 
 
 def test_every_refusal_has_a_named_class():
-    from aoti_farm.compile.compiler import REFUSAL_CLASSES, refusal_class
+    from aoti_farm.cache.failures import REFUSAL_CLASSES, refusal_class
 
     cases = {
         ("kernel disagrees with eager on adversarial inputs: finite special values", "values"): "values",

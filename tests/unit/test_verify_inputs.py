@@ -168,7 +168,7 @@ def _raise(fn):
 
 
 def test_own_code_error_tells_our_bugs_from_torch_and_the_host():
-    from aoti_farm.compile.compiler import own_code_error
+    from aoti_farm.compile.faults import own_code_error
     from aoti_farm.errors import CompileRefused
     from aoti_farm.signature import decode_value
 
