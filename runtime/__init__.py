@@ -3,19 +3,26 @@
 ``install(...)`` is :func:`aoti_farm.runtime.hook.install`; ``record(path)`` is
 :func:`aoti_farm.runtime.recorder.record`; ``enable_upstream_backend(cache_dir)`` is
 :func:`aoti_farm.runtime.upstream.enable_upstream_backend`.
+
+This folder is the package ``aoti_farm.runtime``: pyproject's ``package-dir`` installs it
+there, and in a source checkout ``aoti_farm/__init__.py`` maps the name to this folder.
+Imports of this package's own modules are relative (``from .room import ThreadRoom``), so
+a reader or a tool resolves them from the folder; imports of the core are absolute
+(``from aoti_farm.compile import runner``).  ``_site/`` is not part of the package: the
+launcher puts it on a child's ``PYTHONPATH``, and its imports stay absolute.
 """
 
 
 def install(*args, **kwargs):
     """Install the serving hook; see :mod:`aoti_farm.runtime.hook`."""
-    from aoti_farm.runtime.hook import install as _install
+    from .hook import install as _install
 
     return _install(*args, **kwargs)
 
 
 def record(path, **kwargs):
     """Record op signatures into a trace; see :mod:`aoti_farm.runtime.recorder`."""
-    from aoti_farm.runtime.recorder import record as _record
+    from .recorder import record as _record
 
     return _record(path, **kwargs)
 
@@ -23,7 +30,7 @@ def record(path, **kwargs):
 def enable_upstream_backend(*args, **kwargs):
     """Register aoti-farm as torch's aoti_eager compile backend; see
     :mod:`aoti_farm.runtime.upstream`."""
-    from aoti_farm.runtime.upstream import enable_upstream_backend as _enable
+    from .upstream import enable_upstream_backend as _enable
 
     return _enable(*args, **kwargs)
 

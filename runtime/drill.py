@@ -624,7 +624,7 @@ def child_main(spec_path: str) -> int:
                 torch.set_num_threads(t)
                 e, ee = run_call(c, v.inputs, v.glob)
                 plan.append((c, vi, v, t, e, ee))
-    from aoti_farm.runtime import install
+    from . import install
 
     hook = install(cache_dir=spec["cache_dir"], devices=(dev,), on_miss="ignore", serve="always", native=mode,
                    poll_interval=3600.0, contract=contract)
@@ -694,7 +694,7 @@ def record_check(cases: list[Case], plan: Plan, workdir: str) -> tuple[dict, lis
     """Record each compiled case's first (random) call into its own trace, and run every
     call of every case under ``aoti_farm.record``, compared with eager.  Returns
     ({case: [signature dicts]}, records)."""
-    from aoti_farm.runtime.recorder import record
+    from .recorder import record
     from aoti_farm.trace import load_trace
 
     sigs, recs = {}, []
@@ -867,7 +867,7 @@ def run(plan: Plan, out_dir: str | None = None) -> tuple[int, list[tuple], str]:
     cache_dir = os.path.join(workdir, "cache")
     os.makedirs(cache_dir, mode=0o700)
     try:
-        from aoti_farm.runtime import native
+        from . import native
 
         if "auto" in plan.modes and not native.disabled():
             native.build()

@@ -66,21 +66,21 @@ from aoti_farm.cache.store import Cache
 from aoti_farm.metrics.counters import Counters
 from aoti_farm.errors import Ineligible, UserError
 from aoti_farm.fingerprint import Fingerprint, fingerprint
-from aoti_farm.runtime import dispatch
-from aoti_farm.runtime import gate as gate_mod
-from aoti_farm.runtime import metrics as metrics_mod
-from aoti_farm.runtime import settings as settings_mod
-from aoti_farm.runtime import pretrial, trial
-from aoti_farm.runtime.calls import Call, CallMemo
-from aoti_farm.runtime.hookstats import merged_stats
-from aoti_farm.runtime.index import Index, losing_ops, servable_ops
-from aoti_farm.runtime.kernels import KernelTable
-from aoti_farm.runtime.misswriter import MissWriter
-from aoti_farm.runtime.poller import Poller
-from aoti_farm.runtime.room import ThreadRoom
-from aoti_farm.runtime.routes import Routes, cannot_load_reason, native_code
-from aoti_farm.runtime.shapeserve import ShapeIndex
-from aoti_farm.runtime.supervisor import WorkerSupervisor
+from . import dispatch
+from . import gate as gate_mod
+from . import metrics as metrics_mod
+from . import settings as settings_mod
+from . import pretrial, trial
+from .calls import Call, CallMemo
+from .hookstats import merged_stats
+from .index import Index, losing_ops, servable_ops
+from .kernels import KernelTable
+from .misswriter import MissWriter
+from .poller import Poller
+from .room import ThreadRoom
+from .routes import Routes, cannot_load_reason, native_code
+from .shapeserve import ShapeIndex
+from .supervisor import WorkerSupervisor
 
 log = logging.getLogger("aoti_farm.hook")
 

@@ -27,7 +27,7 @@ behind (``uninstalled`` is then true).
 
 from __future__ import annotations
 
-from aoti_farm.runtime import metrics as metrics_mod
+from . import metrics as metrics_mod
 
 #: The native counters of calls the Python side never saw, by fallback reason.
 _NATIVE_FALLBACKS = (("wrapped Python number", "wrapped_numbers"), ("requires_grad", "requires_grad"),

@@ -168,7 +168,7 @@ def record_ops(raw: str | None) -> list[str] | None:
     names = [x.strip() for x in raw.split(",") if x.strip()]
     if not names:
         raise UserError("--ops: no op named; pass names like aten::addmm,aten::tanh or leave --ops out")
-    from aoti_farm.runtime.dispatch import resolve_ops
+    from .dispatch import resolve_ops
 
     for name in names:
         try:
@@ -189,7 +189,7 @@ def boot() -> None:
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     rec_dir = os.environ.get("AOTI_FARM_RECORD_DIR")
     if rec_dir:
-        from aoti_farm.runtime.recorder import Recorder
+        from .recorder import Recorder
         from aoti_farm.trace import save_trace
 
         ops = os.environ.get("AOTI_FARM_RECORD_OPS")
@@ -202,7 +202,7 @@ def boot() -> None:
         atexit.register(_write)
     raw = os.environ.get("AOTI_FARM_HOOK")
     if raw and raw != "0":
-        from aoti_farm.runtime.hook import install
+        from .hook import install
 
         global BOOTED
         args = {} if raw == "1" else child_arguments(raw)

@@ -32,7 +32,7 @@ from typing import Callable
 from aoti_farm.cache import queue as missq
 from aoti_farm.cache.store import Cache
 from aoti_farm.metrics.counters import Counters
-from aoti_farm.runtime.metrics import LatencyHistogram
+from .metrics import LatencyHistogram
 
 log = logging.getLogger("aoti_farm.hook")
 

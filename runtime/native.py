@@ -64,7 +64,7 @@ class NativeRegistration:
         import warnings
 
         from aoti_farm import signature as S
-        from aoti_farm.runtime import dispatch
+        from . import dispatch
 
         self.mod = mod
         self._decide = decide

@@ -27,8 +27,8 @@ import logging
 import time
 
 from aoti_farm import signature as S
-from aoti_farm.runtime import trial
-from aoti_farm.runtime.calls import Call, gatherer
+from . import trial
+from .calls import Call, gatherer
 
 log = logging.getLogger("aoti_farm.hook")
 

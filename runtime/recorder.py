@@ -25,7 +25,7 @@ import torch
 from aoti_farm import signature as S
 from aoti_farm.metrics.counters import Counters
 from aoti_farm.errors import Ineligible
-from aoti_farm.runtime import dispatch
+from . import dispatch
 from aoti_farm.trace import Trace, TraceEntry, save_trace
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)

@@ -23,9 +23,9 @@ import time
 from typing import Callable
 
 from aoti_farm.errors import UserError
-from aoti_farm.runtime import dispatch
-from aoti_farm.runtime import native as native_mod
-from aoti_farm.runtime.room import ThreadRoom
+from . import dispatch
+from . import native as native_mod
+from .room import ThreadRoom
 
 log = logging.getLogger("aoti_farm.hook")
 

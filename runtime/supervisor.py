@@ -45,8 +45,8 @@ from aoti_farm.startup import loadenv, ompwait, spawn
 from aoti_farm.security import private
 from aoti_farm.cache.store import Cache
 from aoti_farm.metrics.counters import Counters
-from aoti_farm.runtime.compile_worker import BUSY_EVENTS, read_events, worker_lock_path
-from aoti_farm.runtime.room import ThreadRoom
+from .compile_worker import BUSY_EVENTS, read_events, worker_lock_path
+from .room import ThreadRoom
 from aoti_farm.startup.spawn import lowest_priority
 
 log = logging.getLogger("aoti_farm.hook")

@@ -21,7 +21,7 @@ from __future__ import annotations
 from aoti_farm import signature as S
 from aoti_farm.compile.runner import flat_tensors
 from aoti_farm.speedgate.speed import through_dispatcher
-from aoti_farm.runtime.gate import Gate
+from .gate import Gate
 
 
 def request(gate: Gate, cache, fp, call, handle, bypassed) -> None:

@@ -88,7 +88,7 @@ def queued_task(sig, widen_obj, kind: str, fp_id: str | None):
     """``aoti-farm serve``'s task for a queue item: a :class:`WidenJob` when the item asks for
     a usable widened class, else the exact signature's task."""
     from aoti_farm.compile.widen import parse_request
-    from aoti_farm.workers.scheduler import Task
+    from .scheduler import Task
 
     if parse_request(widen_obj, sig) is not None:
         return Task(WidenJob(sig, widen_obj), kind, fp_id, method=METHOD)
@@ -111,7 +111,7 @@ def compile_in_actor(actor, obj: dict, attempts: int = 1) -> dict:
     """One class in a compile actor (see module doc); ``Outcome.to_dict()`` plus ``span``
     and ``actor`` (its ``info()``), as ``CompileActor.compile`` returns."""
     from aoti_farm.compile.faults import CompileInfraError
-    from aoti_farm.workers import metrics as farm_metrics
+    from . import metrics as farm_metrics
 
     t0, w0 = time.perf_counter(), time.time()
     try:
@@ -159,8 +159,8 @@ class ClassWork:
         """The signatures left for the exact plan; class tasks (or cached classes) for the rest."""
         from aoti_farm.compile.compiler import AOTICompiler
         from aoti_farm.fingerprint import fingerprint
-        from aoti_farm.workers.placement import route
-        from aoti_farm.workers.scheduler import Task
+        from .placement import route
+        from .scheduler import Task
 
         cls, _loose = SH.classes(sigs)
         todo = [c for c in cls if SH.distinct_shapes(c) >= 2]

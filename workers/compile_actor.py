@@ -32,7 +32,7 @@ import warnings
 from typing import Callable
 
 from aoti_farm.report.progress import process_start_time
-from aoti_farm.workers import metrics as farm_metrics
+from . import metrics as farm_metrics
 
 
 def _host_steps() -> dict:
@@ -159,7 +159,7 @@ class CompileActor:
         is no server, for a GPU or test-double actor, or where the fork fails."""
         if self.device != "cpu" or self.compiler_factory is not None:
             return False
-        from aoti_farm.workers import forkclient
+        from . import forkclient
 
         path = forkclient.inherited_socket()
         if not path:
@@ -389,6 +389,6 @@ class CompileActor:
             out = self._forward("compile_class", class_obj, attempts)
             if out is not None:
                 return out
-        from aoti_farm.workers.classtasks import compile_in_actor
+        from .classtasks import compile_in_actor
 
         return compile_in_actor(self, class_obj, attempts)

@@ -62,7 +62,7 @@ import threading
 import time
 
 from aoti_farm.startup import spawn
-from aoti_farm.workers.forkclient import METHODS, SOCKET_VAR, Lost, recv, send
+from .forkclient import METHODS, SOCKET_VAR, Lost, recv, send
 
 #: A copy's process name (``/proc/PID/comm``, at most 15 characters).
 COPY_NAME = "aoti-farm-copy"
@@ -287,7 +287,7 @@ def _copy(conn: socket.socket, info: dict) -> int:
         pass
     _apply_threads()
     _watch(int(hello["watch"]))
-    from aoti_farm.workers.compile_actor import CompileActor
+    from .compile_actor import CompileActor
 
     actor = CompileActor(**hello["actor"])
     actor.forked_ids = tuple(hello.get("ids") or ("", ""))

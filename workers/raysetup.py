@@ -81,7 +81,7 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
         # The embedded Ray's workers inherit this environment: give it the actors'
         # variables now, so the actors need no runtime_env and take the workers Ray
         # prestarts (placement.actor_options).  Not LD_PRELOAD: Ray's own binaries get none.
-        from aoti_farm.workers.placement import worker_env
+        from .placement import worker_env
 
         os.environ.update(worker_env(libstdcxx=False))
         if num_cpus is not None:
@@ -94,8 +94,8 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
         os.environ["CUDA_VISIBLE_DEVICES"] = NO_GPUS
     global _FORK_SERVER
     if address is None and fork_server and _FORK_SERVER is None:
-        from aoti_farm.workers import forkserver
-        from aoti_farm.workers.forkclient import SOCKET_VAR
+        from . import forkserver
+        from .forkclient import SOCKET_VAR
 
         os.environ.pop(RAY_PRELOAD_VAR, None)   # the workers import nothing: the server did
         _FORK_SERVER = forkserver.start(dict(os.environ))
@@ -122,7 +122,7 @@ def start_ray(cfg: FarmConfig, *, num_cpus: int | None = None, preload: bool = F
         if address is None and preload:
             os.environ.pop(RAY_PRELOAD_VAR, None)
         if _FORK_SERVER is not None:
-            from aoti_farm.workers.forkclient import SOCKET_VAR
+            from .forkclient import SOCKET_VAR
 
             os.environ.pop(SOCKET_VAR, None)   # Ray's processes have it; this one's children need not
         if hide:
@@ -273,9 +273,9 @@ def _key_file(cfg: FarmConfig, cache) -> str | None:
 
 def make_scheduler(ray, cfg: FarmConfig, cache, sizes: dict, *, compiler_factory: Callable | None = None,
                    on_event: Callable | None = None):
-    from aoti_farm.workers.compile_actor import CompileActor
-    from aoti_farm.workers.placement import actor_options
-    from aoti_farm.workers.scheduler import Scheduler
+    from .compile_actor import CompileActor
+    from .placement import actor_options
+    from .scheduler import Scheduler
 
     remote_cls = ray.remote(CompileActor)
 

@@ -38,7 +38,7 @@ from aoti_farm.cache.store import Cache
 from aoti_farm.metrics.counters import Counters
 from aoti_farm.errors import FarmError
 from aoti_farm.signature import Signature
-from aoti_farm.workers import metrics as farm_metrics
+from . import metrics as farm_metrics
 
 log = logging.getLogger("aoti_farm.pool")
 

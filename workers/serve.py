@@ -15,8 +15,8 @@ from typing import Callable, TextIO
 
 from aoti_farm.config import FarmConfig
 from aoti_farm.errors import FarmError, UserError
-from aoti_farm.workers.raysetup import make_scheduler, start_ray, stop_ray
-from aoti_farm.workers.warm import open_farm_cache
+from .raysetup import make_scheduler, start_ray, stop_ray
+from .warm import open_farm_cache
 
 
 def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signals: bool = False,
@@ -28,9 +28,9 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
     ``signing_key``: the resolved key's bytes (None: no signing)."""
     from aoti_farm.cache import queue as missq
     from aoti_farm.report.progress import Progress
-    from aoti_farm.workers import metrics as farm_metrics
-    from aoti_farm.workers.placement import pool_sizes, route
-    from aoti_farm.workers.scheduler import Task
+    from . import metrics as farm_metrics
+    from .placement import pool_sizes, route
+    from .scheduler import Task
 
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     from aoti_farm.startup import notices
@@ -94,7 +94,7 @@ def serve(cfg: FarmConfig, *, stop: threading.Event | None = None, install_signa
 def _serve_metrics(sched, endpoint, progress):
     """`serve --metrics-port`: the pool's counters on a port; Ray's own metrics (compile
     seconds by device, queue depth, retries...) are at the Ray node's metrics port."""
-    from aoti_farm.workers import metrics as farm_metrics
+    from . import metrics as farm_metrics
 
     try:
         ex = farm_metrics.serve_pool_metrics(lambda: sched, endpoint)
@@ -145,6 +145,6 @@ def _enqueue_pending(cache, fp_id, kind, sched, bad, missq, Task, route) -> None
         except Exception as e:  # noqa: BLE001 -- a bad item: counted, skipped, left for `cache verify --repair`
             bad.see(f"{fp_id}/queue", key, e)
             continue
-        from aoti_farm.workers.classtasks import queued_task
+        from .classtasks import queued_task
 
         sched.add(queued_task(sig, wid, kind, fp_id))   # the exact Task, or a widened class's (classtasks.py)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
 from aoti_farm.config import FarmConfig
-from aoti_farm.workers.raysetup import make_scheduler, start_ray, stop_ray
+from .raysetup import make_scheduler, start_ray, stop_ray
 
 
 def open_farm_cache(cfg: FarmConfig, signing_key: bytes | None):
@@ -89,8 +89,8 @@ def plan(sigs: list, cache, inductor_options: dict | None = None, memory_budget:
     the compile path checks the whole estimate before compiling."""
     from aoti_farm import budget
     from aoti_farm.fingerprint import fingerprint
-    from aoti_farm.workers.placement import route
-    from aoti_farm.workers.scheduler import Result, Task
+    from .placement import route
+    from .scheduler import Result, Task
 
     out = Plan()
     cuda_here = None
@@ -133,7 +133,7 @@ def surely_work(sigs: list, cache, memory_budget: int | None = None) -> dict[str
     fingerprint needed) and fit the memory budget (inputs alone, as :func:`plan`):
     ``warm`` must compile at least these, whatever this host's fingerprint is."""
     from aoti_farm import budget
-    from aoti_farm.workers.placement import route
+    from .placement import route
 
     known: set = set()
     for fp_id in cache.fingerprint_ids():
@@ -212,7 +212,7 @@ def await_isa_probe(isa, sigs: list, timeline: dict) -> None:
     plan needs the CPU's fingerprint (a CPU signature in ``sigs``).  A job without one
     does not wait for a probe started before it could know: the child ends on its own
     (``warm`` stops it if the command ends first)."""
-    from aoti_farm.workers.placement import CPU, route
+    from .placement import CPU, route
 
     if isa is None or not any(route(s) == CPU for s in sigs):
         return
@@ -230,7 +230,7 @@ def embedded_ray_args(cfg: FarmConfig, sigs: list, compiler_factory: Callable | 
     actors' modules (:mod:`aoti_farm.workers.actor_preload`).  Nothing for a cluster."""
     if cfg.address:
         return {}
-    from aoti_farm.workers.placement import CPU, route
+    from .placement import CPU, route
 
     n_cpu = sum(route(s) == CPU for s in sigs)
     return embedded_ray_args_for(cfg, n_cpu, len(sigs) - n_cpu, compiler_factory)
@@ -240,7 +240,7 @@ def embedded_ray_args_for(cfg: FarmConfig, n_cpu: int, n_gpu: int, compiler_fact
     """:func:`embedded_ray_args` from counts of CPU and GPU signatures (upper bounds)."""
     if cfg.address:
         return {}
-    from aoti_farm.workers.placement import embedded_cpus
+    from .placement import embedded_cpus
 
     cores = _host_cpus()
     n = embedded_cpus(cores, cpu_workers=cfg.cpu_workers, n_cpu_sigs=n_cpu, n_gpu_sigs=n_gpu)
@@ -250,7 +250,7 @@ def embedded_ray_args_for(cfg: FarmConfig, n_cpu: int, n_gpu: int, compiler_fact
     preload = real and cores >= PREP_MIN_CORES
     # only CPU actors: they are forked from one process that imported torch
     # (workers/forkserver.py); "1" also where cores are few (the tests' 2-core VM)
-    from aoti_farm.workers import forkclient
+    from . import forkclient
 
     mode = forkclient.mode()
     fork = real and n_gpu == 0 and n_cpu > 0 and (mode == "1" or (mode == "auto" and preload))
@@ -311,7 +311,7 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
         ray, started = start_ray(cfg, **embedded_ray_args(cfg, sigs, compiler_factory))
         timeline["ray_started"] = time.time()
         if not planned.is_set():
-            from aoti_farm.workers.placement import pool_sizes
+            from .placement import pool_sizes
 
             sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
                                gpus_per_worker=cfg.gpus_per_worker, n_cpu_tasks=sure["cpu"],
@@ -360,7 +360,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
         cache = open_farm_cache(cfg, signing_key)
         classes = None
         if getattr(cfg, "dynamic", "off") == "auto":   # class compiles on the same pool (workers/classtasks.py)
-            from aoti_farm.workers.classtasks import ClassWork
+            from .classtasks import ClassWork
 
             classes = ClassWork(cfg, cache, stream, plan)
             sigs = classes.split(sigs)   # the members of classes to compile leave the exact plan
@@ -415,7 +415,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
                 ray, started = start_ray(cfg, **embedded_ray_args(cfg, [t.sig for t in p.todo + (classes.tasks if classes
                                                                                         else [])], compiler_factory))
                 timeline["ray_started"] = time.time()
-            from aoti_farm.workers.placement import pool_sizes
+            from .placement import pool_sizes
 
             sizes = pool_sizes(ray.cluster_resources(), cpu_workers=cfg.cpu_workers, gpu_workers=cfg.gpu_workers,
                                gpus_per_worker=cfg.gpus_per_worker,
