@@ -53,9 +53,9 @@ def _count(name: str) -> None:
 
 
 def _marker(fp_id: str) -> str:
-    from aoti_farm.build import splitbuild
+    from aoti_farm.build import commonobj
 
-    return os.path.join(splitbuild.common_dir(), f"prep-{fp_id}.json")
+    return os.path.join(commonobj.common_dir(), f"prep-{fp_id}.json")
 
 
 def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict:
@@ -96,11 +96,11 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict
 
             sig = S.from_call(torch.ops.aten.relu.default, (torch.empty(4),), {})
             with tempfile.TemporaryDirectory(prefix="aoti-farm-hostprep-") as d:
-                from aoti_farm.build import splitbuild
+                from aoti_farm.build import commonobj
 
-                splitbuild.PCH_IDLE = False   # this child builds it for the actors: not behind them
+                commonobj.PCH_IDLE = False   # this child builds it for the actors: not behind them
                 res = comp.compile(sig, d)
-            splitbuild.wait_pch()   # its compile started the model half's precompiled prefix
+            commonobj.wait_pch()   # its compile started the model half's precompiled prefix
             out = {"status": "prepared", "seconds": time.perf_counter() - t0, "build": res.build,
                    "phases": res.phases}
             _write_marker(marker, fp.id, res.build)

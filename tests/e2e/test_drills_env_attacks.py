@@ -114,14 +114,14 @@ def test_drill_1_squatted_default_inductor_cache_is_never_used(attacker, shared,
     if inductor_ran_first:
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(squat))   # what Inductor's cache_dir() leaves
 
-    from aoti_farm.build import splitbuild
+    from aoti_farm.build import commonobj
     from aoti_farm.compile.compiler import AOTICompiler
 
     AOTICompiler({})   # what every compiling process makes before its first compile
     import torch._inductor.codecache as cc
     from torch._inductor.runtime import runtime_utils
 
-    used = [cache_dir_utils.cache_dir(), runtime_utils.default_cache_dir(), cc._HEADER_DIR, splitbuild.common_dir()]
+    used = [cache_dir_utils.cache_dir(), runtime_utils.default_cache_dir(), cc._HEADER_DIR, commonobj.common_dir()]
     for p in used:
         assert not p.startswith(str(shared)), p
         assert p.startswith(private.root() + "/"), p
@@ -145,17 +145,17 @@ def test_drill_1_unsafe_inductor_cache_dir_is_refused_with_one_line(attacker, sh
 
 def test_drill_1_common_object_with_a_rewritten_digest_is_not_trusted(attacker, shared):
     """An object and its .sha256 that agree, in a directory the attacker wrote: never linked."""
-    from aoti_farm.build import splitbuild
+    from aoti_farm.build import commonobj
 
     d = shared / "aoti_farm_common"
     as_attacker(attacker, f"mkdir -m 0777 {d} && printf 'evil' > {d}/k.o && "
                           f"printf '%s\\n' $(printf evil | sha256sum | cut -d' ' -f1) > {d}/k.o.sha256")
-    assert not splitbuild._intact(str(d / "k.o"))
+    assert not commonobj._intact(str(d / "k.o"))
     # the same bytes in a private directory of ours are trusted (the digest check itself stands)
     mine = Path(private.subdir("drill-common"))
     shutil.copy(d / "k.o", mine / "k.o")
     shutil.copy(d / "k.o.sha256", mine / "k.o.sha256")
-    assert splitbuild._intact(str(mine / "k.o"))
+    assert commonobj._intact(str(mine / "k.o"))
 
 
 # --- 2. the worker log --------------------------------------------------------------------------

@@ -21,7 +21,7 @@ CHILD = textwrap.dedent("""
     import json, os, sys, tempfile
     import torch
     from aoti_farm.security import private
-    from aoti_farm.build import splitbuild
+    from aoti_farm.build import commonobj, splitbuild
     from aoti_farm import signature as S
     from aoti_farm.compile.compiler import AOTICompiler, load_runner
     from aoti_farm.compile.runner import flat_tensors
@@ -48,7 +48,7 @@ CHILD = textwrap.dedent("""
     torch.save(results, os.path.join(out, "outputs.pt"))
     dirs = {"cache_dir": cache_dir_utils.cache_dir(), "default_cache_dir": runtime_utils.default_cache_dir(),
             "codecache.default_cache_dir": cc.default_cache_dir(), "header_dir": cc._HEADER_DIR,
-            "common_dir": splitbuild.common_dir()}
+            "common_dir": commonobj.common_dir()}
     with open(os.path.join(out, "dirs.json"), "w") as f:
         json.dump(dirs, f)
 """)

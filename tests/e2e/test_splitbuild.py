@@ -14,7 +14,7 @@ import torch
 from filelock import FileLock
 
 from aoti_farm import signature as S
-from aoti_farm.build import splitbuild
+from aoti_farm.build import commonobj, splitbuild
 from aoti_farm.compile.compiler import AOTICompiler
 
 from conftest import sig_add_alpha
@@ -50,11 +50,11 @@ def test_fallbacks_still_build_verified_kernels(tmp_path, monkeypatch):
     comp = AOTICompiler()
     r = comp.compile(_sig(3), str(tmp_path / "a"))
     assert r.build["wrapper"] == "split" and r.verification["ok"], r.build
-    obj = os.path.join(splitbuild.common_dir(), r.build["common_object"])
-    assert os.path.exists(obj) and splitbuild._intact(obj)
+    obj = os.path.join(commonobj.common_dir(), r.build["common_object"])
+    assert os.path.exists(obj) and commonobj._intact(obj)
 
     before = splitbuild.stats()
-    monkeypatch.setattr(splitbuild, "COMMON_WAIT_S", 0.5)   # it waits that long for the holder, then builds whole
+    monkeypatch.setattr(commonobj, "COMMON_WAIT_S", 0.5)   # it waits that long for the holder, then builds whole
     with FileLock(obj + ".lock"):
         os.rename(obj, obj + ".away")   # so this compile must build it, and finds the lock held
         try:
@@ -75,7 +75,7 @@ def test_fallbacks_still_build_verified_kernels(tmp_path, monkeypatch):
     open(obj, "wb").write(bytes(data))           # a flipped byte: never linked
     r = comp.compile(_sig(6), str(tmp_path / "d"))
     assert r.build["wrapper"] == "split" and r.build["common"].startswith("rebuilt"), r.build
-    assert r.verification["ok"] and splitbuild._intact(obj)
+    assert r.verification["ok"] and commonobj._intact(obj)
     assert splitbuild.stats()["common_damaged"] == after["common_damaged"] + 1
 
 
@@ -110,7 +110,7 @@ def test_model_half_beside_the_kernel_and_with_its_precompiled_prefix(tmp_path, 
     comp = AOTICompiler()
     first = comp.compile(_sig(19), str(tmp_path / "first"))   # starts the prefix's build if missing
     assert first.verification["ok"]
-    splitbuild.wait_pch()
+    commonobj.wait_pch()
     texts = {}
     for overlap, pch in (("1", "1"), ("0", "0")):
         monkeypatch.setenv("AOTI_FARM_DEV", f"split_overlap={overlap},model_pch={pch}")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from aoti_farm.build import splitbuild
+from aoti_farm.build import commonobj, splitbuild
 
 IFACE = splitbuild.interface_text()
 HEAD = "\n#include <torch/csrc/inductor/aoti_include/cpu.h>\n"
@@ -51,5 +51,5 @@ def test_orphans_of_dead_builds_are_removed_after_an_hour(tmp_path):
     for n in names:
         os.utime(tmp_path / n, (old, old))
     (tmp_path / "k.456.cpp").write_text("a build running now")
-    splitbuild._remove_orphans(str(tmp_path))
+    commonobj._remove_orphans(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.456.cpp", "k.o", "k.o.lock", "k.o.sha256"]
