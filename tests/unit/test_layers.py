@@ -1,8 +1,9 @@
 """The import layers of the package, read from the sources (AST), so nothing is imported.
 
 Layers (folders):
-  * core     -- ``aoti_farm/`` (signature, trace, fingerprint, cache, leases, miss queue,
-               compiler, split build, job, config, upstream format, ...);
+  * core     -- ``aoti_farm/``: its rooms (security, metrics, signature, dynamic, startup,
+               speedgate, build, cache, compile, interop, report) and the flat modules
+               (config, errors, fingerprint, trace, budget);
   * workers  -- ``workers/`` = ``aoti_farm.workers`` (everything Ray);
   * runtime  -- ``runtime/`` = ``aoti_farm.runtime`` (everything in a serving process);
   * command  -- ``aoti_farm/cli/`` = ``aoti_farm.cli`` (arguments, environment, TOML, printing,
@@ -11,6 +12,14 @@ Rules: the core imports neither workers, runtime nor the command layer; workers 
 import neither each other nor the command layer.  The one exception is the package's
 ``aoti_farm/__init__.py``, the distribution's entrance: its documented ``aoti_farm.record``
 forwards to ``aoti_farm.runtime.recorder`` (imported when called).
+
+Rooms: inside the core, each subpackage of ``aoti_farm/`` is a room (``compile``, ``build``,
+``cache``, ...) and each module left directly in ``aoti_farm/`` is a room of its own
+(``config``, ``errors``, ...).  :data:`ROOMS` says which rooms each room may import; the
+table itself has no cycle, so a lower room never imports a higher one.  A new room, or a
+new kind of edge between rooms, fails until it is entered there (and in docs/DESIGN.md's map).
+At most :data:`FLAT_MAX` modules sit directly in ``aoti_farm/``, and no module of the
+package is longer than :data:`LINES_MAX` lines.
 
 Edges: module A -> module B when A holds an ``import`` of B anywhere (module level,
 function level, under ``if TYPE_CHECKING``: every import statement counts).  ``from P import
@@ -137,6 +146,7 @@ def test_the_walk_sees_every_kind_of_import():
     # a module-level, a function-level and a relative-free from-import are all seen
     assert "aoti_farm.cache.store" in g["aoti_farm.compile.job"]
     assert "aoti_farm.runtime.recorder" in g["aoti_farm"]          # inside record()
+    assert "aoti_farm.runtime.room" in g["aoti_farm.runtime.hook"]   # a relative import (from .room import ...)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"a"}}) == [["a"]] and cycles({"a": {"b"}, "b": set()}) == []
 
@@ -149,3 +159,83 @@ def test_no_import_crosses_the_layers_upward():
 def test_no_import_cycles():
     found = cycles(imports(modules()))
     assert not found, "\n".join(" <-> ".join(c) for c in found)
+
+
+#: The core's rooms, bottom up, and the rooms each may import (its own modules aside).
+#: ``aoti_farm`` is the package's ``__init__`` (the entrance; ``IMPORTED_AT``).
+ROOMS: dict[str, set[str]] = {
+    "errors": set(),
+    "aoti_farm": set(),
+    "security": {"errors"},
+    "signature": {"errors"},
+    "metrics": {"errors", "security"},
+    "dynamic": {"errors", "signature"},
+    "budget": {"errors", "metrics", "signature"},
+    "config": {"budget", "errors", "metrics", "security"},
+    "trace": {"errors", "security", "signature"},
+    "startup": {"aoti_farm", "config", "errors", "security", "trace"},
+    "fingerprint": {"config", "errors", "security", "startup"},
+    "speedgate": {"errors", "security", "signature", "startup"},
+    "build": {"config", "errors", "metrics", "security", "startup"},
+    "cache": {"config", "dynamic", "errors", "fingerprint", "metrics", "security", "signature"},
+    "compile": {"budget", "build", "cache", "config", "dynamic", "errors", "fingerprint", "metrics", "security",
+                "signature", "speedgate", "startup", "trace"},
+    "interop": {"cache", "compile", "errors", "fingerprint", "security", "signature"},
+    "report": {"aoti_farm", "cache", "config", "dynamic", "errors", "fingerprint", "metrics", "security",
+               "signature", "speedgate", "trace"},
+}
+FLAT_MAX = 12
+LINES_MAX = 600
+
+
+def room(mod: str) -> str | None:
+    """The core room of ``mod`` (None outside the core: the command layer, workers, runtime)."""
+    if layer(mod) != "core":
+        return None
+    parts = mod.split(".")
+    return "aoti_farm" if len(parts) == 1 else parts[1]
+
+
+def room_violations(graph: dict[str, set[str]], rooms: dict[str, set[str]] = ROOMS) -> list[str]:
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        r = room(mod)
+        if r is None:
+            continue
+        if r not in rooms:
+            bad.append(f"{mod}: room {r} is not in ROOMS")
+            continue
+        for d in sorted(deps):
+            rd = room(d)
+            if rd is not None and rd != r and rd not in rooms[r]:
+                bad.append(f"{mod} ({r}) imports {d} ({rd}): not in ROOMS[{r!r}]")
+    return bad
+
+
+def test_the_room_table_has_no_cycle_and_names_only_rooms():
+    assert not cycles(ROOMS), cycles(ROOMS)
+    assert all(d in ROOMS for deps in ROOMS.values() for d in deps)
+    # a room the table allows but that is not there any more is stale
+    present = {room(m) for m in modules()} - {None}
+    assert set(ROOMS) == present, (set(ROOMS) ^ present)
+
+
+def test_the_rule_sees_a_forbidden_import():
+    g = {"aoti_farm.security.private": {"aoti_farm.compile.job"}, "aoti_farm.compile.job": {"aoti_farm.security.private"},
+         "aoti_farm.cli.flags": {"aoti_farm.compile.job"}}
+    assert room_violations(g) == ["aoti_farm.security.private (security) imports aoti_farm.compile.job (compile): "
+                                  "not in ROOMS['security']"]
+    assert room_violations({"aoti_farm.newroom.x": set()}) == ["aoti_farm.newroom.x: room newroom is not in ROOMS"]
+
+
+def test_no_room_imports_a_higher_one():
+    bad = room_violations(imports(modules()))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_core_is_not_flat_and_no_module_is_long():
+    flat = sorted(p.name for p in ROOTS["aoti_farm"].glob("*.py"))
+    assert len(flat) <= FLAT_MAX, f"{len(flat)} modules directly in aoti_farm/ (at most {FLAT_MAX}): {flat}"
+    long = [f"{p.relative_to(REPO)}: {n} lines" for root in ROOTS.values() for p in sorted(root.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > LINES_MAX]
+    assert not long, f"modules over {LINES_MAX} lines (split them by concern):\n" + "\n".join(long)
