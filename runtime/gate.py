@@ -4,7 +4,7 @@ A verified kernel is correct, not necessarily fast: a single op that Inductor co
 better than ATen pays the runner's call on top (tiny ops), and some kernels lose outright.
 So each kernel is timed against eager twice:
 
-1. **On the compiling device**, when it is verified (``aoti_farm/compile/compiler.py`` calls
+1. **On the compiling device**, when it is verified (``aoti_farm/compile/verify.py`` calls
    :func:`time_against_eager`): same inputs, interleaved rounds, a noise-aware statistic.
    The result is the manifest's ``speed`` field::
 

@@ -2,6 +2,13 @@
 
 * ``compiler``     -- ``AOTICompiler``: one signature or one shape class, built with
   AOTInductor and verified (``Compiler`` protocol, ``load_runner``, ``import_compile_path``).
+* ``verify``       -- the verification loop (``AOTICompiler``'s ``verify``/``verify_class``,
+  the ``Verifier`` mixin), ``verify_thread_counts``, ``is_verification_refusal``.
+* ``checks``       -- one case, kernel against eager (``check_case``, ``check_precision``,
+  edge notes, the proxy-executor memo).
+* ``faults``       -- whose fault a failed compile is (``infrastructure_error`` ->
+  ``CompileInfraError``, ``own_code_error``).
+* ``child``        -- the verification child (``python -m aoti_farm.compile.child --serve``).
 * ``adversarial``  -- verification inputs random ones never hit; index guards.
 * ``tolerance``    -- when a kernel agrees with eager.
 * ``runner``       -- runners without AOTI's cross-call wait; a kernel's flat inputs.
