@@ -264,12 +264,12 @@ class CompileActor:
                     self._compiler.compile(sig, d)
                 phases["compile"] = [s, time.time()]
             else:
-                from aoti_farm.compile.compiler import _OpModule
+                from aoti_farm.compile.graph import OpModule
                 from aoti_farm.compile.runner import flat_tensors
 
                 args, kwargs = S.materialize(sig, seed=0)
                 with torch.no_grad():
-                    torch.export.export(_OpModule(sig, args, kwargs), tuple(flat_tensors(sig, args, kwargs)),
+                    torch.export.export(OpModule(sig, args, kwargs), tuple(flat_tensors(sig, args, kwargs)),
                                         strict=False)
                 phases["export"] = [s, time.time()]
         if light and self.device == "cpu":

@@ -2,6 +2,8 @@
 
 * ``compiler``     -- ``AOTICompiler``: one signature or one shape class, built with
   AOTInductor and verified (``Compiler`` protocol, ``load_runner``, ``import_compile_path``).
+* ``graph``        -- the graph a signature compiles as (``OpModule``): eager's strides,
+  the float64 and layout retries' graphs, an op traced as an equivalent (``substitute``).
 * ``verify``       -- the verification loop (``AOTICompiler``'s ``verify``/``verify_class``,
   the ``Verifier`` mixin), ``verify_thread_counts``, ``is_verification_refusal``.
 * ``checks``       -- one case, kernel against eager (``check_case``, ``check_precision``,

@@ -85,7 +85,11 @@ REDUCING_OPS = frozenset({"sum", "nansum", "mean", "nanmean", "var", "std", "var
                           "linalg_vector_norm", "logsumexp", "_softmax", "_log_softmax", "softmax", "log_softmax",
                           "prod", "cumsum", "cumprod", "trace", "mm", "bmm", "addmm", "matmul", "linear", "dot",
                           "mv", "addmv", "baddbmm", "addbmm", "convolution", "_convolution", "cdist", "dist",
-                          "_euclidean_dist", "rms_norm", "_fused_rms_norm"})
+                          "_euclidean_dist", "rms_norm", "_fused_rms_norm",
+                          # the backends a convolution reaches below the dispatcher's CompositeImplicit level
+                          "cudnn_convolution", "cudnn_convolution_transpose", "mkldnn_convolution",
+                          "miopen_convolution", "_conv_depthwise2d", "_slow_conv2d_forward",
+                          "slow_conv_dilated2d", "slow_conv3d_forward", "convolution_overrideable"})
 
 #: The precision cases: ill-conditioned finite inputs, on which a kernel must be at least as
 #: accurate as eager wherever eager is accurate (``tolerance.precision``, against a float64
@@ -325,7 +329,7 @@ def cuda_index_bounds(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple
     Eager asserts on a negative index where Inductor's generated code wraps it (``i + n``
     where ``i < 0``) and then asserts only ``0 <= i + n < n``: a kernel built as Inductor
     writes it would return row ``n - 1`` for ``-1``.  So the exported graph maps each
-    negative index to ``bound`` first (``aoti_farm.compile.compiler._OpModule``), which the
+    negative index to ``bound`` first (``aoti_farm.compile.graph.OpModule``), which the
     kernel's own assert then rejects, as eager's does."""
     if sig.device != "cuda" or sig.op.split(".")[0] not in CUDA_ASSERTING_OPS:
         return None

@@ -45,6 +45,7 @@ from aoti_farm.compile import adversarial, verify
 from aoti_farm.compile.checks import known_proxy_op, needs_proxy_executor, remember_proxy_op
 from aoti_farm.compile.faults import CompileInfraError, _compile_errors, _first_line, infrastructure_error, own_code_error
 from aoti_farm.compile.runner import flat_tensors
+from aoti_farm.compile.graph import SUBSTITUTED, NotUpcastable, OpModule, output_strides, upcast_dtypes
 from aoti_farm.compile.verify import Verifier, _refuse_class_where_eager_raises, eager_raises_on_adversarial
 from aoti_farm.dynamic import dyncompile, stridesym
 from aoti_farm.dynamic import shapes as SH
@@ -122,109 +123,6 @@ def load_runner(kernel_path: str, device: str):
     return torch._C._aoti.AOTIModelContainerRunnerCpu(kernel_path, CPU_MODELS)
 
 
-def _output_strides(out) -> list | None:
-    """Per output of eager's result, its strides (None for a non-tensor)."""
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    return [tuple(o.stride()) if isinstance(o, torch.Tensor) else None for o in outs]
-
-
-def _only_size1_differ(sizes, have, want) -> bool:
-    return len(have) == len(want) and all(h == w or n == 1 for n, h, w in zip(sizes, have, want))
-
-
-class _OpModule(torch.nn.Module):
-    """forward(*tensors) -> op(*args) with every non-tensor argument baked in.
-
-    ``eager_strides`` (exact kernels): eager's output strides.  Where the traced output's
-    strides differ from them only in size-1 dims (the op's meta function lays a
-    channels-last ``[N, C, 1, 1]`` result out as its input, eager's TensorIterator
-    contiguously), the output is restrided to eager's: the same elements at the same
-    addresses (a size-1 dim's stride addresses nothing), so no copy, and the memory
-    format torch later suggests for the result is eager's (:func:`tolerance.compare`
-    checks it)."""
-
-    def __init__(self, sig: S.Signature, args: tuple, kwargs: dict, eager_strides: list | None = None,
-                 upcast: list | None = None, out_of_range: list | None = None):
-        super().__init__()
-        self.eager_strides = eager_strides
-        self.upcast = upcast   # eager's output dtypes: computed in float64, returned in these
-        # (input position, bound): a negative index becomes ``bound``, which the kernel's
-        # own index assert rejects as eager's CUDA kernel rejects the negative one
-        # (adversarial.cuda_index_bounds)
-        self.out_of_range = out_of_range or []
-        self.op = S.resolve_op(sig.op)
-        self.positions = S.tensor_positions(sig)
-        self.template_args = list(args)
-        self.template_kwargs = dict(kwargs)
-        self.n_pos = len(args)
-        self.names = sig.info().arg_names
-
-    def forward(self, *tensors):
-        if self.out_of_range:
-            tensors = list(tensors)
-            for pos, bound in self.out_of_range:
-                t = tensors[pos]
-                tensors[pos] = torch.where(t < 0, torch.full_like(t, bound), t)
-            tensors = tuple(tensors)
-        if self.upcast:   # computed in float64, returned in eager's dtypes (see AOTICompiler.compile)
-            tensors = tuple(t.to(torch.float64) if t.dtype in _NARROW_FLOATS else t for t in tensors)
-        args = [list(a) if isinstance(a, list) else a for a in self.template_args]
-        kwargs = {k: (list(v) if isinstance(v, list) else v) for k, v in self.template_kwargs.items()}
-        for t, (i, j) in zip(tensors, self.positions):
-            if i < self.n_pos:
-                if j is None:
-                    args[i] = t
-                else:
-                    args[i][j] = t
-            else:
-                name = self.names[i]
-                if j is None:
-                    kwargs[name] = t
-                else:
-                    kwargs[name][j] = t
-        out = self.op(*args, **kwargs)
-        if self.upcast:
-            out = _narrow_back(out, self.upcast)
-        if not self.eager_strides:
-            return out
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        for n, (o, want) in enumerate(zip(outs, self.eager_strides)):
-            if (isinstance(o, torch.Tensor) and want is not None and tuple(o.stride()) != want
-                    and _only_size1_differ(o.shape, o.stride(), want)):
-                outs[n] = o.as_strided(o.shape, want, o.storage_offset())
-        return type(out)(outs) if isinstance(out, (tuple, list)) else outs[0]
-
-
-#: Floating dtypes narrower than float64: an exact kernel refused as less accurate than
-#: eager is built again computing in float64 (:meth:`AOTICompiler.compile`).
-_NARROW_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _narrow_back(out, dtypes: list):
-    """``out`` with each float64 output cast to eager's dtype for it."""
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    outs = [o.to(d) if isinstance(o, torch.Tensor) and d is not None and o.dtype != d else o
-            for o, d in zip(outs, dtypes)]
-    return type(out)(outs) if isinstance(out, (tuple, list)) else outs[0]
-
-
-class _NotUpcastable(Exception):
-    """The float64 build does not apply to this signature (:func:`upcast_dtypes`)."""
-
-
-def upcast_dtypes(tensors, eager_out) -> list | None:
-    """Eager's output dtypes where the float64 build of a precision refusal applies: every
-    floating input of one narrow dtype (float32, float16, bfloat16), every output a tensor;
-    else None."""
-    dts = {t.dtype for t in tensors if t.is_floating_point()}
-    if len(dts) != 1 or next(iter(dts)) not in _NARROW_FLOATS:
-        return None
-    outs = eager_out if isinstance(eager_out, (tuple, list)) else (eager_out,)
-    if not all(isinstance(o, torch.Tensor) for o in outs):
-        return None
-    return [o.dtype for o in outs]
-
-
 def before_compile(info: S.OpInfo, device: str, workdir: str, what: str) -> None:
     """What every compile checks and prepares first (exact and shape-general alike)."""
     if info.ineligible:
@@ -272,34 +170,50 @@ class AOTICompiler(Verifier):
         is built once more computing in float64: its narrow floating inputs cast up inside
         the graph, its outputs cast back to eager's dtypes.  That kernel goes through the
         same verification, precision included; if it too is refused, the first refusal
-        stands.  The manifest's verification says ``computed_in: float64``."""
+        stands.  The manifest's verification says ``computed_in: float64``.
+
+        Likewise an exact kernel refused because an output's strides differ from eager's
+        (Inductor lays out some results as their input, where eager's op returns a fresh
+        contiguous tensor: ``cat`` of an empty tensor and a transposed one) is built once
+        more with every output forced into eager's strides
+        (``prims.inductor_force_stride_order``: a copy only where the layout differs), and
+        verified as usual; its manifest's verification says ``layout: eager's strides``."""
         t0 = time.perf_counter()
         try:
             return self._compile(job, workdir)
         except CompileRefused as first:
-            return self._compile_float64(job, workdir, first, t0)
+            return self._compile_again(job, workdir, first, t0)
         finally:   # what this compile went without (its verification done), built now
             commonobj.start_pch_build()
 
-    def _compile_float64(self, job, workdir: str, first: CompileRefused, t0: float) -> CompileResult:
-        """The precision refusal ``first`` of ``job``, built again in float64 (see
-        :meth:`compile`); raises ``first`` where that is no kernel either."""
-        if isinstance(job, SH.ShapeClass) or refusal_class(first.reason, first.evidence) != "precision":
+    def _compile_again(self, job, workdir: str, first: CompileRefused, t0: float) -> CompileResult:
+        """The precision refusal ``first`` of ``job`` built again in float64, or its stride
+        refusal with eager's strides forced (see :meth:`compile`); raises ``first`` where
+        neither applies or the second build is refused too."""
+        if isinstance(job, SH.ShapeClass):
             raise first
-        narrow_s = time.perf_counter() - t0
+        cls = refusal_class(first.reason, first.evidence)
+        layout = cls == "layout" and (first.evidence or {}).get("problem") in ("strides", "memory format")
+        if cls != "precision" and not layout:
+            raise first
+        first_s = time.perf_counter() - t0
         try:
             # its own directory: a library path the verifying process loaded already
-            # would be the narrow kernel again (dlopen hands back a loaded path's handle)
-            res = self._compile(job, os.path.join(workdir, "float64"), upcast=True)
-        except (CompileRefused, _NotUpcastable):
+            # would be the refused kernel again (dlopen hands back a loaded path's handle)
+            if layout:
+                res = self._compile(job, os.path.join(workdir, "strided"), force_strides=True)
+            else:
+                res = self._compile(job, os.path.join(workdir, "float64"), upcast=True)
+        except (CompileRefused, NotUpcastable):
             raise first from None
-        res.verification = {**(res.verification or {}), "computed_in": "float64",
-                            "narrow_refusal": first.reason}
-        res.seconds += narrow_s   # the refused narrow build is part of this compile's cost
-        res.phases = {**res.phases, "narrow_attempt": narrow_s}
+        extra = ({"layout": "eager's strides", "layout_refusal": first.reason} if layout
+                 else {"computed_in": "float64", "narrow_refusal": first.reason})
+        res.verification = {**(res.verification or {}), **extra}
+        res.seconds += first_s   # the refused first build is part of this compile's cost
+        res.phases = {**res.phases, ("layout_attempt" if layout else "narrow_attempt"): first_s}
         return res
 
-    def _compile(self, job, workdir: str, upcast: bool = False) -> CompileResult:
+    def _compile(self, job, workdir: str, upcast: bool = False, force_strides: bool = False) -> CompileResult:
         cls = job if isinstance(job, SH.ShapeClass) else None
         sig = job if cls is None else dyncompile.export_signature(cls)
         device = sig.device
@@ -309,7 +223,8 @@ class AOTICompiler(Verifier):
 
             verifyserver.prestart()
         refused = CompileRefused if cls is None else dyncompile.DynamicUnsupported
-        if known_proxy_op(sig.op, device):   # found by an earlier compile here: refused before Inductor runs
+        if known_proxy_op(sig.op, device) and (sig.op, device) not in SUBSTITUTED:
+            # found by an earlier compile here: refused before Inductor runs
             raise CompileRefused(PROXY_EXECUTOR_REFUSAL, {"found": "an earlier compile of this op on this host",
                                                           "before_compile": True})
         t0 = time.perf_counter()
@@ -341,9 +256,9 @@ class AOTICompiler(Verifier):
                         and eager_raises_on_adversarial(sig, only=adversarial.BAD_INDEX_CASES) else None)
                 up = upcast_dtypes(tensors, eager_out) if upcast else None
                 if upcast and up is None:
-                    raise _NotUpcastable()
-                mod = _OpModule(sig, args, kwargs, _output_strides(eager_out) if cls is None else None, up,
-                                cuda_bounds)
+                    raise NotUpcastable()
+                mod = OpModule(sig, args, kwargs, output_strides(eager_out) if cls is None else None, up,
+                                cuda_bounds, force_strides)
                 if cls is not None and cls.stride_symbols:
                     # a stride no size implies: symbolic input strides (aoti_farm/dynamic/stridesym.py)
                     try:
@@ -368,6 +283,8 @@ class AOTICompiler(Verifier):
                         (tritonscan.capture() if cuda_bounds else contextlib.nullcontext()) as triton_sources:
                     built = torch._inductor.aot_compile(graph, inputs, options=opts)
                     build_info = splitbuild.last_build()
+                    if getattr(mod.op, "traced_as", None):   # graph.substitute(): the op the kernel runs
+                        build_info = {**(build_info or {}), "traced_as": mod.op.traced_as}
                     if device == "cpu":   # loop nests made serial (the manifest's build says so)
                         build_info["serial_nests"] = serialsmall.serialized()
                 c2 = cpu_seconds()
@@ -376,7 +293,7 @@ class AOTICompiler(Verifier):
                         stridesym.check(cls, inputs)
                     except stridesym.Unsupported as e:
                         raise dyncompile.DynamicUnsupported(f"symbolic strides: {e}") from None
-        except (CompileRefused, _NotUpcastable):
+        except (CompileRefused, NotUpcastable):
             raise
         except Exception as e:
             predicted = abortscan.find(e)

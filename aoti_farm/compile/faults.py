@@ -94,7 +94,7 @@ def own_code_error(e: BaseException) -> dict | None:
     last = frames[-1]
     path = os.path.abspath(last.filename)
     if not path.startswith(_OWN_DIRS) or last.name == "forward":
-        return None   # not ours; or _OpModule.forward, where the op itself raised
+        return None   # not ours; or OpModule.forward, where the op itself raised
     root = os.path.dirname(os.path.dirname(_OWN_DIRS[0]))
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     return {"bug": True, "exception": f"{type(e).__name__}: {_first_line(e)}",

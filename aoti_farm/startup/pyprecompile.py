@@ -307,11 +307,16 @@ def record() -> list[str]:
 
 
 def _search_path() -> list[str]:
-    """Where the farm's processes find modules: ``sys.path`` and the directory of
-    third-party packages Ray adds to it when imported (found without importing Ray)."""
+    """Where the farm's processes find modules: ``sys.path``, the directory this package
+    is imported from (an editable install finds it through a meta-path finder, which the
+    path finder used here does not consult), and the directory of third-party packages Ray
+    adds to the path when imported (found without importing Ray)."""
     from importlib.machinery import PathFinder
 
     out = list(sys.path)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if here not in out:
+        out.append(here)
     try:
         spec = PathFinder.find_spec("ray")
         for d in (spec.submodule_search_locations or []) if spec else []:

@@ -304,3 +304,32 @@ def test_a_variance_less_accurate_than_eager_is_built_again_in_float64(tmp_path)
     want = torch.ops.aten.var.correction(x, [1], correction=1)
     assert got.dtype == torch.float32 and got.shape == want.shape and got.stride() == want.stride()
     assert (got.double() - truth).abs().max() <= (want.double() - truth).abs().max() + 1e-6
+
+
+def test_a_kernel_laid_out_unlike_eager_is_built_again_in_eager_strides(tmp_path):
+    """GPT-2's ``cat([float32[0], k], dim=-2)`` with ``k`` transposed (strides (1024, 32,
+    128, 1)): eager returns a fresh contiguous tensor, Inductor's kernel the input's layout,
+    so the first build is refused on its strides (a layout no user of eager gets).  The
+    compiler then builds it with the output forced into eager's strides, which verification
+    accepts: published with ``layout: eager's strides``, and the kernel returns eager's
+    strides and values."""
+    import tempfile
+
+    k = torch.randn(2, 8, 4, 32).permute(0, 2, 1, 3)
+    sig = S.from_call(torch.ops.aten.cat.default, ([torch.empty(0), k], -2), {})
+    comp = AOTICompiler(measure_speed=False)
+    with pytest.raises(CompileRefused) as first:          # the build as Inductor lays it out
+        comp._compile(sig, tempfile.mkdtemp(dir=tmp_path))
+    assert first.value.evidence.get("problem") == "strides", first.value.evidence
+    cache, fp = Cache(tmp_path / "c"), fingerprint("cpu")
+    out = compile_and_publish(cache, comp, fp, sig, owner="t")
+    assert out.status == "compiled", (out.error, out.evidence)
+    entry = cache.open_entry(fp, sig.key)
+    v = entry.manifest["verification"]
+    assert v["layout"] == "eager's strides" and v["layout_refusal"].startswith("kernel disagrees with eager")
+    x = torch.randn(2, 8, 4, 32).permute(0, 2, 1, 3)
+    e = torch.empty(0)
+    got = load_runner(entry.kernel_path, "cpu").run([e, x])[0]
+    want = torch.cat([e, x], dim=-2)
+    assert got.stride() == want.stride() == (1024, 256, 32, 1)
+    assert torch.equal(got, want)

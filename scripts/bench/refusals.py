@@ -1,0 +1,198 @@
+#!/usr/bin/env python
+"""How many of a real workload's signatures verification refuses, per workload and device.
+
+    python scripts/bench/refusals.py --out DIR [--device cpu|cuda] [--models gpt2,bert,unet,mlp]
+                                     [--contract finite|strict] [--cpu-workers N]
+
+As a user would: each workload is recorded on ``--device`` (``aoti_farm.record``, in a
+child process), then warmed into its own fresh cache with ``aoti-farm warm --model T
+--cache-dir C --report R`` (the defaults; an embedded local Ray), and the warm's report is
+read.  Per workload it prints the signatures, how many were published, how many
+verification refused (the contract's refusals: a final outcome after which eager serves
+the call), how many failed otherwise, each refusal's op and first line, and the edge notes
+the published kernels carry.  The issue's bar: at the default level at most 1 signature
+in 20 refused.
+
+Workloads (nobody on the project wrote the first two; random weights from small configs):
+``gpt2`` greedy generate and ``bert`` forward as in ``real_models.py``, ``unet`` the
+U-Net-style block of issue 31 (conv, group norm, SiLU, average and max pooling, bilinear
+upsampling, a skip concat, ``var_mean``), ``mlp`` the README's example model.  Writes
+``refusals.json`` (machine, date, per-workload rows) and the traces and reports under
+``--out``; the caches go to ``--out`` too (delete them after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+MODELS = ("gpt2", "bert", "unet", "mlp")
+
+
+def build(name: str, device: str):
+    """The workload ``name`` on ``device``: a function running it once."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    if name == "unet":
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = torch.nn.Conv2d(3, 32, 3, padding=1)
+                self.norm = torch.nn.GroupNorm(8, 32)
+                self.conv2 = torch.nn.Conv2d(64, 32, 3, padding=1)
+
+            def forward(self, x):
+                h = F.silu(self.norm(self.conv1(x)))
+                d = F.avg_pool2d(h, 2) + F.max_pool2d(h, 2)
+                u = F.interpolate(d, scale_factor=2, mode="bilinear", align_corners=False)
+                h = self.conv2(torch.cat([h, u], dim=1))
+                v, m = torch.var_mean(h, dim=(2, 3), keepdim=True)
+                return (h - m) / torch.sqrt(v + 1e-5), v, m
+
+        block = Block().eval().to(device)
+        x = torch.randn(2, 3, 64, 64, device=device)
+
+        def run():
+            with torch.inference_mode():
+                return block(x)
+        return run
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1000, bos_token_id=0, eos_token_id=None)
+        model = GPT2LMHeadModel(cfg).eval().to(device)
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+        ids = torch.randint(1, 1000, (2, 8)).to(device)
+        mask = torch.ones_like(ids)
+
+        def run():
+            with torch.no_grad():
+                return model.generate(ids, attention_mask=mask, max_new_tokens=32, do_sample=False)
+        return run
+    if name == "bert":
+        from transformers import BertConfig, BertModel
+
+        cfg = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+                         vocab_size=1000, max_position_embeddings=64)
+        model = BertModel(cfg).eval().to(device)
+        ids = torch.randint(0, 1000, (2, 16)).to(device)
+
+        def run():
+            with torch.no_grad():
+                return model(ids).last_hidden_state
+        return run
+    if name == "mlp":
+        from make_example_trace import TinyMLP
+
+        model = TinyMLP().eval().to(device)
+        tokens = torch.randint(0, 64, (4, 8)).to(device)
+
+        def run():
+            with torch.inference_mode():
+                return model(tokens)
+        return run
+    raise SystemExit(f"refusals: --models: {name!r} is not one of {', '.join(MODELS)}")
+
+
+def record_child(name: str, device: str, trace: str) -> None:
+    import aoti_farm
+
+    run = build(name, device)
+    run()                                   # first-call set-up (lazy modules) outside the trace
+    with aoti_farm.record(trace, devices=(device,)):
+        run()
+
+
+def summarize(report: dict) -> dict:
+    rows = report.get("signatures") or []
+    published = [r for r in rows if r.get("status") in ("compiled", "cached")]
+    refused = [r for r in rows if r.get("status") == "failed" and r.get("refused")]
+    other = [r for r in rows if r.get("status") not in ("compiled", "cached") and not r.get("refused")]
+    first = lambda r: (r.get("error") or "").strip().splitlines()[0][:160] if r.get("error") else ""
+    notes: dict[str, int] = {}
+    for r in published:
+        for k in (r.get("evidence") or {}).get("edge_notes") or ():   # class names (job.py)
+            notes[k] = notes.get(k, 0) + 1
+    return {"signatures": len(rows), "published": len(published), "refused": len(refused),
+            "failed_other": len(other),
+            "refusals": [{"op": r.get("op"), "description": r.get("description"), "why": first(r)} for r in refused],
+            "failures": [{"op": r.get("op"), "status": r.get("status"), "why": first(r)} for r in other],
+            "edge_notes": notes}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory for refusals.json, the traces, reports and caches")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--contract", choices=("finite", "strict"), default=None,
+                    help="the verification contract (default: the warm's own, i.e. $AOTI_FARM_CONTRACT or finite)")
+    ap.add_argument("--cpu-workers", type=int, default=None, help="passed to warm")
+    ap.add_argument("--record-child", nargs=3, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.record_child:
+        record_child(*a.record_child)
+        return 0
+    names = [m for m in a.models.split(",") if m]
+    for m in names:
+        if m not in MODELS:
+            print(f"refusals: --models: {m!r} is not one of {', '.join(MODELS)}", file=sys.stderr)
+            return 2
+    os.makedirs(a.out, exist_ok=True)
+    env = dict(os.environ)
+    if a.contract:
+        env["AOTI_FARM_CONTRACT"] = a.contract
+    results = {}
+    for m in names:
+        trace = os.path.join(a.out, f"{m}-{a.device}.json")
+        report = os.path.join(a.out, f"{m}-{a.device}-report.json")
+        cache = os.path.join(a.out, f"cache-{m}-{a.device}")
+        t0 = time.time()
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--out", a.out, "--record-child", m, a.device, trace],
+                       check=True)
+        cmd = [sys.executable, "-m", "aoti_farm", "warm", "--model", trace, "--cache-dir", cache, "--report", report]
+        if a.cpu_workers:
+            cmd += ["--cpu-workers", str(a.cpu_workers)]
+        rc = subprocess.run(cmd, env=env).returncode
+        with open(report) as f:
+            s = summarize(json.load(f))
+        s["warm_rc"], s["seconds"] = rc, round(time.time() - t0, 1)
+        results[m] = s
+        print(f"[refusals] {m} on {a.device}: {s['signatures']} signatures, {s['published']} published, "
+              f"{s['refused']} refused, {s['failed_other']} failed otherwise ({s['seconds']} s)", flush=True)
+    import platform
+
+    import torch
+
+    print("\nworkload | device | signatures | published | refused | failed | bar (<= 1 in 20)")
+    for m, s in results.items():
+        ok = s["refused"] * 20 <= s["signatures"]
+        print(f"{m} | {a.device} | {s['signatures']} | {s['published']} | {s['refused']} | {s['failed_other']} | "
+              f"{'met' if ok else 'NOT met'}")
+        for r in s["refusals"]:
+            print(f"    refused {r['op']} {r['description']}: {r['why']}")
+        for r in s["failures"]:
+            print(f"    failed {r['op']} ({r['status']}): {r['why']}")
+        if s["edge_notes"]:
+            print(f"    edge notes: {s['edge_notes']}")
+    out = {"machine": platform.node(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+           "device_name": torch.cuda.get_device_name(0) if a.device == "cuda" else None,
+           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "contract": a.contract or "default", "workloads": results}
+    with open(os.path.join(a.out, "refusals.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    return 0 if all(s["warm_rc"] == 0 for s in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
