@@ -95,10 +95,13 @@ REDUCING_OPS = frozenset({"sum", "nansum", "mean", "nanmean", "var", "std", "var
 #: accurate as eager wherever eager is accurate (``tolerance.precision``, against a float64
 #: reference): a large offset with a small spread (a variance of ``3e4 + N(0, 1)`` rows),
 #: and cancellation (pairs ``x, -x`` of neighbouring elements, ``x = 1e4 + |N(0, 1)|``: a
-#: row's sum or mean is exactly 0).
+#: row's sum or mean is exactly 0); sorted cancellation (each row's first half ``x``, its
+#: second half the same ``-x``: a sum in any order passes through half the row's mass
+#: before it cancels, where neighbouring pairs cancel at once in a sequential sum); and,
+#: for an input square in its last two dims, the same on its diagonal (``trace``).
 #: Eager's CPU kernels accumulate some reductions in float64 or pairwise, a generated
 #: kernel in float32 lanes; random normal and special values never tell them apart.
-PRECISION_CASES = ("large offset", "cancellation")
+PRECISION_CASES = ("large offset", "cancellation", "sorted cancellation", "diagonal cancellation")
 #: (offset, cancelling magnitude) per narrow float dtype: its spread of 1 stays resolved.
 ILL_CONDITIONED = {torch.float32: (3e4, 1e4), torch.float16: (64.0, 1e2), torch.bfloat16: (8.0, 1e2)}
 
@@ -224,6 +227,29 @@ def violates(guards: list | None, tensors: list) -> bool:
     return False
 
 
+def _square(t: torch.Tensor) -> bool:
+    return t.dim() >= 2 and t.shape[-1] == t.shape[-2] >= 2
+
+
+def _halves_cancel(t: torch.Tensor, noise: torch.Tensor, size: float, diagonal: bool) -> torch.Tensor:
+    """``noise`` (``t``'s storage, float64) with each innermost row of ``t`` -- or, with
+    ``diagonal``, each diagonal of its last two dims -- made ``x, -x``: its first half
+    ``x = size + |noise|``, its second half the same values negated, so the row (diagonal)
+    sums to exactly 0.  A tensor whose elements share storage (an expanded one), or a
+    diagonal case of a non-square tensor, keeps its values."""
+    flat = noise.clone()
+    if storage_size(tuple(t.shape), tuple(t.stride())) != t.numel() or (diagonal and not _square(t)):
+        return flat
+    v = _view(t, flat)
+    rows = torch.diagonal(v, dim1=-2, dim2=-1) if diagonal else v
+    h = rows.shape[-1] // 2
+    if h:
+        x = size + rows[..., :h].abs()
+        rows[..., :h] = x
+        rows[..., h:2 * h] = -x
+    return flat
+
+
 def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple, dict]]:
     """(name, args, kwargs) of the adversarial cases of a call whose random inputs are
     ``args``/``kwargs`` (from :func:`aoti_farm.signature.materialize`); the inputs given
@@ -287,15 +313,19 @@ def cases(sig: S.Signature, args: tuple, kwargs: dict) -> list[tuple[str, tuple,
             out.append((case, *build(repl)))
     narrow = [(n, j, t) for n, j, t in floats if t.dtype in ILL_CONDITIONED]
     for case in PRECISION_CASES if narrow else ():
+        if case == "diagonal cancellation" and not any(_square(t) for _, _, t in narrow):
+            continue
         repl = dict(valid)
         for n, j, t in narrow:
             offset, size = ILL_CONDITIONED[t.dtype]
             noise = _flat(t).double()
             if case == "large offset":
                 flat = offset + noise
-            else:   # x, -x in neighbouring elements: sums along the innermost dim cancel exactly
+            elif case == "cancellation":   # x, -x in neighbouring elements: sums along the innermost dim cancel exactly
                 k = torch.arange(noise.numel(), device=noise.device)
                 flat = (1 - 2 * (k % 2)) * (size + noise.abs()[k - k % 2])
+            else:
+                flat = _halves_cancel(t, noise, size, diagonal=case == "diagonal cancellation")
             repl[(n, j)] = _view(t, flat.to(t.dtype))
         out.append((case, *build(repl)))
     if not all(_on_cpu(t) for t in valid.values()):

@@ -28,6 +28,10 @@ SUM_SCANS = {"aten::cumsum", "aten::logcumsumexp", "aten::_logcumsumexp"}
 PRODUCT_SCANS = {"aten::cumprod"}
 #: Reductions whose output is a plain sum of input elements (same units as the input).
 SUMS = {"aten::sum", "aten::nansum"}
+#: Reductions whose output is such a sum divided by its number of terms: the sum's bound
+#: divided by the same (two float32 means of ``1e4``-sized terms that cancel differ by
+#: ~1e-4 while a term's own rounding is ~1e-3).
+MEANS = {"aten::mean"}
 #: Matrix products: each output element sums K products; (first, second) operand among the
 #: floating tensor inputs in schema order.
 MATMULS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::matmul": (0, 1), "aten::dot": (0, 1),
@@ -43,8 +47,8 @@ def _mean_abs(t: torch.Tensor) -> float:
 
 def length_tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected: Any) -> tuple[float, float]:
     """(extra rtol, extra atol) for calls whose output elements each sum many terms: scans
-    (``cumsum``, ``logcumsumexp``; ``cumprod`` multiplies), ``sum``/``nansum`` and matrix
-    products.  Every other op keeps the dtype's fixed tolerance.
+    (``cumsum``, ``logcumsumexp``; ``cumprod`` multiplies), ``sum``/``nansum`` (``mean``:
+    the sum's bound over its count) and matrix products.  Every other op keeps the dtype's fixed tolerance.
 
     Two correct kernels that add in different orders (a sequential scan against a blocked
     or tree scan, as on CUDA) differ by rounding errors that grow with the number of terms
@@ -57,7 +61,7 @@ def length_tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected: Any)
     from aoti_farm.compile.runner import flat_tensors
 
     op = sig.op.split(".")[0]
-    if op not in SUM_SCANS and op not in PRODUCT_SCANS and op not in SUMS and op not in MATMULS:
+    if op not in SUM_SCANS and op not in PRODUCT_SCANS and op not in SUMS and op not in MEANS and op not in MATMULS:
         return 0.0, 0.0
     ins = [t for t in flat_tensors(sig, args, kwargs) if t.is_floating_point() or t.is_complex()]
     outs = [t for t in (list(expected) if isinstance(expected, (tuple, list)) else [expected])
@@ -73,9 +77,9 @@ def length_tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected: Any)
             return 0.0, 0.0
         terms = int(x.shape[dim])
         return (eps * terms, 0.0) if op in PRODUCT_SCANS else (0.0, eps * terms * _mean_abs(x))
-    if op in SUMS:
+    if op in SUMS or op in MEANS:
         terms = max(1, x.numel() // max(1, min(t.numel() for t in outs)))
-        return 0.0, eps * terms * _mean_abs(x)
+        return 0.0, eps * (1 if op in MEANS else terms) * _mean_abs(x)
     i, j = MATMULS[op]
     if len(ins) <= max(i, j) or ins[i].dim() == 0:
         return 0.0, 0.0

@@ -333,3 +333,40 @@ def test_a_kernel_laid_out_unlike_eager_is_built_again_in_eager_strides(tmp_path
     want = torch.cat([e, x], dim=-2)
     assert got.stride() == want.stride() == (1024, 256, 32, 1)
     assert torch.equal(got, want)
+
+
+def test_the_third_pass_ill_conditioned_cases_are_served_right_or_declined(tmp_path):
+    """The third pass's finite inputs that told kernels from eager (issue 48), at either
+    contract level (precision is no edge note): ``trace`` of a diagonal of shuffled
+    ``x, -x`` pairs around 1e4 (eager's CPU trace adds in float64: exactly 0; a float32
+    kernel's sum was off by up to 0.5), and ``mean.dim`` of zero-mean rows around 1e4.
+    Verification's sorted and diagonal cancellation cases refuse the float32 trace, which
+    is built again in float64; the mean kernel (eager's adds in float32 too) is served and
+    within the stated tolerance (a mean's bound: eps * mean|x|) of eager on those rows."""
+    from aoti_farm.compile.tolerance import length_tolerance, precision
+
+    comp, cache, fp = AOTICompiler(measure_speed=False), Cache(tmp_path / "c"), fingerprint("cpu")
+    g = torch.Generator().manual_seed(0)
+    tr = S.from_call(torch.ops.aten.trace.default, (torch.empty(64, 64),), {})
+    out = compile_and_publish(cache, comp, fp, tr, owner="t")
+    assert out.status == "compiled", (out.error, out.evidence)
+    entry = cache.open_entry(fp, tr.key)
+    assert entry.manifest["verification"].get("computed_in") == "float64"
+    run = load_runner(entry.kernel_path, "cpu")
+    for _ in range(6):
+        x = torch.randn(64, 64, generator=g)
+        d = 1e4 + torch.rand(32, generator=g)
+        x.diagonal().copy_(torch.cat([d, -d])[torch.randperm(64, generator=g)])
+        want, got = torch.trace(x), run.run([x])[0]
+        assert precision(want, [got], torch.trace(x.double())) is None, (float(want), float(got))
+        assert compare(want, [got]) is None
+    mn = S.from_call(torch.ops.aten.mean.dim, (torch.empty(8, 4096), [1]), {})
+    out = compile_and_publish(cache, comp, fp, mn, owner="t")
+    assert out.status == "compiled", (out.error, out.evidence)
+    run = load_runner(cache.open_entry(fp, mn.key).kernel_path, "cpu")
+    for _ in range(6):
+        r = torch.randn(8, 2048, generator=g)
+        x = torch.cat([1e4 + r, -(1e4 + r)], 1)[:, torch.randperm(4096, generator=g)]
+        want, got = torch.ops.aten.mean.dim(x, [1]), run.run([x])[0]
+        assert precision(want, [got], torch.ops.aten.mean.dim(x.double(), [1])) is None
+        assert compare(want, [got], length_tolerance(mn, (x, [1]), {}, want)) is None, (want - got).abs().max()

@@ -118,8 +118,21 @@ def test_precision_cases_are_ill_conditioned_and_finite():
     sig = S.from_call(torch.ops.aten.mean.dim, (torch.empty(4, 64), [1]), {})
     args, kwargs = S.materialize(sig, seed=0)
     got = {n: a for n, a, _ in adversarial.cases(sig, args, kwargs) if n in adversarial.PRECISION_CASES}
-    assert set(got) == set(adversarial.PRECISION_CASES)
+    assert set(got) == set(adversarial.PRECISION_CASES) - {"diagonal cancellation"}   # not square
     off = got["large offset"][0]
     assert bool(torch.isfinite(off).all()) and float(off.mean()) > 2e4 and float(off.std()) < 10
     can = got["cancellation"][0]
     assert bool((can.abs() >= 1e4).all()) and float(can.double().sum(1).abs().max()) == 0.0
+    srt = got["sorted cancellation"][0]   # each row: x then the same -x, so partial sums reach half its mass
+    assert bool((srt.abs() >= 1e4).all()) and float(srt.double().sum(1).abs().max()) == 0.0
+    assert bool((srt[:, :32] > 0).all()) and torch.equal(srt[:, 32:], -srt[:, :32])
+    # a square input (trace): its diagonal cancels, a transposed one's too (strides kept)
+    for x in (torch.empty(8, 8), torch.empty(2, 6, 6).transpose(1, 2)):
+        sig = S.from_call(torch.ops.aten.trace.default if x.dim() == 2 else torch.ops.aten.sum.dim_IntList,
+                          (x,) if x.dim() == 2 else (x, [1]), {})
+        args, kwargs = S.materialize(sig, seed=0)
+        cases = {n: a for n, a, _ in adversarial.cases(sig, args, kwargs)}
+        d = cases["diagonal cancellation"][0]
+        assert d.stride() == args[0].stride()
+        diag = torch.diagonal(d.double(), dim1=-2, dim2=-1)
+        assert float(diag.sum(-1).abs().max()) == 0.0 and bool((diag.abs() >= 1e4).all())

@@ -75,7 +75,8 @@ def test_adversarial_floats_meet_in_every_pair_of_special_values():
     sig, a, kw, cases = _cases(torch.ops.aten.floor_divide.default, (x, y))
     before = a[0].clone()
     assert list(cases) == ["finite special values", "infinities and NaN", "magnitudes", "isolated infinities",
-                           "isolated NaN", "large offset", "cancellation"]
+                           "isolated NaN", "large offset", "cancellation", "sorted cancellation",
+                           "diagonal cancellation"]
 
     def pairs(case):
         ca, _ = cases[case]
@@ -122,7 +123,8 @@ def test_adversarial_indices_at_the_bound_negative_and_out_of_range():
     sig, a, kw, cases = _cases(torch.ops.aten.index_select.default, (W, 0, idx),
                                hints={"index": {"range": [0, 9]}})
     assert set(cases) == {"finite special values", "infinities and NaN", "magnitudes", "isolated infinities",
-                          "isolated NaN", "large offset", "cancellation", "index at the bound (index=9)",
+                          "isolated NaN", "large offset", "cancellation", "sorted cancellation",
+                          "index at the bound (index=9)",
                           "negative index (index=-1)", "index out of range (index=10)"}
     for name, (ca, _) in cases.items():
         got = ca[2].tolist()
