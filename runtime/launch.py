@@ -202,11 +202,11 @@ def boot() -> None:
         atexit.register(_write)
     raw = os.environ.get("AOTI_FARM_HOOK")
     if raw and raw != "0":
-        from aoti_farm.runtime.hook import install
+        from aoti_farm.runtime.hook import Settings, install
 
         global BOOTED
         args = {} if raw == "1" else child_arguments(raw)
-        hook = install(**args)
+        hook = install(settings=Settings(**args))
         BOOTED = hook.settings.config   # what this hook was installed with
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
