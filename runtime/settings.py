@@ -169,7 +169,8 @@ def resolve(settings: Settings | None = None, *, env=None, **fields) -> HookSett
         cli.pop("ops")   # op objects (torch OpOverloads): checked by the dispatcher, not by a config table
     else:
         raw_ops = None
-    cfg = config.resolve(HookConfig, cli=cli, env=env, config_path=s.config, cli_label="install({name}=...)")
+    cfg = config.resolve(HookConfig, cli=cli, env=env, config_path=s.config,
+                         cli_label=config.install_argument)
     if raw_ops is not None:
         cfg = dataclasses.replace(cfg, ops=raw_ops)
     metrics = config.metrics_endpoint(s.metrics_port, env)

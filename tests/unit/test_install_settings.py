@@ -32,6 +32,20 @@ def test_install_has_at_most_10_named_keywords_and_no_var_keyword():
     assert "settings" in params
 
 
+def test_errors_name_how_install_takes_a_setting():
+    """config.py's fixes say install(name=...) for a keyword, install(settings=Settings(name=...))
+    for the rest: its list of keywords is install()'s."""
+    from aoti_farm import config
+
+    assert config.INSTALL_KEYWORDS == tuple(n for n in _params() if n != "settings")
+    with pytest.raises(UserError, match=r"fix install\(settings=Settings\(widen=...\)\)"):
+        settings.resolve(Settings(widen="wider"), env={})
+    with pytest.raises(UserError, match=r"^install\(settings=Settings\(install_trial=...\)\): install_trial"):
+        settings.resolve(Settings(install_trial="soon"), env={})
+    with pytest.raises(UserError, match=r"^on_miss: 'later' .*fix install\(on_miss=...\)"):
+        settings.resolve(Settings(on_miss="later"), env={})
+
+
 def test_settings_holds_every_setting_install_knows():
     """Every keyword of install() and every HookConfig field is a Settings field, unset
     (None) by default, and the object is frozen."""
