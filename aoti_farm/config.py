@@ -291,7 +291,8 @@ def check_install_trial(value) -> float:
     except (TypeError, ValueError):
         v = float("nan")
     if not (v >= 0 and v != float("inf")):
-        raise UserError(f"install_trial: {value!r} is not a number of seconds >= 0; fix {install_argument('install_trial')}, "
+        raise UserError(f"install_trial: {value!r} is not a number of seconds >= 0; "
+                        f"fix {install_argument('install_trial')}, "
                         f"AOTI_FARM_INSTALL_TRIAL or [hook] install_trial")
     return v
 

@@ -99,7 +99,8 @@ class Hook:
         self.settings = settings   # as resolved (runtime/settings.py)
         self.inductor_options = dict(c.inductor_options or {})
         self.cache = Cache(c.cache_dir, signing_key=settings.signing_key, allow_insecure=c.allow_insecure)
-        self.worker_log = settings.worker_log or private.new_log_or_devnull("aoti-farm-worker")   # mkstemp in a 0700 dir
+        # the compile worker's log: mkstemp in a 0700 dir unless a developer names one
+        self.worker_log = settings.worker_log or private.new_log_or_devnull("aoti-farm-worker")
         worker_idle = WORKER_IDLE_SECONDS if settings.worker_idle is None else settings.worker_idle
         try:   # serve a kernel only where it is faster than eager (runtime/gate.py)
             self.gate = gate_mod.Gate(c.serve)

@@ -99,7 +99,8 @@ def test_registry_scrape_equals_stats_with_miss_to_hit(cache, kernels, tmp_path)
     c.remove(fp.id, MUL.key)
     reg = CollectorRegistry()
     hook = install(cache_dir=str(c.root), ops=["aten::add.Tensor", "aten::mul.Tensor"], on_miss="ignore",
-                   serve="always", route="all", settings=Settings(poll_interval=0.1))   # mul is missed before it is published
+                   serve="always", route="all",
+                   settings=Settings(poll_interval=0.1))   # mul is missed before it is published
     try:
         register(hook, reg)
         a, b = torch.randn(8, 16), torch.randn(16)

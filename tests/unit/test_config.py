@@ -173,7 +173,8 @@ def test_developer_switches_are_one_variable():
 def test_install_arguments_are_named_as_arguments(tmp_path):
     from aoti_farm.runtime.settings import resolve as install_resolve
 
-    with pytest.raises(UserError, match=r"install\(settings=Settings\(poll_interval=...\)\): poll_interval: .* must be positive"):
+    with pytest.raises(UserError,
+                       match=r"install\(settings=Settings\(poll_interval=...\)\): poll_interval: .* must be positive"):
         install_resolve(env={}, poll_interval=0)
     with pytest.raises(UserError, match="unknown argument 'no_such'"):
         install_resolve(env={}, no_such=1)
