@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from aoti_farm.security import safeio
 from aoti_farm.errors import UserError
@@ -167,6 +167,16 @@ class HookConfig:
 
 _SECTIONS = {FarmConfig: "farm", HookConfig: "hook"}
 
+#: ``install()``'s keywords (``runtime/hook.py``; a unit test keeps them equal): every other
+#: setting is a field of its ``Settings`` object only.
+INSTALL_KEYWORDS = ("cache_dir", "ops", "devices", "on_miss", "serve", "route", "contract", "signing_key_file",
+                    "config")
+
+
+def install_argument(name: str) -> str:
+    """How ``install()`` is given the setting ``name``, for an error's fix."""
+    return f"install({name}=...)" if name in INSTALL_KEYWORDS else f"install(settings=Settings({name}=...))"
+
 #: The fields a variable ``AOTI_FARM_<FIELD>`` sets (every other field is a flag, an
 #: ``install()`` argument or a TOML key only; see the module docstring).
 ENV_FIELDS = ("cache_dir", "signing_key_file", "address", "memory_budget", "dynamic",
@@ -196,7 +206,7 @@ _hook = {f.name for f in dataclasses.fields(HookConfig)}
 for _n in sorted((_farm | _hook) - set(ENV_FIELDS)):
     _ways = ([(f"--{_n.replace('_', '-')} or " if _n in _FARM_FLAGS else "") + f"[farm] {_n}"]
              if _n in _farm else []) + (
-        [f"install({_n}=...) or [hook] {_n}"] if _n in _hook else [])
+        [f"{install_argument(_n)} or [hook] {_n}"] if _n in _hook else [])
     RETIRED[f"AOTI_FARM_{_n.upper()}"] = " or ".join(_ways) + " in the TOML file"
 
 
@@ -265,7 +275,7 @@ WIDEN = ("auto", "always", "off")
 
 def check_widen(value) -> str:
     if value not in WIDEN:
-        raise UserError(f"widen: {value!r} is not one of auto, always, off; fix install(widen=...), "
+        raise UserError(f"widen: {value!r} is not one of auto, always, off; fix {install_argument('widen')}, "
                         f"AOTI_FARM_WIDEN or [hook] widen")
     return value
 
@@ -281,7 +291,8 @@ def check_install_trial(value) -> float:
     except (TypeError, ValueError):
         v = float("nan")
     if not (v >= 0 and v != float("inf")):
-        raise UserError(f"install_trial: {value!r} is not a number of seconds >= 0; fix install(install_trial=...), "
+        raise UserError(f"install_trial: {value!r} is not a number of seconds >= 0; "
+                        f"fix {install_argument('install_trial')}, "
                         f"AOTI_FARM_INSTALL_TRIAL or [hook] install_trial")
     return v
 
@@ -396,7 +407,7 @@ _key_files: dict[bytes, str] = {}
 
 def key_file_for_children(key: bytes | None, path: str | None) -> str | None:
     """The path a child process reads ``key`` from: ``path`` where the key came from a
-    file, else (a key passed as bytes, e.g. ``install(signing_key=...)``) a file of this
+    file, else (a key passed as bytes, e.g. ``Settings(signing_key=...)``) a file of this
     process's own (mode 0600 in a 0700 directory, removed at exit).  A key is never an
     argument or an environment variable of a child: both are visible to other users
     (``/proc/<pid>/cmdline``) or inherited by whatever the child starts."""
@@ -496,7 +507,7 @@ def _coerce(cls: type, name: str, value: Any, source: str) -> Any:
 
 def where(cls: type, name: str) -> str:
     """Where the setting ``name`` of ``cls`` is set, for an error's fix (docs/settings.md)."""
-    ways = [f"install({name}=...)"] if cls is HookConfig else []
+    ways = [install_argument(name)] if cls is HookConfig else []
     if cls is FarmConfig and name in _FARM_FLAGS | {"cache_dir", "address", "memory_budget", "dynamic"}:
         ways.append(f"--{name.replace('_', '-')}")
     if name in ENV_FIELDS:
@@ -517,10 +528,10 @@ def load_toml(path: str) -> dict:
 
 
 def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-            config_path: str | None = None, cli_label: str = "option --{flag}") -> Any:
+            config_path: str | None = None, cli_label: str | Callable[[str], str] = "option --{flag}") -> Any:
     """Build ``cls`` from defaults < TOML < environment < CLI (values of None are unset).
-    ``cli_label`` names an explicit value in errors (``{flag}``, ``{name}``): a flag for a
-    command, an argument for ``install()``."""
+    ``cli_label`` names an explicit value in errors (``{flag}``, ``{name}``, or a function of
+    the name): a flag for a command, an argument for ``install()`` (:func:`install_argument`)."""
     env = os.environ if env is None else env
     check_environment(env)
     section = _SECTIONS[cls]
@@ -544,7 +555,8 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
             values[k] = ev
     for k, v in (cli or {}).items():
         if v is not None:
-            label = cli_label.format(flag=k.replace("_", "-"), name=k)
+            label = (cli_label(k) if callable(cli_label) else
+                     cli_label.format(flag=k.replace("_", "-"), name=k))
             if k not in names:
                 raise UserError(f"{label}: unknown")
             values[k] = _coerce(cls, k, v, label)
@@ -560,7 +572,7 @@ def resolve(cls: type, *, cli: Mapping[str, Any] | None = None, env: Mapping[str
         for n in ("queue_cap", "queue_cap_per_op"):
             if getattr(cfg, n) < 1:
                 raise UserError(f"{n}: {getattr(cfg, n)} must be at least 1 (on_miss='ignore' queues nothing); "
-                                f"fix install({n}=...) or [hook] {n}")
+                                f"fix {install_argument(n)} or [hook] {n}")
     if isinstance(cfg, FarmConfig) and cfg.dynamic not in ("auto", "off"):
         raise UserError(f"dynamic: {cfg.dynamic!r} is not one of auto, off; fix --dynamic, AOTI_FARM_DYNAMIC or [farm] dynamic")
     if isinstance(cfg, FarmConfig) and cfg.lease_ttl > 3600:   # leases.MAX_TTL: a longer one reads as expired

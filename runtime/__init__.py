@@ -1,6 +1,7 @@
 """The serving-side hook (imported as aoti_farm.runtime). Never imports Ray.
 
-``install(...)`` is :func:`aoti_farm.runtime.hook.install`; ``record(path)`` is
+``install(...)`` is :func:`aoti_farm.runtime.hook.install`, ``Settings`` its settings object
+(:class:`aoti_farm.runtime.settings.Settings`); ``record(path)`` is
 :func:`aoti_farm.runtime.recorder.record`; ``enable_upstream_backend(cache_dir)`` is
 :func:`aoti_farm.runtime.upstream.enable_upstream_backend`.
 
@@ -20,6 +21,14 @@ def install(*args, **kwargs):
     return _install(*args, **kwargs)
 
 
+def __getattr__(name):
+    if name == "Settings":   # imported on first use, as install() is
+        from .settings import Settings
+
+        return Settings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def record(path, **kwargs):
     """Record op signatures into a trace; see :mod:`aoti_farm.runtime.recorder`."""
     from .recorder import record as _record
@@ -35,4 +44,4 @@ def enable_upstream_backend(*args, **kwargs):
     return _enable(*args, **kwargs)
 
 
-__all__ = ["install", "record", "enable_upstream_backend"]
+__all__ = ["install", "Settings", "record", "enable_upstream_backend"]

@@ -289,10 +289,10 @@ def child_main(spec_path: str) -> int:
                 torch.set_num_threads(t)
                 e, ee = run_call(c, v.inputs, v.glob)
                 plan.append((c, vi, v, t, e, ee))
-    from . import install
+    from . import Settings, install
 
-    hook = install(cache_dir=spec["cache_dir"], devices=(dev,), on_miss="ignore", serve="always", native=mode,
-                   poll_interval=3600.0, contract=contract)
+    hook = install(cache_dir=spec["cache_dir"], devices=(dev,), on_miss="ignore", serve="always", contract=contract,
+                   settings=Settings(native=mode, poll_interval=3600.0))
     try:
         current = None
         served_before: dict[str, bool] = {}

@@ -79,6 +79,7 @@ from .misswriter import MissWriter
 from .poller import Poller
 from .room import ThreadRoom
 from .routes import Routes, cannot_load_reason, native_code
+from .settings import Settings
 from .shapeserve import ShapeIndex
 from .supervisor import WorkerSupervisor
 
@@ -92,19 +93,19 @@ class Hook:
     """An installed serving hook.  Use :func:`install`; every setting here is resolved
     (see ``runtime/settings.py``)."""
 
-    def __init__(self, cache_dir, ops, devices, on_miss: str, poll_interval: float,
-                 settings: settings_mod.HookSettings, allow_insecure: bool = False, inductor_options=None,
-                 worker_log: str | None = None, worker_idle: float = WORKER_IDLE_SECONDS, native: str = "auto",
-                 route: str | None = None):
-        route = settings_mod.check_arguments(on_miss, poll_interval, devices, native, route)
+    def __init__(self, settings: settings_mod.HookSettings):
+        c = settings.config
+        ops, devices, on_miss, poll_interval = c.ops, tuple(c.devices), c.on_miss, c.poll_interval
+        native, route = settings.native, settings.route
         self.on_miss = on_miss
         self.settings = settings   # as resolved (runtime/settings.py)
-        self.inductor_options = dict(inductor_options or {})
-        self.cache = Cache(cache_dir or settings.cache_dir, signing_key=settings.signing_key,
-                           allow_insecure=allow_insecure)
-        self.worker_log = worker_log or private.new_log_or_devnull("aoti-farm-worker")   # mkstemp in a 0700 dir
+        self.inductor_options = dict(c.inductor_options or {})
+        self.cache = Cache(c.cache_dir, signing_key=settings.signing_key, allow_insecure=c.allow_insecure)
+        # the compile worker's log: mkstemp in a 0700 dir unless a developer names one
+        self.worker_log = settings.worker_log or private.new_log_or_devnull("aoti-farm-worker")
+        worker_idle = WORKER_IDLE_SECONDS if settings.worker_idle is None else settings.worker_idle
         try:   # serve a kernel only where it is faster than eager (runtime/gate.py)
-            self.gate = gate_mod.Gate(settings.serve)
+            self.gate = gate_mod.Gate(c.serve)
         except ValueError as e:
             raise UserError(f"{e}; use serve='faster' (default) or 'always'") from None
         self.counters = Counters("calls", "hits", "misses", "failed_signatures", "served_after_miss", "gated",
@@ -138,18 +139,17 @@ class Hook:
         self._index = {d: Index(self.cache, fp, with_meta=self._route_by_entries) for d, fp in self.fps.items()}
         wake = threading.Event()
         explain = (metrics_mod.MissExplainer(self.cache, self.fps, self.counters)
-                   if settings.explain_misses else None)
-        caps = {} if settings.config is None else {"cap": settings.config.queue_cap,
-                                                   "cap_per_op": settings.config.queue_cap_per_op}
+                   if c.explain_misses else None)
         self._writer = MissWriter(self.cache, self.fps, on_miss != "ignore",
-                                  lambda call: self._queued(call, explain), **caps)
+                                  lambda call: self._queued(call, explain), cap=c.queue_cap,
+                                  cap_per_op=c.queue_cap_per_op)
         self._writer.wake = wake
         self._kernels = KernelTable(self.cache, self.fps, self._index, self._writer.report, self._writer.submit,
-                                    contract="finite" if settings.config is None else settings.config.contract)
+                                    contract=c.contract)
         self._workers = WorkerSupervisor(self.cache, self.fps, self.inductor_options, self.worker_log, worker_idle,
-                                         self._room, wake, settings.memory_budget, settings.signing_key_file)
+                                         self._room, wake, c.memory_budget, settings.key_file)
         self._shapes = ShapeIndex(self.cache, self.fps, Call, gated=self.gate.active,   # runtime/shapeserve.py
-                                  widen=settings.widen)
+                                  widen=c.widen)
         self._writer.widen_of = self._shapes.widen_request   # a miss outside every range (aoti_farm/compile/widen.py)
         for d in self._index:
             self._refresh(d)
@@ -164,10 +164,10 @@ class Hook:
             self._routes.serve_nothing(self._not_serving)
         else:
             self._routes.start(self._servable_ops())
-            if self._route_by_entries and self.gate.active and settings.install_trial > 0 and self._routes.routed:
+            if self._route_by_entries and self.gate.active and c.install_trial > 0 and self._routes.routed:
                 # time the routed ops' kernels here first; unroute ops none of which won
                 before = set(self._routes.routed)
-                self.install_trial = pretrial.run(self, settings.install_trial)
+                self.install_trial = pretrial.run(self, c.install_trial)
                 self.gate.persist()
                 self._routes.route(self._servable_ops(), at_once=True)
                 self.install_trial["unrouted"] = sorted(before - set(self._routes.routed or ()))
@@ -431,26 +431,20 @@ class Hook:
         self.uninstall()
 
 
+@settings_mod.refusing_unknown_names
 def install(cache_dir: str | os.PathLike | None = None, ops: Iterable | None = None,
-            devices: Iterable[str] | None = None, on_miss: str | None = None, poll_interval: float | None = None,
-            signing_key: bytes | str | None = None, allow_insecure: bool | None = None,
-            inductor_options: dict | None = None, *, serve: str | None = None,
-            metrics_port: int | None = None, explain_misses: bool | None = None,
-            memory_budget: int | str | None = None, widen: str | None = None, install_trial: float | None = None,
-            signing_key_file: str | None = None, config: str | None = None, queue_cap: int | None = None,
-            queue_cap_per_op: int | None = None, contract: str | None = None, **kw) -> Hook:
+            devices: Iterable[str] | None = None, on_miss: str | None = None, *, serve: str | None = None,
+            route: str | None = None, contract: str | None = None, signing_key_file: str | None = None,
+            config: str | None = None, settings: Settings | None = None) -> Hook:
     """Install the serving hook; see the module docstring.  ``uninstall()`` or use as a
-    context manager.  Settings left None are resolved as ``aoti-farm run`` resolves them:
-    environment, then the TOML file (``config``, else ``$AOTI_FARM_CONFIG``), then the
-    defaults (``runtime/settings.py``, ``docs/settings.md``); bad arguments raise
-    :class:`UserError`."""
-    settings_mod.check_retired(kw)
-    s = settings_mod.resolve(
-        metrics_port=metrics_port, signing_key=signing_key, config_path=config, cache_dir=cache_dir, ops=ops,
-        devices=devices, on_miss=on_miss, poll_interval=poll_interval, allow_insecure=allow_insecure,
-        inductor_options=inductor_options, serve=serve, explain_misses=explain_misses,
-        memory_budget=memory_budget, widen=widen, install_trial=install_trial, signing_key_file=signing_key_file,
-        queue_cap=queue_cap, queue_cap_per_op=queue_cap_per_op, contract=contract)
-    c = s.config
-    return Hook(c.cache_dir, c.ops, tuple(c.devices), c.on_miss, c.poll_interval, s, c.allow_insecure,
-                c.inductor_options, **kw)
+    context manager.  The common settings are keywords; every setting (these too) is a
+    field of :class:`Settings` (``install(settings=Settings(native="off", ...))``); a
+    keyword and ``settings`` giving one setting different values is an error.  Settings
+    left None are resolved as ``aoti-farm run`` resolves them: environment, then the TOML
+    file (``config``, else ``$AOTI_FARM_CONFIG``), then the defaults
+    (``runtime/settings.py``, ``docs/settings.md``, ``docs/hook.md``); bad arguments,
+    and names install() does not take (a retired setting, a ``Settings`` field given as a
+    keyword), raise :class:`UserError` naming the argument."""
+    s = settings_mod.merge(settings, cache_dir=cache_dir, ops=ops, devices=devices, on_miss=on_miss, serve=serve,
+                           route=route, contract=contract, signing_key_file=signing_key_file, config=config)
+    return Hook(settings_mod.resolve(s))

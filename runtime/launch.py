@@ -8,7 +8,7 @@ that never do, nor in those torch starts for itself: see that module):
 * ``aoti-farm run [--cache-dir D] [--on-miss M] [--serve S] [--contract C] [--config F] -- python serve.py ARGS``:
   the hook's settings are resolved once here by :func:`hook_config`, the resolver
   ``install()`` uses (``config.resolve(HookConfig)``: flag > environment > TOML file >
-  default), and handed to the child as ``install()``'s arguments, JSON in
+  default), and handed to the child as the fields of ``install()``'s ``Settings``, JSON in
   ``AOTI_FARM_HOOK`` (an internal variable; ``1`` there means "no arguments": the child
   resolves from its environment as ``install()`` would).  The signing key goes by its
   file's path, never itself.  ``AOTI_FARM_HOOK_STATS=DIR`` makes each process write its
@@ -107,7 +107,7 @@ def hook_config(ns, env=None):
 
 
 def install_arguments(cfg) -> dict:
-    """``cfg`` as ``install()``'s keyword arguments (JSON: tuples become lists)."""
+    """``cfg`` as fields of ``install()``'s ``Settings`` (JSON: tuples become lists)."""
     return {f.name: (list(v) if isinstance(v, tuple) else v)
             for f in dataclasses.fields(cfg) if (v := getattr(cfg, f.name)) is not None}
 
@@ -202,11 +202,11 @@ def boot() -> None:
         atexit.register(_write)
     raw = os.environ.get("AOTI_FARM_HOOK")
     if raw and raw != "0":
-        from .hook import install
+        from .hook import Settings, install
 
         global BOOTED
         args = {} if raw == "1" else child_arguments(raw)
-        hook = install(**args)
+        hook = install(settings=Settings(**args))
         BOOTED = hook.settings.config   # what this hook was installed with
         stats_dir = os.environ.get("AOTI_FARM_HOOK_STATS")
 
@@ -228,7 +228,7 @@ BOOTED = None
 
 
 def child_arguments(raw: str) -> dict:
-    """``AOTI_FARM_HOOK``'s JSON: ``install()``'s keyword arguments, as :func:`run_command`
+    """``AOTI_FARM_HOOK``'s JSON: fields of ``install()``'s ``Settings``, as :func:`run_command`
     wrote them."""
     try:
         args = json.loads(raw)

@@ -11,8 +11,8 @@ Two ways to expose them:
 
 * ``register(hook, registry)`` adds the collector to a registry the application already
   serves (``prometheus_client.REGISTRY`` or its own);
-* ``install(metrics_port=...)`` / ``AOTI_FARM_METRICS_PORT`` starts a small HTTP server in
-  the serving process (:func:`serve_http`).
+* ``install(settings=Settings(metrics_port=...))`` / ``AOTI_FARM_METRICS_PORT`` starts a
+  small HTTP server in the serving process (:func:`serve_http`).
 
 Several serving processes per host: each process exports its own counters on its own
 port.  ``AOTI_FARM_METRICS_PORT=9400`` makes a process take the first free port of
@@ -159,7 +159,7 @@ from aoti_farm.metrics.exposition import Exporter, serve_http  # noqa: E402 -- s
 
 
 def start_for_hook(hook, endpoint) -> "Exporter | NotExposed":
-    """The hook's own endpoint (``install(metrics_port=...)``; ``endpoint`` a
+    """The hook's own endpoint (``Settings(metrics_port=...)``; ``endpoint`` a
     :class:`aoti_farm.metrics.exposition.Endpoint`); never raises: a port that cannot be had is
     logged and the hook serves without metrics (a :class:`NotExposed`, which still counts
     the ports another user held)."""

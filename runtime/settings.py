@@ -4,9 +4,18 @@ default), exactly as ``aoti-farm run`` does (``runtime/launch.py``), so the same
 environment and file give the same settings either way.  ``Hook`` and its collaborators
 (room, gate, kernels, workers, metrics) take resolved values only.
 
-``docs/settings.md`` lists every setting: its ``install()`` argument, variable, TOML key
-and default.  Besides ``HookConfig``'s fields, ``install()`` resolves here the metrics
-endpoint (``metrics_port``, ``config.metrics_endpoint``) and the signing key: an explicit
+:class:`Settings` is the public object: every setting ``install()`` knows, each None
+(unset) unless given.  ``install()`` names the common ones as keywords; the rest go
+through ``install(settings=Settings(...))``.  :func:`resolve` turns a ``Settings`` into a
+:class:`HookSettings`: the resolved ``HookConfig`` plus only what it lacks (the metrics
+endpoint, the signing key's bytes and file, the hook-only ``native`` / ``route`` and the
+developer fields).
+
+``docs/settings.md`` lists every setting: its ``Settings`` field, variable, TOML key and
+default; ``docs/hook.md`` lists ``install()``'s keywords and ``Settings``' fields
+(``tests/unit/test_install_settings.py`` checks both against the code).  Besides
+``HookConfig``'s fields, ``install()`` resolves here the metrics endpoint
+(``metrics_port``, ``config.metrics_endpoint``) and the signing key: an explicit
 ``signing_key`` (bytes) or the file ``signing_key_file`` (argument, then
 ``AOTI_FARM_SIGNING_KEY_FILE``, then ``[hook] signing_key_file``).  The hook's compile
 worker reads the key from a file (``config.key_file_for_children``), never from its
@@ -16,7 +25,10 @@ arguments or environment.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from dataclasses import dataclass
+from typing import Any
 
 from aoti_farm import config
 from aoti_farm.config import HookConfig, check_on_miss
@@ -24,58 +36,152 @@ from aoti_farm.errors import UserError
 from aoti_farm.metrics.exposition import Endpoint
 
 
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Every setting of ``install()``; None: unset, resolved as ``aoti-farm run`` resolves
+    it (environment, then the TOML file's ``[hook]`` table, then the default; see
+    ``docs/settings.md``).  Frozen: ``dataclasses.replace`` makes a changed copy.  An
+    unknown or retired name is a UserError naming it."""
+
+    # HookConfig's fields (aoti_farm/config.py): variable, TOML key and default in docs/settings.md
+    cache_dir: Any = None            # str | os.PathLike: the shared kernel cache
+    ops: Any = None                  # op names or OpOverloads; None: every supported op
+    devices: Any = None              # e.g. ("cpu",); default ("cpu", "cuda")
+    on_miss: str | None = None       # compile | queue | ignore
+    poll_interval: float | None = None
+    signing_key_file: str | None = None
+    allow_insecure: bool | None = None
+    inductor_options: dict | None = None
+    serve: str | None = None         # faster | always
+    explain_misses: bool | None = None
+    memory_budget: Any = None        # bytes or a size ("6G")
+    widen: str | None = None         # auto | always | off
+    install_trial: float | None = None
+    queue_cap: int | None = None
+    queue_cap_per_op: int | None = None
+    contract: str | None = None      # finite | strict
+    # install()'s own (not HookConfig's)
+    config: str | None = None        # the TOML file; None: $AOTI_FARM_CONFIG, else none
+    signing_key: bytes | str | None = None   # the key's bytes (instead of signing_key_file)
+    metrics_port: int | None = None  # serve metrics from this port; None: $AOTI_FARM_METRICS_PORT, else none
+    native: str | None = None        # the native hit path: auto (default) | off | require
+    route: str | None = None         # paying | all | servable-at-install | servable (check_arguments)
+    # developer fields (tests, drills): not user settings
+    worker_log: str | None = None    # the compile worker's log file; None: a private temporary file
+    worker_idle: float | None = None  # seconds the compile worker waits for work before it exits; None: 60
+
+
+#: Settings' fields that are HookConfig's (resolved by config.resolve).
+FIELDS = tuple(f.name for f in dataclasses.fields(HookConfig))
+#: Every field of Settings.
+SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(Settings))
+
+
+def refuse(name: str, where: str, keywords=()) -> None:
+    """The UserError for a name ``where`` (``install`` or ``Settings``) does not take:
+    a retired setting (``config.RETIRED_SETTINGS``), a setting that goes through
+    ``Settings`` (``keywords``: the names ``where`` does take), or an unknown name."""
+    if name in config.RETIRED_SETTINGS:
+        raise UserError(f"{where}({name}=...): retired ({config.RETIRED_SETTINGS[name]}); drop the argument")
+    if name in SETTINGS_FIELDS:
+        raise UserError(f"{where}({name}=...): not a keyword of {where}(); pass it as "
+                        f"{where}(settings=Settings({name}=...)) (docs/hook.md)")
+    raise UserError(f"{where}({name}=...): unknown argument {name!r}; {where}() takes "
+                    f"{', '.join(n for n in (keywords or SETTINGS_FIELDS) if n != 'self')} (docs/hook.md)")
+
+
+def refusing_unknown_names(fn):
+    """``fn`` (keyword arguments named in its signature only), raising a UserError naming
+    an argument it does not take (:func:`refuse`) instead of Python's TypeError, so a
+    retired or misplaced setting is refused by name in one line.  Nothing else passes:
+    ``inspect.signature`` of the result is ``fn``'s."""
+    names = tuple(inspect.signature(fn).parameters)
+    where = fn.__qualname__.split(".")[0] if fn.__name__ == "__init__" else fn.__name__
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        for name in kwargs:
+            if name not in names:
+                refuse(name, where, names)
+        return fn(*args, **kwargs)
+
+    return checked
+
+
+Settings.__init__ = refusing_unknown_names(Settings.__init__)
+
+
 @dataclass(frozen=True)
 class HookSettings:
-    serve: str
-    metrics: Endpoint | None
-    explain_misses: bool
-    signing_key: bytes | None
-    cache_dir: str = ""                   # the cache directory (config.cache_dir applies the default)
-    memory_budget: int | None = None      # bytes per compile for the compile worker; None: its default
-    widen: str = "auto"                   # what a miss outside every shape class's range queues (widen.py)
-    install_trial: float = 5.0            # seconds install() may time kernels before routing (pretrial.py)
-    signing_key_file: str | None = None   # the key's file, where it came from one (the compile worker reads it)
-    config: HookConfig | None = None      # every HookConfig field, resolved
+    """Everything the hook needs, resolved: ``config`` (every HookConfig field) plus only
+    what HookConfig lacks."""
+
+    config: HookConfig
+    metrics: Endpoint | None              # the metrics endpoint; None: none
+    signing_key: bytes | None             # the key's bytes; None: no signing
+    key_file: str | None = None           # the key's file, where it came from one (the compile worker reads it)
+    native: str = "auto"                  # the native hit path: auto | off | require
+    route: str = "paying"                 # the routing policy, resolved (check_arguments)
+    worker_log: str | None = None         # developer: the compile worker's log; None: a private temporary file
+    worker_idle: float | None = None      # developer: the compile worker's idle seconds; None: the hook's default
 
 
-#: install()'s arguments that are HookConfig fields (None: unset, resolved).
-FIELDS = tuple(f.name for f in dataclasses.fields(HookConfig))
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 -- values that do not compare are not the same
+        return a is b
 
 
-def check_retired(arguments) -> None:
-    """A UserError for a retired setting given to ``install()`` (``config.RETIRED_SETTINGS``)."""
-    for name in arguments:
-        if name in config.RETIRED_SETTINGS:
-            raise UserError(f"install({name}=...): retired ({config.RETIRED_SETTINGS[name]}); drop the argument")
+def merge(settings: Settings | None, **keywords) -> Settings:
+    """``settings`` with ``install()``'s keywords (None: not given) set.  A keyword and
+    ``settings`` giving one setting different values is a UserError naming it."""
+    if settings is None:
+        settings = Settings()
+    elif not isinstance(settings, Settings):
+        raise UserError(f"install(settings=...): a {type(settings).__name__}, not a Settings; pass "
+                        "aoti_farm.runtime.Settings(name=value, ...)")
+    given = {}
+    for name, value in keywords.items():
+        if value is None:
+            continue
+        have = getattr(settings, name)
+        if have is not None and not _same(have, value):
+            raise UserError(f"install({name}=...): {value!r} but settings.{name} is {have!r}; give it once")
+        given[name] = value
+    return dataclasses.replace(settings, **given) if given else settings
 
 
-def resolve(*, metrics_port=None, signing_key: bytes | str | None = None, config_path: str | None = None,
-            env=None, **fields) -> HookSettings:
-    """``fields`` (HookConfig's, None: unset) through :func:`aoti_farm.config.resolve`:
-    explicit values win, then ``env`` (default ``os.environ``), then the TOML file
-    (``config_path``, else ``$AOTI_FARM_CONFIG``), then the defaults.  A bad value is a
-    UserError naming the argument, the variable or the file."""
-    check_retired(fields)
-    bad = sorted(set(fields) - set(FIELDS))
-    if bad:
-        raise UserError(f"install(): unknown argument {bad[0]!r}")
+def resolve(settings: Settings | None = None, *, env=None, **fields) -> HookSettings:
+    """``settings`` (and ``fields``: its fields as keywords, for callers that build none)
+    through :func:`aoti_farm.config.resolve`: explicit values win, then ``env`` (default
+    ``os.environ``), then the TOML file (``settings.config``, else ``$AOTI_FARM_CONFIG``),
+    then the defaults.  A bad value is a UserError naming the argument, the variable or
+    the file."""
+    s = merge(settings, **{k: v for k, v in fields.items() if k in SETTINGS_FIELDS})
+    for name in fields:
+        if name not in SETTINGS_FIELDS:
+            refuse(name, "install")
     cli = {k: (v if v is None or isinstance(v, (str, dict, bool, int, float)) else
-               str(v) if k == "cache_dir" else tuple(v)) for k, v in fields.items()}
+               str(v) if k == "cache_dir" else tuple(v)) for k in FIELDS for v in (getattr(s, k),)}
     raw_ops = cli.get("ops")
     if raw_ops is not None and not all(isinstance(o, str) for o in raw_ops if not isinstance(raw_ops, str)):
         cli.pop("ops")   # op objects (torch OpOverloads): checked by the dispatcher, not by a config table
     else:
         raw_ops = None
-    cfg = config.resolve(HookConfig, cli=cli, env=env, config_path=config_path, cli_label="install({name}=...)")
+    cfg = config.resolve(HookConfig, cli=cli, env=env, config_path=s.config,
+                         cli_label=config.install_argument)
     if raw_ops is not None:
         cfg = dataclasses.replace(cfg, ops=raw_ops)
-    metrics = config.metrics_endpoint(metrics_port, env)
-    if signing_key is not None:   # explicit bytes: an empty one is an error, never "no signing"
-        key, key_file = config.load_signing_key(signing_key), None
+    metrics = config.metrics_endpoint(s.metrics_port, env)
+    if s.signing_key is not None:   # explicit bytes: an empty one is an error, never "no signing"
+        key, key_file = config.load_signing_key(s.signing_key), None
     else:
         key, key_file = config.signing_key(cfg, env), cfg.signing_key_file
-    return HookSettings(cfg.serve, metrics, cfg.explain_misses, key, cfg.cache_dir,
-                        cfg.memory_budget, cfg.widen, cfg.install_trial, key_file, cfg)
+    native = "auto" if s.native is None else s.native
+    route = check_arguments(cfg.on_miss, cfg.poll_interval, cfg.devices, native, s.route)
+    return HookSettings(cfg, metrics, key, key_file, native=native, route=route, worker_log=s.worker_log,
+                        worker_idle=s.worker_idle)
 
 
 #: The hook's routing policies (see check_arguments).

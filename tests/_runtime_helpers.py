@@ -55,7 +55,7 @@ def wait_until(pred, timeout: float = 300.0, step: float = 0.1):
 
 def _serve(cache: str, barrier: str, index: int, worker_log: str) -> dict:
     from aoti_farm.cache.store import Cache
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
     from aoti_farm.signature import from_call
 
     tensors, dim = cat_inputs()
@@ -63,8 +63,8 @@ def _serve(cache: str, barrier: str, index: int, worker_log: str) -> dict:
     key = from_call(torch.ops.aten.cat.default, (tensors, dim), {}).key
     threads_before = torch.get_num_threads()
     threads_seen = set()
-    hook = install(cache_dir=cache, ops=["aten::cat"], on_miss="compile", poll_interval=0.1,
-                   worker_log=worker_log, worker_idle=3.0)
+    hook = install(cache_dir=cache, ops=["aten::cat"], on_miss="compile",
+                   settings=Settings(poll_interval=0.1, worker_log=worker_log, worker_idle=3.0))
     fp = hook.fps["cpu"]
     # both processes make their first call together
     open(os.path.join(barrier, f"ready-{index}"), "w").close()

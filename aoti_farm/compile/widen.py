@@ -4,7 +4,7 @@ or a class kernel with a widened range.
 A serving call whose group has class entries but which lies outside every class's range
 (:mod:`aoti_farm.dynamic.shapes`: its fixed dims and tied dims match a class, one of its symbols
 does not fit) is a miss.  What the miss queues is the hook's ``widen`` policy
-(``install(widen=...)``, ``[hook] widen`` in TOML, ``AOTI_FARM_WIDEN``):
+(``install(settings=Settings(widen=...))``, ``[hook] widen`` in TOML, ``AOTI_FARM_WIDEN``):
 
 ``"auto"`` (the default)
     widen when the call is near the range: every symbol of the call is at most twice the

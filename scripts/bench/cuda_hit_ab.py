@@ -44,7 +44,7 @@ def main() -> int:
     from aoti_farm.compile.compiler import AOTICompiler
     from aoti_farm.fingerprint import fingerprint
     from aoti_farm.compile.job import compile_and_publish
-    from aoti_farm.runtime import install, native
+    from aoti_farm.runtime import Settings, install, native
     from aoti_farm.interop.upstream import export_upstream
 
     R: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
@@ -79,7 +79,8 @@ def main() -> int:
             # which upstream's holder mis-serves ("expected inputs vector size to be 1")
             ok["upstream"] &= bool(torch.allclose(got, expected))
             for mode, nat in (("hook", "require"), ("hook-py", "off")):
-                with install(cache_dir=root, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=nat) as h:
+                with install(cache_dir=root, ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                             settings=Settings(native=nat)) as h:
                     got = f()
                     per[mode].append(per_call_us(f))
                     ok[mode] &= h.stats()["hits"] > 0

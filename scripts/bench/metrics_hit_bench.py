@@ -64,9 +64,10 @@ def main(argv=None) -> int:
         fn()
         eager.append(per_call(fn, a.calls))
 
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
-    hook = install(cache_dir=cache, ops=["aten::add.Tensor"], on_miss="ignore", route="all", serve="always", metrics_port=0)
+    hook = install(cache_dir=cache, ops=["aten::add.Tensor"], on_miss="ignore", route="all", serve="always",
+                   settings=Settings(metrics_port=0))
     try:
         for _ in range(100):
             fn()

@@ -326,16 +326,18 @@ ROUTE_POLL_S = 1.0
 
 
 def _install(cache_dir: str, device: str, serve: str, route: str | None):
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     kw = {"route": route}
+    trial = {}
     if route and route.endswith(FIRST_CALL):
         kw["route"] = route = route[:-len(FIRST_CALL)]
-        kw["install_trial"] = 0
+        trial["install_trial"] = 0
     if _hook_takes("serve"):
         kw["serve"] = serve
     poll = ROUTE_POLL_S if route == "servable" else 3600
-    return install(cache_dir=cache_dir, devices=(device,), on_miss="ignore", poll_interval=poll, **kw)
+    return install(cache_dir=cache_dir, devices=(device,), on_miss="ignore",
+                   settings=Settings(poll_interval=poll, **trial), **kw)
 
 
 def _hook_takes(name: str) -> bool:

@@ -73,7 +73,7 @@ def _batch(fn, n: int, device: str) -> float:
 
 
 def run(device: str, rounds: int, calls: int) -> dict:
-    from aoti_farm.runtime import install, native
+    from aoti_farm.runtime import Settings, install, native
 
     native.build()
     cache = tempfile.mkdtemp(prefix="aoti-routecost-")
@@ -93,7 +93,7 @@ def run(device: str, rounds: int, calls: int) -> dict:
                         res[name]["eager"].append(statistics.median(_batch(fn, calls, device) for _ in range(3)))
                     continue
                 hook = install(cache_dir=cache, ops=ops, devices=(device,), on_miss="ignore", route="all",
-                               poll_interval=3600, native="require")
+                               settings=Settings(poll_interval=3600, native="require"))
                 try:
                     for name, _, fn in cs:
                         for _ in range(20):

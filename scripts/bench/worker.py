@@ -134,7 +134,7 @@ def _install(cache_dir, ops, on_miss, native="require", **kw):
     rt = importlib.import_module(name)
     if name == "aoti_farm.runtime":
         kw.setdefault("serve", "always")
-        return rt.install(cache_dir=cache_dir, ops=ops, on_miss=on_miss, native=native, **kw)
+        return rt.install(cache_dir=cache_dir, ops=ops, on_miss=on_miss, settings=rt.Settings(native=native), **kw)
     return rt.install(cache_dir=cache_dir, ops=ops, on_miss=on_miss)
 
 

@@ -43,7 +43,7 @@ NATIVE = "auto"   # "require" once the native hit path is built on this host
 
 
 def step_differential(cache_dir):
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     out = {"checked": 0, "mismatches": []}
     sigs = cuda_sigs()
@@ -51,7 +51,7 @@ def step_differential(cache_dir):
     expected = [S.resolve_op(s.op)(*a, **k) for s, (a, k) in calls]
     x, y = torch.randn(3, 5, device="cuda"), torch.randn(3, 5, device="cuda")
     miss_expected = torch.add(x, y, alpha=3)
-    with install(cache_dir=cache_dir, on_miss="ignore", route="all", native=NATIVE) as hook:
+    with install(cache_dir=cache_dir, on_miss="ignore", route="all", settings=Settings(native=NATIVE)) as hook:
         for (s, (a, k)), e in zip(calls, expected):
             got = S.resolve_op(s.op)(*a, **k)
             out["checked"] += 1
@@ -68,7 +68,7 @@ def step_differential(cache_dir):
 
 
 def step_bench(cache_dir, shapes=((64, 128), (1024, 1024))):
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
     from aoti_farm.interop.upstream import export_upstream
 
     rows = []
@@ -79,14 +79,17 @@ def step_bench(cache_dir, shapes=((64, 128), (1024, 1024))):
         alpha = 2 if shape == (64, 128) else 1
         f = (lambda: torch.add(a, b, alpha=2)) if alpha == 2 else (lambda: torch.add(a, b))
         eager = per_call_us(f)
-        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=NATIVE) as hook:
+        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                     settings=Settings(native=NATIVE)) as hook:
             hit = per_call_us(f)
             st = hook.stats()
-        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native="off") as hook:
+        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                     settings=Settings(native="off")) as hook:
             hit_py = per_call_us(f)
         # a miss: a shape not in the cache
         c, d = torch.randn(shape[0] + 1, shape[1], device="cuda"), torch.randn(shape[0] + 1, shape[1], device="cuda")
-        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=NATIVE):
+        with install(cache_dir=cache_dir, ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                     settings=Settings(native=NATIVE)):
             miss = per_call_us(lambda: torch.add(c, d))
         eager_miss = per_call_us(lambda: torch.add(c, d))
         # upstream's C++ holder over the exported cache (no compile: it is warm)

@@ -19,9 +19,10 @@ import torch  # noqa: E402
 
 
 def main(cache: str, n: int, go: str) -> None:
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
-    hook = install(cache_dir=cache, ops=["aten::add.Tensor"], on_miss="ignore", route="all", poll_interval=0.2, serve="always")
+    hook = install(cache_dir=cache, ops=["aten::add.Tensor"], on_miss="ignore", route="all", serve="always",
+                   settings=Settings(poll_interval=0.2))
     a, b = torch.randn(8, 16), torch.randn(16)
     for _ in range(n):
         torch.add(a, b, alpha=2)                       # published: hits

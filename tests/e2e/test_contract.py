@@ -42,10 +42,10 @@ def test_edge_differences_are_notes_not_refusals(noted):
 
 
 def _serve(cache, contract, calls):
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     with install(cache_dir=str(cache.root), serve="always", on_miss="ignore", contract=contract,
-                 install_trial=0) as hook:
+                 settings=Settings(install_trial=0)) as hook:
         got = [fn() for fn in calls]
         st = hook.stats()["summary"]
     return got, st

@@ -483,13 +483,13 @@ def test_drill_7_a_caller_choosing_shapes_cannot_flood_the_queue(tmp_path):
 
 
 def test_drill_7_the_caps_are_install_settings(tmp_path, monkeypatch):
-    """``install(queue_cap=..., queue_cap_per_op=...)`` (or ``[hook]`` keys) bound what a
+    """``install(settings=Settings(queue_cap=..., queue_cap_per_op=...))`` (or ``[hook]`` keys) bound what a
     real hook writes to the shared queue."""
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     with install(cache_dir=str(tmp_path / "c"), ops=["aten::relu", "aten::neg"], devices=["cpu"], on_miss="queue",
-                 route="all", install_trial=0, queue_cap=5, queue_cap_per_op=3) as hook:
+                 route="all", settings=Settings(install_trial=0, queue_cap=5, queue_cap_per_op=3)) as hook:
         for n in range(1, 7):
             torch.relu(torch.randn(n, 3))
             torch.neg(torch.randn(n, 3))

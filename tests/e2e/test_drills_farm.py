@@ -208,7 +208,7 @@ def test_driver_killed_then_rerun(tmp_path):
 
 SERVE = r"""
 import json, sys, time, torch
-from aoti_farm.runtime import install
+from aoti_farm.runtime import Settings, install
 root, rounds, wlog = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 g = torch.Generator().manual_seed(1)
 a, b, c = torch.randn(8, 16, generator=g), torch.randn(16, generator=g), torch.randn(8, 16, generator=g)
@@ -216,7 +216,7 @@ a, b, c = torch.randn(8, 16, generator=g), torch.randn(16, generator=g), torch.r
 # checked in Python, so the hook sees exactly the two signatures of the drill
 want = [torch.add(a, b, alpha=2).flatten().tolist(), torch.sub(a, c).flatten().tolist()]
 hook = install(cache_dir=root, ops=["aten::add.Tensor", "aten::sub.Tensor"], on_miss="compile",
-               poll_interval=0.2, worker_log=wlog, worker_idle=3)
+               settings=Settings(poll_interval=0.2, worker_log=wlog, worker_idle=3))
 ok = True
 for i in range(rounds):
     for got, w in zip((torch.add(a, b, alpha=2), torch.sub(a, c)), want):

@@ -25,14 +25,14 @@ pytestmark = pytest.mark.slow
 
 SERVING = r"""
 import json, sys, time, torch
-from aoti_farm.runtime import install
+from aoti_farm.runtime import Settings, install
 root, mode = sys.argv[1], sys.argv[2]
 g = torch.Generator().manual_seed(0)
 a, b = torch.randn(8, 16, generator=g), torch.randn(16, generator=g)
 want = torch.add(a, b, alpha=2).flatten().tolist()   # eager, before the hook is installed
 # only add.Tensor is served, and results are checked in Python (tolist), so the hook sees
 # exactly one signature: the one the drill is about
-hook = install(cache_dir=root, ops=["aten::add.Tensor"], on_miss="queue", poll_interval=0.2,
+hook = install(cache_dir=root, ops=["aten::add.Tensor"], on_miss="queue", settings=Settings(poll_interval=0.2),
                serve="always")   # the drill is about the queue and hot reload, not the speed gate
 calls = wrong = 0
 end = time.time() + (300 if mode == "loop" else 0)

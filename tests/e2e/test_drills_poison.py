@@ -426,7 +426,7 @@ def test_each_poisoned_lease_counts_as_expired_and_records_are_skipped(poisoned,
 # --- linked directories ------------------------------------------------------------------------
 
 def test_linked_record_directories_never_make_anyone_write_outside(kernels, tmp_path):
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     sig = sig_add_alpha()
     assert kernels.ensure(sig).status in ("compiled", "cached")
@@ -456,7 +456,7 @@ def test_linked_record_directories_never_make_anyone_write_outside(kernels, tmp_
     import torch
 
     x = torch.randn(5, 3)
-    with install(cache_dir=str(cache.root), on_miss="queue", poll_interval=0.05) as hook:
+    with install(cache_dir=str(cache.root), on_miss="queue", settings=Settings(poll_interval=0.05)) as hook:
         torch.testing.assert_close(torch.mul(x, x), x * x)
         hook.flush()
         st = hook.stats()
@@ -510,7 +510,7 @@ def test_empty_or_unreadable_signing_key_is_exit_2_never_no_signing(kernels, tmp
     # and in-process: every other form of empty, for the config path (which resolves the key
     # every command and farm process uses), the Cache and the hook
     from aoti_farm.config import FarmConfig, load_signing_key, resolve, signing_key
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     for env in ({"AOTI_FARM_SIGNING_KEY": ""}, {"AOTI_FARM_SIGNING_KEY_FILE": ""},
                 {"AOTI_FARM_SIGNING_KEY_FILE": str(blank)}, {"AOTI_FARM_SIGNING_KEY_FILE": str(tmp_path)}):
@@ -523,7 +523,7 @@ def test_empty_or_unreadable_signing_key_is_exit_2_never_no_signing(kernels, tmp
         with pytest.raises(UserError):
             Cache(root, signing_key=bad)
         with pytest.raises(UserError):
-            install(cache_dir=root, signing_key=bad)
+            install(cache_dir=root, settings=Settings(signing_key=bad))
     with pytest.raises(UserError, match="signing_key_file"):
         load_signing_key(path=str(empty))
     assert load_signing_key(path=str(good)) == b"fleet-secret"

@@ -28,7 +28,7 @@ from aoti_farm import signature as S
 from aoti_farm.cache.store import KERNEL, MANIFEST, BadEntry, Cache
 from aoti_farm.compile.compiler import load_runner
 from aoti_farm.compile.job import compile_and_publish
-from aoti_farm.runtime import install
+from aoti_farm.runtime import Settings, install
 
 from _runtime_helpers import build_evil_so
 from conftest import sig_add_alpha, sig_mul
@@ -131,8 +131,8 @@ def test_swapped_kernel_is_never_loaded(kernels, race_files, tmp_path, signing_k
             served += 1
         # the production path too: fresh hooks while the swapper runs
         for _ in range(10):
-            with install(cache_dir=cache.root, ops=["aten::add.Tensor"], on_miss="ignore", route="all", signing_key=signing_key,
-                         native="off") as hook:
+            with install(cache_dir=cache.root, ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                         settings=Settings(signing_key=signing_key, native="off")) as hook:
                 assert torch.equal(torch.add(a, b, alpha=2), expected)
                 st = hook.stats()
             assert st["load_errors"] == 0 and st["kernel_errors"] == 0, st
@@ -199,7 +199,8 @@ def test_symlinked_directory_is_not_followed(entry_copy, tmp_path, what):
     with pytest.raises(BadEntry) as ei:
         cache.open_entry(fp, key)
     assert ei.value.kind == "insecure" and "symbolic link" in str(ei.value)
-    with install(cache_dir=cache.root, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native="off") as hook:
+    with install(cache_dir=cache.root, ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                 settings=Settings(native="off")) as hook:
         a, b = torch.randn(8, 16), torch.randn(16)
         assert torch.equal(torch.add(a, b, alpha=2), torch.ops.aten.add.Tensor(a, b, alpha=2))
         st = hook.stats()
@@ -257,7 +258,8 @@ def test_served_call_returns_eager_at_once(entry_copy, how):
     cache, fp, key, d = entry_copy
     _replace(d / KERNEL, how)
     a, b = torch.randn(8, 16), torch.randn(16)
-    with install(cache_dir=cache.root, ops=["aten::add.Tensor"], on_miss="ignore", route="all", native="off") as hook:
+    with install(cache_dir=cache.root, ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                 settings=Settings(native="off")) as hook:
         box = _bounded(lambda: torch.add(a, b, alpha=2))
         st = hook.stats()
     assert torch.equal(box["value"], torch.ops.aten.add.Tensor(a, b, alpha=2))
@@ -321,7 +323,7 @@ def test_serving_threads_beside_gc_repair_and_republish(kernels, tmp_path):
             errors.append(e)
 
     with install(cache_dir=cache.root, ops=["aten::add.Tensor", "aten::mul.Tensor"], on_miss="ignore", route="all",
-                 poll_interval=0.05) as hook:
+                 settings=Settings(poll_interval=0.05)) as hook:
         threads = [threading.Thread(target=serve) for _ in range(8)] + [threading.Thread(target=churn)]
         for t in threads:
             t.start()

@@ -33,6 +33,12 @@ def install(*args, **kw):
     return _install(*args, **kw)
 
 
+def Settings(**fields):   # noqa: N802 -- the settings object, imported on first use as install() is
+    from aoti_farm.runtime import Settings as _Settings
+
+    return _Settings(**fields)
+
+
 # --- counters ----------------------------------------------------------------------------
 
 def _flat(d, prefix=""):
@@ -90,7 +96,7 @@ def serve_once(root, flush=False, **kw):
     ``flush``: wait until the misses have been written (or refused) before taking stats."""
     a, b, expected = _inputs()
     before = _maps()
-    hook = install(cache_dir=str(root), on_miss=kw.pop("on_miss", "queue"), **kw)
+    hook = install(cache_dir=str(root), on_miss=kw.pop("on_miss", "queue"), settings=Settings(**kw))
     try:
         got = [torch.add(a, b, alpha=2) for _ in range(2)]
         if flush:
@@ -269,7 +275,7 @@ def test_hostile_queue_items_stay_inside(served, tmp_path):
 def test_cache_vanishes_mid_serving(served):
     cache, fp, sig, d = served
     a, b, expected = _inputs()
-    hook = install(cache_dir=str(cache.root), on_miss="queue", poll_interval=0.1)
+    hook = install(cache_dir=str(cache.root), on_miss="queue", settings=Settings(poll_interval=0.1))
     try:
         first = torch.add(a, b, alpha=2)
         shutil.rmtree(cache.root)

@@ -166,7 +166,7 @@ def test_host_without_namespace_names_fingerprint_fields(cache, tmp_path, capsys
 
 
 def test_hook_counts_miss_reasons_and_explains_first_miss(cache, tmp_path, caplog):
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     c2 = Cache(tmp_path / "c2")
     import shutil
@@ -177,8 +177,8 @@ def test_hook_counts_miss_reasons_and_explains_first_miss(cache, tmp_path, caplo
     caplog.set_level(logging.WARNING, logger="aoti_farm.explain")
     # route="all": add's only entry may lose here, and the default route would then leave add
     # unrouted (its new signatures are not queued)
-    hook = install(cache_dir=str(c2.root), ops=["aten::add.Tensor"], on_miss="queue", poll_interval=0.2,
-                   explain_misses=True, route="all")
+    hook = install(cache_dir=str(c2.root), ops=["aten::add.Tensor"], on_miss="queue", route="all",
+                   settings=Settings(poll_interval=0.2, explain_misses=True))
     try:
         for _ in range(3):
             torch.add(a, b, alpha=2)        # SHAPE: missing, nearest ADD
@@ -197,14 +197,15 @@ def test_hook_counts_miss_reasons_and_explains_first_miss(cache, tmp_path, caplo
 
 
 def test_hook_explains_nothing_by_default(cache, tmp_path, monkeypatch):
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     monkeypatch.delenv("AOTI_FARM_EXPLAIN_MISSES", raising=False)
     import shutil
 
     c3 = tmp_path / "c3"
     shutil.copytree(cache.root, c3, symlinks=True)
-    hook = install(cache_dir=str(c3), ops=["aten::add.Tensor"], on_miss="queue", poll_interval=0.2, route="all")
+    hook = install(cache_dir=str(c3), ops=["aten::add.Tensor"], on_miss="queue", route="all",
+                   settings=Settings(poll_interval=0.2))
     try:
         torch.add(torch.randn(4, 16), torch.randn(16), alpha=2)
         hook.flush()

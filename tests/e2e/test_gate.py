@@ -28,7 +28,7 @@ from aoti_farm.compile.faults import CompileInfraError, infrastructure_error
 from aoti_farm.errors import CompileRefused
 from aoti_farm.fingerprint import fingerprint
 from aoti_farm.compile.job import compile_and_publish
-from aoti_farm.runtime import install
+from aoti_farm.runtime import Settings, install
 from aoti_farm.runtime.gate import time_against_eager
 
 from _counters import assert_delta
@@ -78,8 +78,8 @@ def test_hook_gates_kernel_slower_on_compile_host(kernels, tmp_path, native):
     expected = torch.add(a, b, alpha=2)
     # route="all": the gate inside the hook (the default route leaves an op whose only entry
     # loses unrouted, tests/e2e/test_pretrial.py)
-    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="queue", native=native,
-                 serve="faster", route="all") as hook:
+    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="queue",
+                 serve="faster", route="all", settings=Settings(native=native)) as hook:
         got = [torch.add(a, b, alpha=2)]          # eager while the gate's thread decides
         assert hook.gate.wait(60)
         got += [torch.add(a, b, alpha=2) for _ in range(6)]
@@ -106,8 +106,8 @@ def test_hook_serves_kernel_faster_here_and_declines_slower_here(kernels, tmp_pa
     results = {}
     for side in ("eager", "kernel"):
         cache = _gate_cache(kernels, tmp_path / side, ratio=0.5)
-        with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=native,
-                     serve="faster") as hook:
+        with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                     serve="faster", settings=Settings(native=native)) as hook:
             hook.gate.measure = _penalised(side)
             got = [torch.add(a, b, alpha=2)]      # starts the trial in the gate's thread
             assert hook.gate.wait(120)

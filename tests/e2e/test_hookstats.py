@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from aoti_farm.runtime import install
+from aoti_farm.runtime import Settings, install
 
 
 def test_stats_after_uninstall_describe_the_hook_as_it_served(tmp_path):
     a = torch.randn(4, 4)
     hook = install(cache_dir=str(tmp_path), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
-                   serve="always", native="off")
+                   serve="always", settings=Settings(native="off"))
     torch.add(a, a)
     live = hook.stats()
     hook.uninstall()
@@ -41,7 +41,7 @@ def test_the_miss_explainer_never_enters_the_hook_it_explains(tmp_path, monkeypa
 
     monkeypatch.setattr(metrics_mod, "MissExplainer", OpsInExplainer)
     hook = install(cache_dir=str(tmp_path), ops=["aten::add.Tensor"], on_miss="queue", route="all",
-                   serve="always", native="off", explain_misses=True)
+                   serve="always", settings=Settings(native="off", explain_misses=True))
     try:
         a = torch.randn(3, 3)
         torch.add(a, a)

@@ -72,7 +72,7 @@ def test_index_kernels_are_published_behind_guards(guarded):
 
 SERVE = textwrap.dedent("""
     import json, sys, torch
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
     cache, native = sys.argv[1], sys.argv[2]
     W, X, G = torch.randn(1000, 64), torch.randn(64, 32), torch.randn(8, 16)
     a = torch.ops.aten
@@ -90,7 +90,8 @@ SERVE = textwrap.dedent("""
         except Exception as e:
             return ("raised", type(e).__name__)
     res = {}
-    with install(cache_dir=cache, serve="always", on_miss="ignore", install_trial=0, native=native) as hook:
+    with install(cache_dir=cache, serve="always", on_miss="ignore",
+                 settings=Settings(install_trial=0, native=native)) as hook:
         torch.manual_seed(0)
         good = calls(None)
         want = []

@@ -90,7 +90,7 @@ def cache(kernels, tmp_path_factory):
 
 
 def test_registry_scrape_equals_stats_with_miss_to_hit(cache, kernels, tmp_path):
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
     from aoti_farm.runtime.metrics import register
 
     c = Cache(tmp_path / "c")
@@ -99,7 +99,8 @@ def test_registry_scrape_equals_stats_with_miss_to_hit(cache, kernels, tmp_path)
     c.remove(fp.id, MUL.key)
     reg = CollectorRegistry()
     hook = install(cache_dir=str(c.root), ops=["aten::add.Tensor", "aten::mul.Tensor"], on_miss="ignore",
-                   poll_interval=0.1, serve="always", route="all")   # mul is missed before it is published
+                   serve="always", route="all",
+                   settings=Settings(poll_interval=0.1))   # mul is missed before it is published
     try:
         register(hook, reg)
         a, b = torch.randn(8, 16), torch.randn(16)
@@ -171,10 +172,11 @@ def test_several_serving_processes_each_on_its_own_port(cache, tmp_path):
 
 def test_metrics_port_setting_bad_value(cache):
     from aoti_farm.errors import UserError
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     with pytest.raises(UserError, match="metrics_port"):
-        install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all", metrics_port="http")
+        install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                settings=Settings(metrics_port="http"))
 
 
 _bad = S.from_call(torch.ops.aten.mm.default, (torch.empty(3, 4), torch.empty(4, 5)), {}).to_obj()

@@ -15,7 +15,7 @@ import torch
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
 from aoti_farm.speedgate import hitpath
-from aoti_farm.runtime import install, native
+from aoti_farm.runtime import Settings, install, native
 
 from _runtime_helpers import run_threads, same, wait_until
 from conftest import sig_add_alpha
@@ -39,7 +39,7 @@ def test_native_serves_hits_without_asking_python_again(add_cache):
     a, b = _add_inputs()
     expected = torch.add(a, b, alpha=2)
     with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
-                 native="require") as hook:
+                 settings=Settings(native="require")) as hook:
         got = [torch.add(a, b, alpha=2) for _ in range(50)]
         a2, b2 = _add_inputs(seed=7)                      # same metadata, other values
         got2 = torch.add(a2, b2, alpha=2)
@@ -62,7 +62,7 @@ def test_native_key_separates_what_the_signature_separates(add_cache):
         "offset view, same strides": (torch.randn(9, 16)[1:], b, 2),
     }
     with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
-                 native="require") as hook:
+                 settings=Settings(native="require")) as hook:
         expected = torch.add(a.clone(), b.clone(), alpha=2)            # a hit
         results = {k: torch.add(x, y, alpha=al) for k, (x, y, al) in variants.items()}
         wrapped = a + 1.5                                  # add.Tensor with a wrapped number
@@ -91,8 +91,8 @@ def test_remembered_miss_becomes_a_hit_when_published(kernels, tmp_path):
     root = tmp_path / "cache"
     a, b = _add_inputs()
     expected = torch.add(a, b, alpha=2)
-    with install(cache_dir=str(root), ops=["aten::add.Tensor"], on_miss="ignore", poll_interval=0.05,
-                 native="require", route="all") as hook:   # routed before its first entry
+    with install(cache_dir=str(root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                 settings=Settings(poll_interval=0.05, native="require")) as hook:   # routed before its first entry
         for _ in range(5):
             assert same(torch.add(a, b, alpha=2), expected)
         st = hook.stats()
@@ -122,7 +122,7 @@ def test_kernel_that_raises_is_dropped_and_eager_serves(kernels, tmp_path, mode)
     torch.set_num_threads(1)   # the verified thread count: served without the hook's own check
     try:
         with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
-                     native=mode) as hook:
+                     settings=Settings(native=mode)) as hook:
             got = [torch.add(a, b, alpha=2) for _ in range(3)]
             st = hook.stats()
     finally:
@@ -146,7 +146,7 @@ def test_threads_share_the_native_path(add_cache):
                 bad.append("miss")
 
     with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
-                 native="require") as hook:
+                 settings=Settings(native="require")) as hook:
         run_threads(4, work)
         st = hook.stats()
     assert not bad
@@ -193,8 +193,8 @@ def test_threads_run_a_kernel_at_once_each_with_its_own_container(big_add, tmp_p
         if not same(torch.add(a, b, alpha=2), expected):
             bad.append(1)
 
-    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all", native=mode,
-                 serve="always") as hook:
+    with install(cache_dir=str(cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                 serve="always", settings=Settings(native=mode)) as hook:
         _overlapping_calls(call)
         st = hook.stats()
         n = hook._routes.nreg.stats() if mode == "require" else None
@@ -238,8 +238,8 @@ def test_ineligible_calls_are_remembered_natively(tmp_path):
     a = torch.randn(8, 16)
     two = torch.tensor(2.0, dtype=torch.float64)
     expected = torch.add(a, two)
-    with install(cache_dir=str(tmp_path / "empty"), ops=["aten::add.Tensor"], on_miss="ignore",
-                 native="require", route="all") as hook:   # routed without an entry
+    with install(cache_dir=str(tmp_path / "empty"), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                 settings=Settings(native="require")) as hook:   # routed without an entry
         got = [torch.add(a, two) for _ in range(20)]
         st = hook.stats()
     assert all(same(g, expected) for g in got)
@@ -253,8 +253,8 @@ def test_remembered_calls_are_bounded(tmp_path):
     """Dynamic shapes: an op that has remembered its limit of calls forgets them all and
     learns again (memory stays bounded); results stay eager's."""
     b = torch.randn(1)
-    with install(cache_dir=str(tmp_path / "empty"), ops=["aten::add.Tensor"], on_miss="ignore",
-                 native="require", route="all") as hook:   # routed without an entry
+    with install(cache_dir=str(tmp_path / "empty"), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
+                 settings=Settings(native="require")) as hook:   # routed without an entry
         for n in range(1, 16384 + 50):
             x = torch.ones(1, n)
             if n % 4096 == 0:
@@ -274,7 +274,7 @@ def test_hook_builds_the_native_path_in_the_background_and_switches(add_cache, t
     a, b = _add_inputs()
     expected = torch.add(a, b, alpha=2)
     with install(cache_dir=str(add_cache.root), ops=["aten::add.Tensor"], on_miss="ignore", route="all",
-                 poll_interval=0.2) as hook:
+                 settings=Settings(poll_interval=0.2)) as hook:
         assert same(torch.add(a, b, alpha=2), expected)
         st = hook.stats()
         assert not st["native"]["active"] and st["hits"] == 1, st

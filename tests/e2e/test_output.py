@@ -14,9 +14,9 @@ from aoti_farm.runtime import native
 
 CHILD = r"""
 import sys, torch
-from aoti_farm.runtime import install
+from aoti_farm.runtime import Settings, install
 hook = install(cache_dir=sys.argv[1], ops=["aten::add.Tensor"], on_miss="ignore", route="all",
-               serve="always", native=sys.argv[2])
+               serve="always", settings=Settings(native=sys.argv[2]))
 a = torch.ones(3)
 torch.add(a, a)
 print("routed", hook.stats()["routed_ops"], "native", hook.stats()["native"]["active"])
@@ -43,10 +43,11 @@ def test_a_served_process_that_never_misses_starts_no_compile_worker(tmp_path):
 
     import torch
 
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     a = torch.ones(3)
-    with install(cache_dir=str(tmp_path), ops=["aten::mul.Tensor"], on_miss="compile", native="off") as hook:
+    with install(cache_dir=str(tmp_path), ops=["aten::mul.Tensor"], on_miss="compile",
+                 settings=Settings(native="off")) as hook:
         torch.add(a, a)                       # not a routed op: never a miss
         time.sleep(1.0)                       # the miss writer's thread has run
         hook.flush()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aoti_farm.runtime import gate as gate_mod
-from aoti_farm.runtime import install
+from aoti_farm.runtime import Settings, install
 
 from _counters import assert_delta
 from e2e.test_gate import _add_call, _gate_cache, _penalised
@@ -22,9 +22,9 @@ ADD = "aten::add.Tensor"
 OPS = [ADD, "aten::mul.Tensor"]
 
 
-def _install(cache, **kw):
-    kw.setdefault("serve", "faster")
-    return install(cache_dir=str(cache.root), ops=OPS, on_miss="ignore", **kw)
+def _install(cache, serve="faster", **settings):
+    return install(cache_dir=str(cache.root), ops=OPS, on_miss="ignore", serve=serve,
+                   settings=Settings(**settings))
 
 
 def test_an_op_whose_kernels_lose_here_is_unrouted_at_install(kernels, tmp_path, monkeypatch):
@@ -54,7 +54,8 @@ def test_by_default_a_compiling_hook_unroutes_ops_that_lose_here(kernels, tmp_pa
     monkeypatch.setattr(gate_mod, "time_against_eager", _penalised("kernel"))
     a, b = _add_call()
     table = torch._C._dispatch_dump(ADD)
-    with install(cache_dir=str(cache.root), ops=OPS, on_miss=on_miss, serve="faster", worker_idle=1) as hook:
+    with install(cache_dir=str(cache.root), ops=OPS, on_miss=on_miss, serve="faster",
+                 settings=Settings(worker_idle=1)) as hook:
         st = hook.stats()
         assert st["route"] == "paying" and hook.ops == ["aten::mul.Tensor"], hook.ops
         assert st["install_trial"]["unrouted"] == [ADD], st["install_trial"]

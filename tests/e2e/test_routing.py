@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from aoti_farm.errors import UserError
-from aoti_farm.runtime import install
+from aoti_farm.runtime import Settings, install
 
 from _counters import assert_delta
 from _runtime_helpers import wait_until
@@ -51,7 +51,7 @@ def test_an_op_is_routed_once_its_first_servable_entry_is_published(kernels, tmp
     root = tmp_path / "gate-0.5"
     a, b = _add_call()
     with install(cache_dir=str(root), ops=OPS, on_miss="ignore", route="servable", serve="always",
-                 poll_interval=0.1) as hook:
+                 settings=Settings(poll_interval=0.1)) as hook:
         assert hook.ops == []
         _gate_cache(kernels, tmp_path, ratio=0.5)          # published into the hook's cache now
         assert wait_until(lambda: hook.ops == [ADD], 60), hook.ops
@@ -90,7 +90,8 @@ def test_by_default_a_serving_only_hook_routes_what_was_servable_at_install(kern
                                             "per_op": {ADD: {"hits": 1}}}, ignore=("rescans",))
     assert torch.equal(got[0], torch.add(a, b, alpha=2))
     root = tmp_path / "gate-0.5"
-    with install(cache_dir=str(root), ops=OPS, on_miss="ignore", serve="always", poll_interval=0.05) as hook:
+    with install(cache_dir=str(root), ops=OPS, on_miss="ignore", serve="always",
+                 settings=Settings(poll_interval=0.05)) as hook:
         assert hook.ops == []
         rescans = hook.stats()["rescans"]
         _gate_cache(kernels, tmp_path, ratio=0.5)                      # published into it after install

@@ -23,7 +23,7 @@ from aoti_farm.cache import queue as missq
 from aoti_farm import signature as S
 from aoti_farm.cache.store import Cache
 from aoti_farm.errors import UserError
-from aoti_farm.runtime import install, launch
+from aoti_farm.runtime import Settings, install, launch
 
 from _counters import assert_delta
 from _runtime_helpers import run_threads, same, wait_until
@@ -188,7 +188,7 @@ def test_hot_reload_new_and_removed_entries(kernels, tmp_path):
     cache.remove(kernels.fp.id, sig.key)
     a, b = torch.randn(8, 16, generator=_g()), torch.randn(16, generator=_g(1))
     expected = torch.add(a, b, alpha=2)
-    with install(cache_dir=str(cache.root), on_miss="queue", poll_interval=0.05) as hook:
+    with install(cache_dir=str(cache.root), on_miss="queue", settings=Settings(poll_interval=0.05)) as hook:
         assert same(torch.add(a, b, alpha=2), expected)
         assert hook.stats()["hits"] == 0
         hook.flush()
@@ -218,7 +218,8 @@ def test_queued_miss_is_watched_until_published(kernels, tmp_path):
     root = tmp_path / "cache"
     a, b = torch.randn(8, 16), torch.randn(16)
     expected = torch.add(a, b, alpha=2)
-    with install(cache_dir=str(root), ops=["aten::add.Tensor"], on_miss="queue", poll_interval=600) as hook:
+    with install(cache_dir=str(root), ops=["aten::add.Tensor"], on_miss="queue",
+                 settings=Settings(poll_interval=600)) as hook:
         assert same(torch.add(a, b, alpha=2), expected)
         hook.flush()
         st = hook.stats()

@@ -12,7 +12,7 @@ import torch
 
 import aoti_farm
 from aoti_farm import signature as S
-from aoti_farm.runtime import install
+from aoti_farm.runtime import Settings, install
 
 PATHS = ["native", "off"]
 
@@ -31,8 +31,8 @@ def _compiled(kernels, op, args, kwargs=None, hints=None):
 
 
 def _hook(kernels, native):
-    kw = {} if native == "native" else {"native": "off"}
-    return install(cache_dir=str(kernels.cache.root), on_miss="ignore", route="all", **kw)
+    settings = Settings() if native == "native" else Settings(native="off")
+    return install(cache_dir=str(kernels.cache.root), on_miss="ignore", route="all", settings=settings)
 
 
 @pytest.fixture
@@ -86,8 +86,8 @@ def test_unserved_numbers_next_to_0dim_tensors_under_the_hook(tmp_path, native):
     i8 = torch.tensor(109, dtype=torch.int8)
     calls = {"f16*1e5": lambda: h * 1e5, "f16*0.1": lambda: h * 0.1, "i8+200": lambda: i8 + 200}
     expected = {k: f() for k, f in calls.items()}
-    kw = {} if native == "native" else {"native": "off"}
-    with install(cache_dir=str(tmp_path / "empty"), on_miss="ignore", route="all", **kw):
+    settings = Settings() if native == "native" else Settings(native="off")
+    with install(cache_dir=str(tmp_path / "empty"), on_miss="ignore", route="all", settings=settings):
         got = {k: f() for k, f in calls.items()}
     with aoti_farm.record(tmp_path / "t.json"):
         recorded = {k: f() for k, f in calls.items()}

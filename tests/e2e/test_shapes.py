@@ -268,7 +268,7 @@ def test_cache_ls_shows_ranges_and_export_upstream_skips_class_entries(warmed, t
 def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed, tmp_path):
     from aoti_farm.compile import widen
     from aoti_farm.cache import queue as missq
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     cache, fp, _ = warmed
     c2 = Cache(tmp_path / "c")
@@ -301,7 +301,8 @@ def test_a_miss_near_the_range_queues_a_widened_class_that_then_serves_it(warmed
     assert st["hits"] == 1 and st["shape_classes"]["matched"] == 1
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
 
-    with install(c2.root, ops=["aten::silu"], on_miss="queue", serve="always", widen="off") as h:
+    with install(c2.root, ops=["aten::silu"], on_miss="queue", serve="always",
+                 settings=Settings(widen="off")) as h:
         torch.ops.aten.silu.default(torch.randn(100, 64))    # outside 8..64, within twice it; policy off
         h.flush()
         assert h.stats()["shape_classes"]["widen_requests"] == 0

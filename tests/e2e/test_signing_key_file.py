@@ -80,7 +80,7 @@ def test_a_signed_warm_signs_with_the_key_the_actor_read(tmp_path):
 
 
 def test_the_hooks_compile_worker_signs_with_the_key_file_it_was_named(tmp_path, monkeypatch):
-    from aoti_farm.runtime import install
+    from aoti_farm.runtime import Settings, install
 
     for v in [k for k in os.environ if k.startswith("AOTI_FARM_")]:
         monkeypatch.delenv(v)
@@ -90,7 +90,7 @@ def test_the_hooks_compile_worker_signs_with_the_key_file_it_was_named(tmp_path,
     fp = fingerprint("cpu")
     sig = S.from_call(torch.ops.aten.sub.Tensor, (a, b), {})
     with install(cache_dir=cache, ops=["aten::sub.Tensor"], on_miss="compile", serve="always",
-                 signing_key_file=str(key), native="off") as hook:
+                 signing_key_file=str(key), settings=Settings(native="off")) as hook:
         torch.sub(a, b)                         # a miss: the worker compiles it
         holders = set()
         deadline = time.monotonic() + 300

@@ -143,8 +143,8 @@ def test_the_toml_file_is_named_by_the_flag_else_the_variable_never_implicitly(t
 
 @pytest.mark.parametrize("var,says", [
     ("AOTI_FARM_TIMEOUT", r"--timeout or \[farm\] timeout in the TOML file"),
-    ("AOTI_FARM_POLL_INTERVAL", r"--poll-interval or \[farm\] poll_interval or install\(poll_interval=...\) or "
-                                r"\[hook\] poll_interval"),
+    ("AOTI_FARM_POLL_INTERVAL", r"--poll-interval or \[farm\] poll_interval or "
+                                r"install\(settings=Settings\(poll_interval=...\)\) or \[hook\] poll_interval"),
     ("AOTI_FARM_DEVICES", r"install\(devices=...\) or \[hook\] devices"),
     ("AOTI_FARM_FORK_SERVER", "AOTI_FARM_DEV=fork_server=0"),
     ("AOTI_FARM_SPLIT_WRAPPER", "AOTI_FARM_DEV=split_build=0"),
@@ -173,7 +173,8 @@ def test_developer_switches_are_one_variable():
 def test_install_arguments_are_named_as_arguments(tmp_path):
     from aoti_farm.runtime.settings import resolve as install_resolve
 
-    with pytest.raises(UserError, match=r"install\(poll_interval=...\): poll_interval: .* must be positive"):
+    with pytest.raises(UserError,
+                       match=r"install\(settings=Settings\(poll_interval=...\)\): poll_interval: .* must be positive"):
         install_resolve(env={}, poll_interval=0)
     with pytest.raises(UserError, match="unknown argument 'no_such'"):
         install_resolve(env={}, no_such=1)

@@ -9,13 +9,13 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.errors import UserError
-from aoti_farm.runtime import install, trial
+from aoti_farm.runtime import Settings, install, trial
 
 
 @pytest.mark.parametrize("bad", [-1, "soon", float("inf")])
 def test_a_bad_install_trial_is_a_clear_error(tmp_path, monkeypatch, bad):
     with pytest.raises(UserError, match="install_trial.*AOTI_FARM_INSTALL_TRIAL"):
-        install(cache_dir=str(tmp_path), on_miss="ignore", install_trial=bad)
+        install(cache_dir=str(tmp_path), on_miss="ignore", settings=Settings(install_trial=bad))
     monkeypatch.setenv("AOTI_FARM_INSTALL_TRIAL", str(bad))
     with pytest.raises(UserError, match="AOTI_FARM_INSTALL_TRIAL"):
         install(cache_dir=str(tmp_path), on_miss="ignore")

@@ -79,7 +79,8 @@ def test_queue_caps_resolve_argument_over_toml_over_default(tmp_path):
         with pytest.raises(UserError, match=text):
             settings.resolve(env=env, **bad)
     # no variable of its own (the environment's surface stays small): one set is refused, naming the way
-    with pytest.raises(UserError, match=r"AOTI_FARM_QUEUE_CAP: no longer read; use install\(queue_cap=...\)"):
+    with pytest.raises(UserError,
+                       match=r"AOTI_FARM_QUEUE_CAP: no longer read; use install\(settings=Settings\(queue_cap=...\)\)"):
         settings.resolve(env={**env, "AOTI_FARM_QUEUE_CAP": "5"})
 
 

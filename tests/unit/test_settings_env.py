@@ -130,15 +130,18 @@ def test_a_serving_process_resolves_its_settings_through_config(tmp_path):
            "AOTI_FARM_EXPLAIN_MISSES": "1", "AOTI_FARM_METRICS_PORT": "0",
            "AOTI_FARM_METRICS_PORTS": "3", "AOTI_FARM_ON_MISS": "queue"}
     s = resolve(env=env)
-    assert (s.cache_dir, s.memory_budget, s.serve, s.explain_misses, s.config.on_miss) == (
+    c = s.config
+    assert (c.cache_dir, c.memory_budget, c.serve, c.explain_misses, c.on_miss) == (
         str(tmp_path), 6 << 30, "always", True, "queue")
     assert s.metrics == Endpoint(0, span=3)
     s = resolve(env=env, cache_dir=tmp_path / "x", memory_budget="1M", serve="faster",
                 explain_misses=False, metrics_port=9000, on_miss="ignore")
-    assert (s.cache_dir, s.memory_budget, s.serve, s.explain_misses, s.metrics.port,
-            s.config.on_miss) == (str(tmp_path / "x"), 1 << 20, "faster", False, 9000, "ignore")
+    c = s.config
+    assert (c.cache_dir, c.memory_budget, c.serve, c.explain_misses, s.metrics.port,
+            c.on_miss) == (str(tmp_path / "x"), 1 << 20, "faster", False, 9000, "ignore")
     s = resolve(env={})
-    assert (s.cache_dir, s.memory_budget, s.serve, s.explain_misses, s.metrics, s.signing_key) == (
+    c = s.config
+    assert (c.cache_dir, c.memory_budget, c.serve, c.explain_misses, s.metrics, s.signing_key) == (
         default_cache_dir(), None, HookConfig.serve, HookConfig.explain_misses, None, None)
     assert s.config == HookConfig(cache_dir=default_cache_dir())
     for var, bad in (("AOTI_FARM_MEMORY_BUDGET", "lots"), ("AOTI_FARM_SERVE", "sometimes"),
@@ -187,7 +190,7 @@ def test_install_and_run_resolve_the_same_settings(tmp_path):
         "always", 0.5, "off", 0.0, ("cpu",))                                  # the TOML file
     assert (cfg.on_miss, cfg.cache_dir, cfg.explain_misses, cfg.ops) == (
         "queue", str(tmp_path / "c"), False, ("aten::add.Tensor",))           # the environment over it
-    assert by_install.signing_key == b"fleet-secret" and by_install.signing_key_file == str(key)
+    assert by_install.signing_key == b"fleet-secret" and by_install.key_file == str(key)
     # the child: install() with the arguments `aoti-farm run` hands it (AOTI_FARM_HOOK)
     raw = json.dumps(launch.install_arguments(by_run))
     assert b"fleet-secret" not in raw.encode()                               # the key goes by path

@@ -63,7 +63,7 @@ def test_the_compile_worker_gets_the_keys_path_never_the_key(tmp_path, monkeypat
 
 
 def test_a_key_given_as_bytes_reaches_the_worker_as_a_private_file(tmp_path):
-    """install(signing_key=b"...") has no file: the hook writes one of its own, 0600 in a
+    """install(settings=Settings(signing_key=b"...")) has no file: the hook writes one of its own, 0600 in a
     0700 directory, and names that."""
     cmd = _supervisor(tmp_path, KEY, None).command("cpu")
     path = cmd[cmd.index("--signing-key-file") + 1]

@@ -93,8 +93,8 @@ def test_policy_from_install_env_and_toml(tmp_path):
     assert resolve(HookConfig, env={}, config_path=str(toml)).widen == "always"
     with pytest.raises(UserError, match="widen"):
         resolve(HookConfig, env={"AOTI_FARM_WIDEN": "sometimes"})
-    assert settings.resolve(env={"AOTI_FARM_WIDEN": "always"}).widen == "always"
-    assert settings.resolve(widen="off", env={"AOTI_FARM_WIDEN": "always"}).widen == "off"   # explicit wins
+    assert settings.resolve(env={"AOTI_FARM_WIDEN": "always"}).config.widen == "always"
+    assert settings.resolve(widen="off", env={"AOTI_FARM_WIDEN": "always"}).config.widen == "off"   # explicit wins
     with pytest.raises(UserError, match="widen"):
         settings.resolve(widen="wider", env={})
 
