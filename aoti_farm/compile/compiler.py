@@ -273,6 +273,10 @@ class AOTICompiler(Verifier):
                 t1 = time.perf_counter()
                 opts = {k: v for k, v in self._options.items() if not k.startswith(FARM_OPTION_PREFIX)}
                 opts["aot_inductor.output_path"] = os.path.join(build, "kernel.so")
+                if getattr(mod.op, "traced_as", None):
+                    # a substituted convolution runs on eager's layout, so cuDNN picks eager's
+                    # algorithm (Inductor's channels-last choice picked another, TF32 where eager's was not)
+                    opts["layout_optimization"] = False
                 if device == "cuda" and hasattr(torch._inductor.config.aot_inductor, "embed_kernel_binary"):
                     # CUDA kernels otherwise load their .cubin files from the build
                     # directory at run time; a published entry must be self-contained.
