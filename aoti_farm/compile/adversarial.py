@@ -235,10 +235,11 @@ def _halves_cancel(t: torch.Tensor, noise: torch.Tensor, size: float, diagonal: 
     """``noise`` (``t``'s storage, float64) with each innermost row of ``t`` -- or, with
     ``diagonal``, each diagonal of its last two dims -- made ``x, -x``: its first half
     ``x = size + |noise|``, its second half the same values negated, so the row (diagonal)
-    sums to exactly 0.  A tensor whose elements share storage (an expanded one), or a
-    diagonal case of a non-square tensor, keeps its values."""
+    sums to exactly 0.  A 0-dim tensor, one whose elements share storage (an expanded
+    one), or a diagonal case of a non-square tensor keeps its values."""
     flat = noise.clone()
-    if storage_size(tuple(t.shape), tuple(t.stride())) != t.numel() or (diagonal and not _square(t)):
+    if (t.dim() == 0 or storage_size(tuple(t.shape), tuple(t.stride())) != t.numel()
+            or (diagonal and not _square(t))):
         return flat
     v = _view(t, flat)
     rows = torch.diagonal(v, dim1=-2, dim2=-1) if diagonal else v

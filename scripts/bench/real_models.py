@@ -80,8 +80,10 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 MODELS = ("gpt2", "bert", "mlp")
 
 
-def build(name: str, prompt_len: int = 8):
-    """The workload of ``name`` (a fresh model, seeded); GPT-2's prompts have ``prompt_len`` tokens."""
+def build(name: str, prompt_len: int = 8, device: str = "cpu"):
+    """The workload of ``name`` on ``device`` (a fresh model, seeded); GPT-2's prompts have
+    ``prompt_len`` tokens.  ``unet`` (the U-Net-style block of issue 31) is not among
+    :data:`MODELS`: ``refusals.py`` uses it."""
     import torch
 
     torch.manual_seed(0)
@@ -89,10 +91,10 @@ def build(name: str, prompt_len: int = 8):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         cfg = GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1000, bos_token_id=0, eos_token_id=None)
-        model = GPT2LMHeadModel(cfg).eval()
+        model = GPT2LMHeadModel(cfg).eval().to(device)
         model.generation_config.eos_token_id = None   # always 32 new tokens
         model.generation_config.pad_token_id = 0
-        ids = torch.randint(1, 1000, (2, prompt_len))
+        ids = torch.randint(1, 1000, (2, prompt_len)).to(device)
         mask = torch.ones_like(ids)
 
         def run():
@@ -104,8 +106,8 @@ def build(name: str, prompt_len: int = 8):
 
         cfg = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
                          vocab_size=1000, max_position_embeddings=64)
-        model = BertModel(cfg).eval()
-        ids = torch.randint(0, 1000, (2, 16))
+        model = BertModel(cfg).eval().to(device)
+        ids = torch.randint(0, 1000, (2, 16)).to(device)
 
         def run():
             with torch.no_grad():
@@ -114,14 +116,45 @@ def build(name: str, prompt_len: int = 8):
     if name == "mlp":
         from make_example_trace import TinyMLP
 
-        model = TinyMLP().eval()
-        tokens = torch.randint(0, 64, (4, 8))
+        model = TinyMLP().eval().to(device)
+        tokens = torch.randint(0, 64, (4, 8)).to(device)
 
         def run():
             with torch.inference_mode():
                 return model(tokens)
         return run
+    if name == "unet":
+        block = _unet_block().eval().to(device)
+        x = torch.randn(2, 3, 64, 64).to(device)
+
+        def run():
+            with torch.inference_mode():
+                return block(x)
+        return run
     raise SystemExit(f"--models: {name!r} is not one of {', '.join(MODELS)}")
+
+
+def _unet_block():
+    """The U-Net-style block of issue 31: conv, group norm, SiLU, average and max pooling,
+    bilinear upsampling, a skip concat, ``var_mean`` (``tests/e2e/test_unet_block.py``)."""
+    import torch
+    import torch.nn.functional as F
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 32, 3, padding=1)
+            self.norm = torch.nn.GroupNorm(8, 32)
+            self.conv2 = torch.nn.Conv2d(64, 32, 3, padding=1)
+
+        def forward(self, x):
+            h = F.silu(self.norm(self.conv1(x)))
+            d = F.avg_pool2d(h, 2) + F.max_pool2d(h, 2)
+            u = F.interpolate(d, scale_factor=2, mode="bilinear", align_corners=False)
+            h = self.conv2(torch.cat([h, u], dim=1))
+            v, m = torch.var_mean(h, dim=(2, 3), keepdim=True)
+            return (h - m) / torch.sqrt(v + 1e-5), v, m
+    return Block()
 
 
 def record_child(name: str, trace: str, threads: int) -> None:

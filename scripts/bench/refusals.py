@@ -38,71 +38,10 @@ MODELS = ("gpt2", "bert", "unet", "mlp")
 
 
 def build(name: str, device: str):
-    """The workload ``name`` on ``device``: a function running it once."""
-    import torch
-    import torch.nn.functional as F
+    """The workload ``name`` on ``device``: ``real_models.py``'s (the U-Net block too)."""
+    from real_models import build as build_model
 
-    torch.manual_seed(0)
-    if name == "unet":
-        class Block(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.conv1 = torch.nn.Conv2d(3, 32, 3, padding=1)
-                self.norm = torch.nn.GroupNorm(8, 32)
-                self.conv2 = torch.nn.Conv2d(64, 32, 3, padding=1)
-
-            def forward(self, x):
-                h = F.silu(self.norm(self.conv1(x)))
-                d = F.avg_pool2d(h, 2) + F.max_pool2d(h, 2)
-                u = F.interpolate(d, scale_factor=2, mode="bilinear", align_corners=False)
-                h = self.conv2(torch.cat([h, u], dim=1))
-                v, m = torch.var_mean(h, dim=(2, 3), keepdim=True)
-                return (h - m) / torch.sqrt(v + 1e-5), v, m
-
-        block = Block().eval().to(device)
-        x = torch.randn(2, 3, 64, 64, device=device)
-
-        def run():
-            with torch.inference_mode():
-                return block(x)
-        return run
-    if name == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        cfg = GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1000, bos_token_id=0, eos_token_id=None)
-        model = GPT2LMHeadModel(cfg).eval().to(device)
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = 0
-        ids = torch.randint(1, 1000, (2, 8)).to(device)
-        mask = torch.ones_like(ids)
-
-        def run():
-            with torch.no_grad():
-                return model.generate(ids, attention_mask=mask, max_new_tokens=32, do_sample=False)
-        return run
-    if name == "bert":
-        from transformers import BertConfig, BertModel
-
-        cfg = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-                         vocab_size=1000, max_position_embeddings=64)
-        model = BertModel(cfg).eval().to(device)
-        ids = torch.randint(0, 1000, (2, 16)).to(device)
-
-        def run():
-            with torch.no_grad():
-                return model(ids).last_hidden_state
-        return run
-    if name == "mlp":
-        from make_example_trace import TinyMLP
-
-        model = TinyMLP().eval().to(device)
-        tokens = torch.randint(0, 64, (4, 8)).to(device)
-
-        def run():
-            with torch.inference_mode():
-                return model(tokens)
-        return run
-    raise SystemExit(f"refusals: --models: {name!r} is not one of {', '.join(MODELS)}")
+    return build_model(name, device=device)
 
 
 def record_child(name: str, device: str, trace: str) -> None:

@@ -66,3 +66,22 @@ def test_slug_matches_github():
     assert slug("The libstdc++ trap") == "the-libstdc-trap"
     assert slug("`serve`") == "serve"
     assert slug("Why did this miss? (`aoti-farm explain`)") == "why-did-this-miss-aoti-farm-explain"
+
+
+def test_checkable_claims_of_the_docs_hold():
+    """Claims a reader acts on and a test can read: the README's Python version is
+    pyproject's minimum, its two commands are CI's (``.ci/run`` runs the second exactly),
+    and the hook's documented default route is the one ``check_arguments`` picks."""
+    import tomllib
+
+    from aoti_farm.runtime.settings import check_arguments
+
+    readme = (REPO / "README.md").read_text()
+    minimum = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert minimum.startswith(">="), minimum
+    assert f"Python {minimum[2:]}" in readme and not re.search(r"Python 3\.(?!" + minimum[4:] + r"\b)\d+", readme)
+    test_cmd = "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e '.[test]' && .venv/bin/pytest -q"
+    assert test_cmd in readme and test_cmd in (REPO / ".ci/run").read_text()
+    hook_doc = (REPO / "runtime/hook.py").read_text()
+    default = re.search(r'``route="(\w+)"`` \(the default with ``on_miss`` "compile" or "queue"\)', hook_doc)
+    assert default and check_arguments("compile", 1.0, ("cpu",), "auto", None) == default.group(1)

@@ -136,3 +136,8 @@ def test_precision_cases_are_ill_conditioned_and_finite():
         assert d.stride() == args[0].stride()
         diag = torch.diagonal(d.double(), dim1=-2, dim2=-1)
         assert float(diag.sum(-1).abs().max()) == 0.0 and bool((diag.abs() >= 1e4).all())
+    # a 0-dim input beside a matrix (add(x, 0-dim)): every precision case is built
+    sig = S.from_call(torch.ops.aten.add.Tensor, (torch.empty(16, 16), torch.empty(())), {})
+    args, kwargs = S.materialize(sig, seed=0)
+    names = [n for n, _, _ in adversarial.cases(sig, args, kwargs)]
+    assert [n for n in names if n in adversarial.PRECISION_CASES] == list(adversarial.PRECISION_CASES)
