@@ -1,7 +1,8 @@
 """The cost of one compiled signature at W=1, by phase, with a developer switch A/B'd in one
 process (issue: a signature compiles in about a second).
 
-    python scripts/bench/compile_cost.py [--switch split_overlap] [--pairs 6] [--json OUT]
+    python scripts/bench/compile_cost.py [--switch split_overlap] [--pairs 6] [--device cpu|cuda]
+                                         [--json OUT]
 
 One warm-up compile (the process's first: imports, precompiled headers, the split build's
 common object), then ``--pairs`` pairs of compiles of fresh signatures (a rotating set of
@@ -9,7 +10,8 @@ ops: add, gelu, addmm, sum, layer_norm, softmax), one with ``AOTI_FARM_DEV=<swit
 one with ``=0``, the order alternating.  Every kernel is verified against eager by
 ``AOTICompiler.compile`` (a refused one is reported and left out of the medians).  Prints
 each compile's wall seconds, its phases and the split build's record, then the medians and
-the ratio of the switch's two sides.
+the ratio of the switch's two sides.  ``--switch split_build`` A/Bs the split wrapper build
+itself (docs/benchmarks.md, "Split build").
 """
 from __future__ import annotations
 
@@ -29,23 +31,31 @@ from aoti_farm import signature as S
 from aoti_farm.compile.compiler import AOTICompiler
 from aoti_farm.errors import CompileRefused
 
-OPS = [
-    lambda n: S.from_call(torch.ops.aten.add.Tensor, (torch.empty(n, 64), torch.empty(64)), {"alpha": 2}),
-    lambda n: S.from_call(torch.ops.aten.gelu.default, (torch.empty(n, 96),), {}),
-    lambda n: S.from_call(torch.ops.aten.addmm.default, (torch.empty(32), torch.empty(n, 16), torch.empty(16, 32)), {}),
-    lambda n: S.from_call(torch.ops.aten.sum.dim_IntList, (torch.empty(n, 40), [1]), {}),
-    lambda n: S.from_call(torch.ops.aten.native_layer_norm.default,
-                          (torch.empty(n, 48), [48], torch.empty(48), torch.empty(48), 1e-5), {}),
-    lambda n: S.from_call(torch.ops.aten._softmax.default, (torch.empty(n, 24), 1, False), {}),
-]
+def ops(device: str) -> list:
+    """Signature makers (``n`` -> a fresh signature) of the rotating ops, on ``device``."""
+    def e(*shape):
+        return torch.empty(*shape, device=device)
+    return [
+        lambda n: S.from_call(torch.ops.aten.add.Tensor, (e(n, 64), e(64)), {"alpha": 2}),
+        lambda n: S.from_call(torch.ops.aten.gelu.default, (e(n, 96),), {}),
+        lambda n: S.from_call(torch.ops.aten.addmm.default, (e(32), e(n, 16), e(16, 32)), {}),
+        lambda n: S.from_call(torch.ops.aten.sum.dim_IntList, (e(n, 40), [1]), {}),
+        lambda n: S.from_call(torch.ops.aten.native_layer_norm.default, (e(n, 48), [48], e(48), e(48), 1e-5), {}),
+        lambda n: S.from_call(torch.ops.aten._softmax.default, (e(n, 24), 1, False), {}),
+    ]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--switch", default="split_overlap", help="the AOTI_FARM_DEV switch to A/B (default split_overlap)")
     ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--json", help="write the rows and the summary here")
     a = ap.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("compile_cost: --device cuda: no CUDA device here; use --device cpu", file=sys.stderr)
+        return 2
+    OPS = ops(a.device)
     comp = AOTICompiler()
     root = tempfile.mkdtemp(prefix="compile-cost-")
     t = time.perf_counter()
@@ -73,7 +83,7 @@ def main() -> int:
     os.environ.pop("AOTI_FARM_DEV", None)
     shutil.rmtree(root, ignore_errors=True)   # the kernels were scratch
     summary = {"machine": f"{platform.node()} {os.cpu_count()} cores", "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "switch": a.switch}
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "switch": a.switch, "device": a.device}
     for side in ("1", "0"):
         w = [r["wall_s"] for r in rows if r["switch"] == side]
         summary[f"median_wall_s[{side}]"] = round(statistics.median(w), 3) if w else None

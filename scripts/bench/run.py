@@ -18,9 +18,9 @@ The other scripts of this folder measure one question each, with their own --hel
 hitpath.py (a hit by call path), loadpath.py (private copy vs shared file), shapes.py
 (shape-general kernels), explain_bench.py, metrics_hit_bench.py, contention.py (a
 background compile beside eager), compile_peak_rss.py (the memory budget's calibration);
-on a GPU host cuda_hit_ab.py (the CUDA hit path against upstream's holder) and
-splitbuild_ab.py (the split wrapper build); compile_cost.py (one signature's compile, a
-build switch A/B'd in one process).  worker.py and common.py are their helpers.
+on a GPU host cuda_hit_ab.py (the CUDA hit path against upstream's holder);
+compile_cost.py (one signature's compile, a build switch -- the split build's too -- A/B'd
+in one process, on CPU or CUDA); refusals.py (what verification refuses of real workloads).  worker.py and common.py are their helpers.
 
 How things are measured (see each bench_* function):
   * per-call times: median over R repeats of (N back-to-back calls)/N after a warm-up,
