@@ -103,10 +103,10 @@ def run_call(case: Case, inputs: tuple, glob: str | None):
 
 def _extra(case: Case, inputs: tuple, expected) -> tuple[float, float]:
     """The stated extra tolerance of this call, as verification states it
-    (``compile/checks._tolerance``): length-scaled for sums, scans and matrix products,
+    (``compile/checks.stated_tolerance``): length-scaled for sums, scans and matrix products,
     plus TF32's on CUDA where eager runs with TF32 allowed (its convolutions by default)."""
     from aoti_farm import signature as S
-    from aoti_farm.compile.checks import _tolerance
+    from aoti_farm.compile.checks import stated_tolerance
 
     if case.op is None or not all(isinstance(t, torch.Tensor) for t in inputs):
         return 0.0, 0.0
@@ -115,7 +115,7 @@ def _extra(case: Case, inputs: tuple, expected) -> tuple[float, float]:
         if args is None:
             return 0.0, 0.0
         sig = S.from_call(case.op, args, {})
-        return _tolerance(sig, args, {}, expected)
+        return stated_tolerance(sig, args, {}, expected)
     except Exception:  # noqa: BLE001 -- no extra tolerance: the dtype's own
         return 0.0, 0.0
 

@@ -5,7 +5,7 @@ loop runs on every input set.
   differences the finite contract does not call differences: :func:`edge_class`,
   :func:`edge_note`; docs/verification.md "The contract");
 * :func:`check_precision` -- at least eager's accuracy against float64 on ill-conditioned inputs;
-* the tolerance of one comparison (:func:`_tolerance`, with :func:`eager_flags` on CUDA);
+* the tolerance of one comparison (:func:`stated_tolerance`, with :func:`eager_flags` on CUDA);
 * the proxy-executor memo: ops whose kernels call AOTInductor's proxy executor, which a
   bare ``kernel.so`` cannot (:func:`known_proxy_op`, :func:`remember_proxy_op`,
   :func:`needs_proxy_executor`).
@@ -34,7 +34,7 @@ def eager_flags() -> dict:
             "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
 
 
-def _tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected) -> tuple[float, float]:
+def stated_tolerance(sig: S.Signature, args: tuple, kwargs: dict, expected) -> tuple[float, float]:
     """Extra (rtol, atol) of one comparison: the length-scaled one (sums, scans, matrix
     products) plus, on CUDA, TF32's where eager ran with it allowed."""
     a = length_tolerance(sig, args, kwargs, expected)
@@ -157,7 +157,7 @@ def check_case(sig: S.Signature, op, runner, name: str, args: tuple, kwargs: dic
     if k_err is not None:
         raise CompileRefused(f"kernel raises where eager does not: {name}",
                              {"case": name, "kernel_error": f"{type(k_err).__name__}: {_first_line(k_err)}"})
-    extra = _tolerance(sig, args, kwargs, expected)
+    extra = stated_tolerance(sig, args, kwargs, expected)
     bad = compare(expected, got, extra)
     if bad is not None and notes is not None and bad.get("problem") == "sign of zero":
         _note(notes, edge_note("sign of zero", name, bad))
@@ -232,7 +232,7 @@ def check_precision(sig: S.Signature, op, runner, name: str, args: tuple, kwargs
     truth, t_err = _raises(lambda: op(*wide_args, **wide_kwargs))
     if t_err is not None:
         return
-    bad = precision(expected, got, truth, _tolerance(sig, args, kwargs, expected))
+    bad = precision(expected, got, truth, stated_tolerance(sig, args, kwargs, expected))
     if bad is not None:
         bad["case"] = name
         raise CompileRefused(f"kernel less accurate than eager on ill-conditioned inputs: {name}", bad)

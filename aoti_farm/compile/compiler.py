@@ -273,7 +273,7 @@ class AOTICompiler(Verifier):
                 t1 = time.perf_counter()
                 opts = {k: v for k, v in self._options.items() if not k.startswith(FARM_OPTION_PREFIX)}
                 opts["aot_inductor.output_path"] = os.path.join(build, "kernel.so")
-                if getattr(mod.op, "traced_as", None):
+                if mod.traced_as:
                     # a substituted convolution runs on eager's layout, so cuDNN picks eager's
                     # algorithm (Inductor's channels-last choice picked another, TF32 where eager's was not)
                     opts["layout_optimization"] = False
@@ -287,8 +287,8 @@ class AOTICompiler(Verifier):
                         (tritonscan.capture() if cuda_bounds else contextlib.nullcontext()) as triton_sources:
                     built = torch._inductor.aot_compile(graph, inputs, options=opts)
                     build_info = splitbuild.last_build()
-                    if getattr(mod.op, "traced_as", None):   # graph.substitute(): the op the kernel runs
-                        build_info = {**(build_info or {}), "traced_as": mod.op.traced_as}
+                    if mod.traced_as:   # graph.substitute(): the op the kernel runs
+                        build_info = {**(build_info or {}), "traced_as": mod.traced_as}
                     if device == "cpu":   # loop nests made serial (the manifest's build says so)
                         build_info["serial_nests"] = serialsmall.serialized()
                 c2 = cpu_seconds()

@@ -49,7 +49,9 @@ class OpModule(torch.nn.Module):
         # own index assert rejects as eager's CUDA kernel rejects the negative one
         # (adversarial.cuda_index_bounds)
         self.out_of_range = out_of_range or []
-        self.op = substitute(sig, args, kwargs) or S.resolve_op(sig.op)
+        sub = substitute(sig, args, kwargs)
+        self.op = sub or S.resolve_op(sig.op)
+        self.traced_as = getattr(sub, "traced_as", None)   # the op the kernel runs, where substituted
         self.positions = S.tensor_positions(sig)
         self.template_args = list(args)
         self.template_kwargs = dict(kwargs)

@@ -20,7 +20,7 @@ import torch
 
 from aoti_farm import signature as S
 from aoti_farm.compile import adversarial
-from aoti_farm.compile.checks import _note, _raises, _tolerance, check_case, check_precision, eager_flags, edge_note
+from aoti_farm.compile.checks import _note, _raises, stated_tolerance, check_case, check_precision, eager_flags, edge_note
 from aoti_farm.compile.faults import _first_line
 from aoti_farm.compile.runner import flat_tensors
 from aoti_farm.compile.tolerance import compare
@@ -175,7 +175,7 @@ class Verifier:
                         check_case(sig, op, runner, f"random inputs {i}" + (f" at {t} threads" if t else ""),
                                    args, kwargs, (expected, e_err), (got, k_err))
                         continue
-                    extra = _tolerance(sig, args, kwargs, expected)
+                    extra = stated_tolerance(sig, args, kwargs, expected)
                     bad = compare(expected, got, extra)
                     if bad is not None and bad.get("problem") == "sign of zero":
                         _note(notes, edge_note("sign of zero", f"random inputs {i}", bad))

@@ -53,21 +53,23 @@ def record_child(name: str, device: str, trace: str) -> None:
         run()
 
 
-def summarize(report: dict) -> dict:
-    rows = report.get("signatures") or []
+def summarize(report_path: str) -> dict:
+    """The counts of one warm report, read and checked as ``aoti-farm report`` reads it, and
+    classed as warm's own summary classes them (``cache.failures.tally``)."""
+    from aoti_farm.cache.failures import tally
+    from aoti_farm.report.report_html import load_report
+
+    rows = load_report(report_path)["signatures"]
     published = [r for r in rows if r.get("status") in ("compiled", "cached")]
     refused = [r for r in rows if r.get("status") == "failed" and r.get("refused")]
     other = [r for r in rows if r.get("status") not in ("compiled", "cached") and not r.get("refused")]
     first = lambda r: (r.get("error") or "").strip().splitlines()[0][:160] if r.get("error") else ""
-    notes: dict[str, int] = {}
-    for r in published:
-        for k in (r.get("evidence") or {}).get("edge_notes") or ():   # class names (job.py)
-            notes[k] = notes.get(k, 0) + 1
+    refused_by, notes_by = tally(rows)
     return {"signatures": len(rows), "published": len(published), "refused": len(refused),
-            "failed_other": len(other),
+            "failed_other": len(other), "refused_by_class": refused_by,
             "refusals": [{"op": r.get("op"), "description": r.get("description"), "why": first(r)} for r in refused],
             "failures": [{"op": r.get("op"), "status": r.get("status"), "why": first(r)} for r in other],
-            "edge_notes": notes}
+            "edge_notes": notes_by}
 
 
 def main(argv=None) -> int:
@@ -104,8 +106,7 @@ def main(argv=None) -> int:
         if a.cpu_workers:
             cmd += ["--cpu-workers", str(a.cpu_workers)]
         rc = subprocess.run(cmd, env=env).returncode
-        with open(report) as f:
-            s = summarize(json.load(f))
+        s = summarize(report)
         s["warm_rc"], s["seconds"] = rc, round(time.time() - t0, 1)
         results[m] = s
         print(f"[refusals] {m} on {a.device}: {s['signatures']} signatures, {s['published']} published, "
