@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Real models served with the defaults: never slower than eager.
 
-    python scripts/bench/real_models.py --out DIR [--models gpt2,bert,mlp] [--rounds N]
+    python scripts/bench/real_models.py --out DIR [--models gpt2,bert,mlp,unet] [--rounds N]
                                         [--cache-dir C] [--threads 2] [--dynamic auto]
-                                        [--prompt-len 11]
+                                        [--prompt-len 11] [--device cuda] [--aa]
 
 Models nobody on the project wrote, built from small configs with random weights (no hub
 downloads; ``transformers`` is in the ``test`` extra):
@@ -13,7 +13,14 @@ downloads; ``transformers`` is in the ``test`` extra):
   (recorded and warmed there; ``--prompt-len N`` serves another length, one the trace
   never saw): many small calls, a growing KV cache, a new sequence length each decode step;
 * ``bert``: a tiny ``BertModel`` forward (2 layers, width 128) on a batch of 2 x 16;
-* ``mlp``: the README's example model (``scripts/make_example_trace.py``'s ``TinyMLP``).
+* ``mlp``: the README's example model (``scripts/make_example_trace.py``'s ``TinyMLP``);
+* ``unet``: the U-Net-style block of issue 31 (conv, group norm, SiLU, pooling, bilinear
+  upsampling, a skip concat, ``var_mean``) on a 2 x 3 x 64 x 64 input.
+
+``--device cuda`` records, warms and serves the models on the GPU; each timed call ends
+with ``torch.cuda.synchronize()``.  ``--aa`` adds a second eager phase to every round (on
+the other side of the hooked one): eager/eager is the noise floor a hooked ratio is read
+against.
 
 For each model, as a user would: the program is recorded (``aoti_farm.record``, in a
 child process), its trace warmed with the defaults (``aoti-farm warm --model T
@@ -77,13 +84,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-MODELS = ("gpt2", "bert", "mlp")
+MODELS = ("gpt2", "bert", "mlp", "unet")
 
 
 def build(name: str, prompt_len: int = 8, device: str = "cpu"):
     """The workload of ``name`` on ``device`` (a fresh model, seeded); GPT-2's prompts have
-    ``prompt_len`` tokens.  ``unet`` (the U-Net-style block of issue 31) is not among
-    :data:`MODELS`: ``refusals.py`` uses it."""
+    ``prompt_len`` tokens."""
     import torch
 
     torch.manual_seed(0)
@@ -157,27 +163,43 @@ def _unet_block():
     return Block()
 
 
-def record_child(name: str, trace: str, threads: int) -> None:
-    """In a child process: record one call of the workload."""
+def record_child(name: str, trace: str, threads: int, device: str = "cpu") -> None:
+    """In a child process: record one call of the workload on ``device``."""
     import torch
 
     import aoti_farm
 
     torch.set_num_threads(threads)
-    run = build(name)
-    with aoti_farm.record(trace):
+    run = build(name, device=device)
+    with aoti_farm.record(trace, devices=(device,)):
         run()
+
+
+def timed(run, device: str):
+    """``run`` as a phase times it: on CUDA the call ends when its kernels have, so the
+    launches a served call saves or adds are counted, not hidden in the queue."""
+    if device != "cuda":
+        return run
+    import torch
+
+    def call():
+        out = run()
+        torch.cuda.synchronize()
+        return out
+    return call
 
 
 def same(a, b) -> bool:
     import torch
 
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) if a.dtype == torch.long
                                                              else torch.allclose(a, b, rtol=1e-4, atol=1e-5))
 
 
 #: Timed calls per phase, by model (a phase of the MLP is ~50x shorter than one of GPT-2's).
-BATCHES = {"gpt2": 1, "bert": 10, "mlp": 50}
+BATCHES = {"gpt2": 1, "bert": 10, "mlp": 50, "unet": 5}
 
 
 def speed_globals() -> dict:
@@ -281,22 +303,24 @@ def bench_model(name: str, cache: str, args) -> dict:
 
     from aoti_farm.runtime import install
 
-    run = build(name, args.prompt_len)
+    run = timed(build(name, args.prompt_len, args.device), args.device)
     expected = run()
     rounds, all_same, threads_after, summaries = [], True, [], []
     for r in range(args.rounds):
         order = ("eager", "hooked") if r % 2 == 0 else ("hooked", "eager")
+        if args.aa:   # a second eager phase, on the other side of the hooked one: the noise floor
+            order = order + ("eager2",) if r % 2 == 0 else ("eager2",) + order
         ph, settled = {}, {}
         n = args.batches * BATCHES[name]
         hook_summary = None
         for side in order:
-            if side == "eager":
-                settled["eager"] = settle(None, args.settle)
+            if side != "hooked":
+                settled[side] = settle(None, args.settle)
                 for _ in range(args.warmup):
                     run()
-                ph["eager"] = phase(run, n)
+                ph[side] = phase(run, n)
             else:
-                hook = install(cache_dir=cache)
+                hook = install(cache_dir=cache, devices=(args.device,))
                 try:
                     for _ in range(args.warmup):
                         run()
@@ -314,22 +338,26 @@ def bench_model(name: str, cache: str, args) -> dict:
             all_same = all_same and same(ph[side].pop("out"), expected)
         e, h = ph["eager"], ph["hooked"]
         ratio, ratio_min = h["median_s"] / e["median_s"], h["min_s"] / e["min_s"]
+        aa = ph["eager2"]["median_s"] / e["median_s"] if args.aa else None
         why = unpaired(e, h)
         suspect = ratio < 0.5 and (hook_summary or {}).get("served_in_phase", 0) == 0
         # the host gave both phases every thread of the program's team (CPU per wall second
-        # near the thread count): no phase waited on a team member another process held
-        full = min(e["cpu_per_wall"], h["cpu_per_wall"]) >= 0.9 * args.threads
+        # near the thread count): no phase waited on a team member another process held.  On
+        # CUDA the program's thread mostly waits on the GPU: not judged (None)
+        full = (min(e["cpu_per_wall"], h["cpu_per_wall"]) >= 0.9 * args.threads) if args.device == "cpu" else None
         rounds.append({"round": r, "order": order, "eager_s": e["median_s"], "hooked_s": h["median_s"],
                        "ratio": ratio, "eager_min_s": e["min_s"], "hooked_min_s": h["min_s"], "ratio_min": ratio_min,
                        "calls_per_phase": n, "eager": e, "hooked": h, "settle": settled, "unpaired": why,
+                       "eager2_over_eager": aa, "eager2": ph.get("eager2"),
                        "suspect": suspect, "uncontended": full,
                        "served_in_phase": (hook_summary or {}).get("served_in_phase")})
         print(f"{name} round {r}: eager {e['median_s'] * 1e3:.2f} ms (min {e['min_s'] * 1e3:.2f}, cpu/wall "
               f"{e['cpu_per_wall']}), hooked {h['median_s'] * 1e3:.2f} ms (min {h['min_s'] * 1e3:.2f}, cpu/wall "
               f"{h['cpu_per_wall']}), ratio {ratio:.3f}, of mins {ratio_min:.3f}, load {e['load'][0]}"
+              + (f", eager/eager {aa:.3f}" if aa is not None else "")
               + (f"  UNPAIRED: {'; '.join(why)}" if why else "")
               + ("  SUSPECT: faster with nothing served" if suspect else "")
-              + ("" if full else "  (contended)"), flush=True)
+              + ("  (contended)" if full is False else ""), flush=True)
     ratios = sorted(x["ratio"] for x in rounds)
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
     calm = sorted(x["ratio"] for x in rounds if x["uncontended"])
@@ -341,8 +369,14 @@ def bench_model(name: str, cache: str, args) -> dict:
             "uncontended": {"rounds": len(calm), "ratio": statistics.median(calm) if calm else None,
                             "q1": qc[0], "q3": qc[2]},
             "suspect_rounds": sum(1 for x in rounds if x["suspect"]),
+            "eager2_over_eager": _spread([x["eager2_over_eager"] for x in rounds]) if args.aa else None,
             "outputs_equal": all_same, "threads_set": args.threads, "threads_after": threads_after,
             "summary_last": summaries[-1] if summaries else None}
+
+
+def _spread(xs: list[float]) -> dict:
+    """Median and range of a list of ratios (the eager/eager noise floor)."""
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 def main(argv=None) -> int:
@@ -354,6 +388,10 @@ def main(argv=None) -> int:
                     help="timed calls per phase, times the model's BATCHES (median and min kept)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls before each phase")
     ap.add_argument("--threads", type=int, default=2, help="the program's torch.set_num_threads")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the models run (recorded, warmed and served there; CUDA phases end synchronized)")
+    ap.add_argument("--aa", action="store_true",
+                    help="a second eager phase each round: eager/eager, the noise floor the hooked ratio is read against")
     ap.add_argument("--cache-dir", default=None, help="the cache to warm and serve from (default: under --out)")
     ap.add_argument("--no-warm", action="store_true", help="serve the cache as it is")
     ap.add_argument("--dynamic", choices=("off", "auto"), default="off",
@@ -365,7 +403,7 @@ def main(argv=None) -> int:
     ap.add_argument("--record-child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.record_child:
-        record_child(args.record_child[0], args.record_child[1], args.threads)
+        record_child(args.record_child[0], args.record_child[1], args.threads, args.device)
         return 0
     models = [m for m in args.models.split(",") if m]
     for m in models:
@@ -378,17 +416,22 @@ def main(argv=None) -> int:
     if args.prompt_len < 1:
         print("real_models: --prompt-len must be at least 1", file=sys.stderr)
         return 2
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("real_models: --device cuda: no CUDA device here; use --device cpu", file=sys.stderr)
+            return 2
     os.makedirs(args.out, exist_ok=True)
     cache = args.cache_dir or os.path.join(args.out, "cache")
-    cli = os.path.join(os.path.dirname(sys.executable), "aoti-farm")
     prep = {}
     for m in models:
         trace = os.path.join(args.out, f"{m}_trace.json")
         t0 = time.monotonic()
         if not args.no_warm:
             subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out, "--threads",
-                            str(args.threads), "--record-child", m, trace], check=True)
-            w = subprocess.run([cli, "warm", "--model", trace, "--cache-dir", cache, "--dynamic", args.dynamic],
+                            str(args.threads), "--device", args.device, "--record-child", m, trace], check=True)
+            w = subprocess.run([sys.executable, "-m", "aoti_farm", "warm", "--model", trace, "--cache-dir", cache, "--dynamic", args.dynamic],
                                stdout=subprocess.DEVNULL)
             if w.returncode not in (0, 1):   # 1: some signatures failed (recorded, served eager)
                 raise SystemExit(f"real_models: warm of {trace} exited {w.returncode}")
@@ -400,6 +443,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     info = machine()
+    info["device"] = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     results = []
     for m in models:
         results.append(bench_model(m, cache, args))
@@ -409,7 +453,7 @@ def main(argv=None) -> int:
     path = os.path.join(args.out, "real_models.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=1, default=str)
-    print(f"\n{info['date']}  {info['cpu_model']}  cpus={info['cpu_count']}  torch {info['torch']}  "
+    print(f"\n{info['date']}  {info['cpu_model']}  cpus={info['cpu_count']}  torch {info['torch']}  device {info['device']}  "
           f"load at start {info['loadavg_at_start']}, at end {doc['loadavg_at_end']}")
     print(f"{'model':6} {'hooked/eager':>12} {'q1':>6} {'q3':>6} {'of mins':>8}  same  threads  hit rate  "
           f"unpaired  suspect  top not-served")
@@ -418,11 +462,14 @@ def main(argv=None) -> int:
         print(f"{r['model']:6} {r['ratio']:12.3f} {r['q1']:6.3f} {r['q3']:6.3f} {r['ratio_of_mins']:8.3f}  "
               f"{str(r['outputs_equal']):5} {sorted(set(r['threads_after']))}  {s.get('hit_rate', 0):8.3f}  "
               f"{r['unpaired_rounds']:8}  {r['suspect_rounds']:7}  {s.get('top_reason')}")
+        if r["eager2_over_eager"]:
+            a = r["eager2_over_eager"]
+            print(f"{'':6} eager/eager (noise floor): median {a['median']:.3f}, range {a['min']:.3f}-{a['max']:.3f}")
         u = r["uncontended"]
         if u["rounds"]:
             print(f"{'':6} uncontended rounds ({u['rounds']} of {len(r['rounds'])}): hooked/eager {u['ratio']:.3f} "
                   f"(q1 {u['q1']:.3f}, q3 {u['q3']:.3f})")
-        else:
+        elif args.device == "cpu":
             print(f"{'':6} no uncontended round: every round waited on a core another process held")
     print(f"raw: {path}")
     return 0
