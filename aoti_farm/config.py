@@ -61,6 +61,8 @@ DEV = {
     "fork_server": ("auto", "workers.forkclient: 0 has each CPU actor import torch itself, 1 forks them also "
                             "on few cores"),
     "ray_dashboard": ("0", "workers.raysetup: 1 starts the embedded Ray's dashboard"),
+    "min_saving_us": ("", "runtime.gate: the least saving, in µs a call on the serving host, for a kernel to be served "
+                          "under serve=faster (empty: aoti_farm.speedgate.speed.MIN_SAVING_US); an A/B of that floor"),
     "omp_passive": ("1", "aoti_farm.startup.ompwait: 0 leaves libgomp's default wait policy (spin, then sleep) in the "
                          "compile processes"),
 }

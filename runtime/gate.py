@@ -56,7 +56,7 @@ from aoti_farm.metrics.counters import Counters
 
 from aoti_farm.speedgate.speed import (  # noqa: F401 -- the gate's constants and statistic live in the core
     COMPILE_BUDGET_S, GATE_RATIO, MAX_BATCH, MIN_ROUNDS, MIN_SAVING_US, POLICIES, PROCESS_TRIAL_BUDGET_S, ROUNDS, TRIAL_BUDGET_S, _sync, compile_ratio,
-    speed_summary, speedup_text, time_against_eager)
+    min_saving_us, speed_summary, speedup_text, time_against_eager)
 
 
 class Gate:
@@ -72,7 +72,7 @@ class Gate:
         self.budget_s = budget_s
         self.process_budget_s = process_budget_s   # the background trials' seconds in this process
         self.spent_s = 0.0
-        self.min_saving_us = MIN_SAVING_US   # the least win a call that pays the routing must have
+        self.min_saving_us = min_saving_us()   # the least win a call that pays the routing must have
         self.measure = time_against_eager   # (run_kernel, run_eager, device, budget_s=) -> speed dict
         self._lock = threading.Lock()
         self._decided: dict[str, bool] = {}
@@ -115,8 +115,11 @@ class Gate:
             for key, rec in got.items():
                 if key in self._decided or key in self._pending:
                     continue
-                self._decided[key] = rec["ok"]
-                self.why[key] = {"reason": ("faster here" if rec["ok"] else "slower here") + " (remembered)",
+                ok = hostgate.kept_ok(rec, self.ratio, self.min_saving_us)
+                self._decided[key] = ok
+                reason = ("faster here" if ok else "slower here" if rec["host_ratio"] > self.ratio
+                          else "faster here by less than a routed call costs")
+                self.why[key] = {"reason": reason + " (remembered)",
                                  "host_ratio": rec["host_ratio"], "threads": rec["threads"], "decided_at": rec["at"]}
                 n += 1
         self.counters.inc("remembered", n=n)

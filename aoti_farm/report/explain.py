@@ -280,18 +280,20 @@ class Explainer:
         here = (f"{rec['host_ratio']:.2f} of eager on this host, {rec['threads']} threads, "
                 f"decided {time.strftime('%Y-%m-%d %H:%M', time.localtime(rec['at']))}")
         ex.data["here"] = rec
-        if rec["ok"]:
+        from aoti_farm.speedgate.hostgate import kept_ok
+        from aoti_farm.speedgate.speed import GATE_RATIO, min_saving_us
+
+        if kept_ok(rec):
             ex.details.append(f"faster here too ({here})")
             return ex
         ex.outcome = "gated here"
-        from aoti_farm.speedgate.speed import GATE_RATIO, MIN_SAVING_US
 
         if rec["host_ratio"] > GATE_RATIO:
             why = "slower than eager on this host"
         else:   # faster, by less than what a routed call costs inside a model (runtime/gate.py)
             why = (f"faster than eager on this host by {rec['eager_us'] - rec['kernel_us']:.1f} µs a call "
                    f"({rec['kernel_us']:.1f} against {rec['eager_us']:.1f} µs), less than the "
-                   f"{MIN_SAVING_US:g} µs a served call must save to pay inside a model")
+                   f"{min_saving_us():g} µs a served call must save to pay inside a model")
         ex.reason = f"gated here ({here}): a hit on the compile host, {why}; eager runs, nothing is queued"
         return ex
 

@@ -184,6 +184,23 @@ def overloaded() -> bool:
         return False
 
 
+def kept_ok(rec: dict, ratio: float | None = None, floor_us: float | None = None) -> bool:
+    """Whether a kept record serves under the rule in force (``ratio``: the gate's margin,
+    default :data:`~aoti_farm.speedgate.speed.GATE_RATIO`; ``floor_us``: its least saving,
+    default :func:`~aoti_farm.speedgate.speed.min_saving_us`), judged from the record's
+    measurement: a changed margin or floor applies at once to what was measured before.
+    A record without the two times keeps its own verdict."""
+    from aoti_farm.speedgate.speed import GATE_RATIO, min_saving_us
+
+    try:
+        saving = float(rec["eager_us"]) - float(rec["kernel_us"])
+        host_ratio = float(rec["host_ratio"])
+    except (KeyError, TypeError, ValueError):
+        return bool(rec.get("ok"))
+    return (host_ratio <= (GATE_RATIO if ratio is None else ratio)
+            and saving >= (min_saving_us() if floor_us is None else floor_us))
+
+
 def record(ok: bool, measured: dict, now: float | None = None) -> dict | None:
     """A memo record from a trial's measurement (``time_against_eager``'s dict), or None
     when it has no usable ratio."""

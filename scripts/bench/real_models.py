@@ -306,39 +306,58 @@ def bench_model(name: str, cache: str, args) -> dict:
     run = timed(build(name, args.prompt_len, args.device), args.device)
     expected = run()
     rounds, all_same, threads_after, summaries = [], True, [], []
+    # the phases of a round: eager, the hook with its defaults, [a second eager phase: the
+    # noise floor], [the hook with each --also-hooked environment: an A/B of a switch];
+    # rotated by one each round, so no side always runs first
+    sides = ["eager", "hooked"] + (["eager2"] if args.aa else []) + [f"alt{i}" for i in range(len(args.also_hooked))]
+    alt_summaries: dict[str, list] = {f"alt{i}": [] for i in range(len(args.also_hooked))}
     for r in range(args.rounds):
-        order = ("eager", "hooked") if r % 2 == 0 else ("hooked", "eager")
-        if args.aa:   # a second eager phase, on the other side of the hooked one: the noise floor
-            order = order + ("eager2",) if r % 2 == 0 else ("eager2",) + order
+        order = sides[r % len(sides):] + sides[:r % len(sides)]
         ph, settled = {}, {}
         n = args.batches * BATCHES[name]
         hook_summary = None
         for side in order:
-            if side != "hooked":
+            if side.startswith("eager"):
                 settled[side] = settle(None, args.settle)
                 for _ in range(args.warmup):
                     run()
                 ph[side] = phase(run, n)
             else:
-                hook = install(cache_dir=cache, devices=(args.device,))
+                env = _env(args.also_hooked[int(side[3:])]) if side.startswith("alt") else {}
+                saved = {k: os.environ.get(k) for k in env}
+                os.environ.update(env)
                 try:
-                    for _ in range(args.warmup):
-                        run()
-                    settled["hooked"] = settle(hook, args.settle)
-                    for _ in range(args.warmup):
-                        run()
-                    before = hook.stats()["summary"]
-                    ph["hooked"] = phase(run, n)
-                    hook_summary = hook.stats()["summary"]
-                    hook_summary["served_in_phase"] = hook_summary.get("served", 0) - before.get("served", 0)
-                    summaries.append(hook_summary)
+                    hook = install(cache_dir=cache, devices=(args.device,))
+                    try:
+                        for _ in range(args.warmup):
+                            run()
+                        settled[side] = settle(hook, args.settle)
+                        for _ in range(args.warmup):
+                            run()
+                        before = hook.stats()["summary"]
+                        ph[side] = phase(run, n)
+                        summary = hook.stats()["summary"]
+                        summary["served_in_phase"] = summary.get("served", 0) - before.get("served", 0)
+                    finally:
+                        hook.uninstall()
                 finally:
-                    hook.uninstall()
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
+                if side == "hooked":
+                    hook_summary = summary
+                    summaries.append(summary)
+                else:
+                    alt_summaries[side].append(summary)
                 threads_after.append(torch.get_num_threads())
             all_same = all_same and same(ph[side].pop("out"), expected)
         e, h = ph["eager"], ph["hooked"]
         ratio, ratio_min = h["median_s"] / e["median_s"], h["min_s"] / e["min_s"]
         aa = ph["eager2"]["median_s"] / e["median_s"] if args.aa else None
+        alts = {s: {"ratio": ph[s]["median_s"] / e["median_s"], "over_hooked": ph[s]["median_s"] / h["median_s"],
+                    "served_in_phase": alt_summaries[s][-1]["served_in_phase"]} for s in alt_summaries}
         why = unpaired(e, h)
         suspect = ratio < 0.5 and (hook_summary or {}).get("served_in_phase", 0) == 0
         # the host gave both phases every thread of the program's team (CPU per wall second
@@ -348,13 +367,15 @@ def bench_model(name: str, cache: str, args) -> dict:
         rounds.append({"round": r, "order": order, "eager_s": e["median_s"], "hooked_s": h["median_s"],
                        "ratio": ratio, "eager_min_s": e["min_s"], "hooked_min_s": h["min_s"], "ratio_min": ratio_min,
                        "calls_per_phase": n, "eager": e, "hooked": h, "settle": settled, "unpaired": why,
-                       "eager2_over_eager": aa, "eager2": ph.get("eager2"),
+                       "eager2_over_eager": aa, "eager2": ph.get("eager2"), "also_hooked": alts,
                        "suspect": suspect, "uncontended": full,
                        "served_in_phase": (hook_summary or {}).get("served_in_phase")})
         print(f"{name} round {r}: eager {e['median_s'] * 1e3:.2f} ms (min {e['min_s'] * 1e3:.2f}, cpu/wall "
               f"{e['cpu_per_wall']}), hooked {h['median_s'] * 1e3:.2f} ms (min {h['min_s'] * 1e3:.2f}, cpu/wall "
               f"{h['cpu_per_wall']}), ratio {ratio:.3f}, of mins {ratio_min:.3f}, load {e['load'][0]}"
               + (f", eager/eager {aa:.3f}" if aa is not None else "")
+              + "".join(f", {args.also_hooked[int(k[3:])]}: {v['ratio']:.3f} ({v['served_in_phase']} served)"
+                        for k, v in alts.items())
               + (f"  UNPAIRED: {'; '.join(why)}" if why else "")
               + ("  SUSPECT: faster with nothing served" if suspect else "")
               + ("  (contended)" if full is False else ""), flush=True)
@@ -370,8 +391,17 @@ def bench_model(name: str, cache: str, args) -> dict:
                             "q1": qc[0], "q3": qc[2]},
             "suspect_rounds": sum(1 for x in rounds if x["suspect"]),
             "eager2_over_eager": _spread([x["eager2_over_eager"] for x in rounds]) if args.aa else None,
+            "also_hooked": [{"env": env, "ratio": _spread([x["also_hooked"][f"alt{i}"]["ratio"] for x in rounds]),
+                             "over_hooked": _spread([x["also_hooked"][f"alt{i}"]["over_hooked"] for x in rounds]),
+                             "summary_last": alt_summaries[f"alt{i}"][-1]}
+                            for i, env in enumerate(args.also_hooked)],
             "outputs_equal": all_same, "threads_set": args.threads, "threads_after": threads_after,
             "summary_last": summaries[-1] if summaries else None}
+
+
+def _env(text: str) -> dict:
+    """``NAME=VALUE[;NAME=VALUE]`` as a dict (``--also-hooked``)."""
+    return dict(p.partition("=")[::2] for p in text.split(";") if p.strip())
 
 
 def _spread(xs: list[float]) -> dict:
@@ -390,6 +420,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="the program's torch.set_num_threads")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the models run (recorded, warmed and served there; CUDA phases end synchronized)")
+    ap.add_argument("--also-hooked", action="append", default=[], metavar="NAME=VALUE[;NAME=VALUE]",
+                    help="also a hooked phase each round with these variables set while it installs and runs "
+                         "(repeatable): an A/B of a switch, e.g. AOTI_FARM_DEV=min_saving_us=1")
     ap.add_argument("--aa", action="store_true",
                     help="a second eager phase each round: eager/eager, the noise floor the hooked ratio is read against")
     ap.add_argument("--cache-dir", default=None, help="the cache to warm and serve from (default: under --out)")
@@ -462,6 +495,10 @@ def main(argv=None) -> int:
         print(f"{r['model']:6} {r['ratio']:12.3f} {r['q1']:6.3f} {r['q3']:6.3f} {r['ratio_of_mins']:8.3f}  "
               f"{str(r['outputs_equal']):5} {sorted(set(r['threads_after']))}  {s.get('hit_rate', 0):8.3f}  "
               f"{r['unpaired_rounds']:8}  {r['suspect_rounds']:7}  {s.get('top_reason')}")
+        for alt in r["also_hooked"]:
+            a = alt["ratio"]
+            print(f"{'':6} {alt['env']}: hooked/eager median {a['median']:.3f} ({a['min']:.3f}-{a['max']:.3f}), "
+                  f"over the defaults' hooked {alt['over_hooked']['median']:.3f}")
         if r["eager2_over_eager"]:
             a = r["eager2_over_eager"]
             print(f"{'':6} eager/eager (noise floor): median {a['median']:.3f}, range {a['min']:.3f}-{a['max']:.3f}")

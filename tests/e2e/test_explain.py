@@ -279,10 +279,12 @@ def test_gated_here_from_this_hosts_kept_decisions(cache, tmp_path, capsys, monk
     assert mul["outcome"] == "gated"          # slower on the compile host: not "gated here"
     assert add["outcome"] == ("hit" if decided else "gated here")
     # this host's kept decision against the compile host's record, both ways
-    # (a loss here; a win smaller than a served call's cost in a model; a win)
-    for ok, ratio, k_us, e_us in ((False, 1.31, 1.31, 1.0), (False, 0.85, 3.0, 5.0), (True, 0.62, 6.2, 10.0)):
+    # (a loss here; a win smaller than a served call's cost in a model; a win; a win kept as
+    # served under a lower floor, judged by the floor in force: gated)
+    for kept, ok, ratio, k_us, e_us in ((False, False, 1.31, 1.31, 1.0), (False, False, 0.85, 3.0, 5.0),
+                                         (True, True, 0.62, 12.4, 20.0), (True, False, 0.65, 3.0, 5.0)):
         assert hostgate.save(fp.id, c2.root, {ADD.key: hostgate.record(
-            ok, {"ratio": ratio, "threads": 2, "kernel_us": k_us, "eager_us": e_us})})
+            kept, {"ratio": ratio, "threads": 2, "kernel_us": k_us, "eager_us": e_us})})
         doc = run_json(capsys, "--trace", t, "--cache-dir", str(c2.root))
         add = doc["signatures"][0]
         if ok:

@@ -129,3 +129,33 @@ def test_a_decision_measured_on_an_overloaded_host_is_used_but_not_kept(xdg, mon
     assert g.wait(30) and g.decision("k") is True
     g.close()
     assert hostgate.load(FP, xdg / "cache") == {}
+
+
+def test_a_kept_decision_follows_the_floor_in_force(xdg, monkeypatch):
+    """A kept record is judged again from its measurement by the rule in force: a kernel
+    kept as 'faster by less than a routed call costs' under one floor is served under a
+    lower one (and the other way), with no new trial; explain reads it the same way."""
+    root = xdg / "cache"
+    # 8 -> 5 µs: ratio 0.625, a saving of 3 µs (below the default 4 µs floor)
+    small = hostgate.record(False, {"ratio": 0.625, "threads": 2, "kernel_us": 5.0, "eager_us": 8.0})
+    big = hostgate.record(True, {"ratio": 0.5, "threads": 2, "kernel_us": 5.0, "eager_us": 10.0})
+    old = {k: v for k, v in hostgate.record(True, {"ratio": 0.9, "threads": 2, "kernel_us": 1.0,
+                                                     "eager_us": 1.1}).items() if not k.endswith("_us")}
+    assert hostgate.save(FP, root, {"small": small, "big": big, "old": old})
+    monkeypatch.delenv("AOTI_FARM_DEV", raising=False)
+    g = Gate("faster")
+    assert g.preload(FP, root, threads=2) == 3
+    assert (g.decision("small"), g.decision("big"), g.decision("old")) == (False, True, True)
+    assert hostgate.kept_ok(small) is False
+    assert g.why["small"]["reason"] == "faster here by less than a routed call costs (remembered)"
+    g.close()
+    monkeypatch.setenv("AOTI_FARM_DEV", "min_saving_us=2")
+    g = Gate("faster")
+    assert g.min_saving_us == 2.0 and g.preload(FP, root, threads=2) == 3
+    assert (g.decision("small"), g.decision("big")) == (True, True)
+    assert hostgate.kept_ok(small) is True
+    g.close()
+    monkeypatch.setenv("AOTI_FARM_DEV", "min_saving_us=6")
+    g = Gate("faster")
+    assert g.preload(FP, root, threads=2) == 3 and (g.decision("small"), g.decision("big")) == (False, False)
+    g.close()

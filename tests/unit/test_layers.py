@@ -175,7 +175,7 @@ ROOMS: dict[str, set[str]] = {
     "trace": {"errors", "security", "signature"},
     "startup": {"aoti_farm", "config", "errors", "security", "trace"},
     "fingerprint": {"config", "errors", "security", "startup"},
-    "speedgate": {"errors", "security", "signature", "startup"},
+    "speedgate": {"config", "errors", "security", "signature", "startup"},
     "build": {"config", "errors", "metrics", "security", "startup"},
     "cache": {"config", "dynamic", "errors", "fingerprint", "metrics", "security", "signature"},
     "compile": {"budget", "build", "cache", "config", "dynamic", "errors", "fingerprint", "metrics", "security",
