@@ -11,6 +11,11 @@ __version__ = "0.1.0"
 IMPORTED_AT = _time.time()
 
 
+#: The subpackages whose source lives beside this folder in a checkout (``workers/``,
+#: ``runtime/``: pyproject's ``package-dir``) and inside it once installed.
+SIBLINGS = ("workers", "runtime")
+
+
 def _map_checkout_subpackages() -> None:
     """In a source checkout, import ``aoti_farm.workers`` and ``aoti_farm.runtime`` from the
     sibling folders ``workers/`` and ``runtime/``, as pyproject's ``package-dir`` does when
@@ -29,7 +34,7 @@ def _map_checkout_subpackages() -> None:
     root = _os.path.dirname(here)
     if _os.path.isdir(_os.path.join(here, "workers")):
         return                                   # an installed package: nothing to map
-    dirs = {f"{__name__}.{name}": _os.path.join(root, name) for name in ("workers", "runtime")}
+    dirs = {f"{__name__}.{name}": _os.path.join(root, name) for name in SIBLINGS}
     if not (_os.path.isfile(_os.path.join(root, "pyproject.toml"))
             and all(_os.path.isfile(_os.path.join(d, "__init__.py")) for d in dirs.values())):
         return                                   # not this project's checkout

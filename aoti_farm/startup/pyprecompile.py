@@ -354,7 +354,7 @@ def _exists(name: str) -> bool:
     pkg = Path(aoti_farm.__file__).parent
     parts = name.split(".")[1:]
     bases = [pkg.joinpath(*parts)]
-    if parts and parts[0] in ("workers", "runtime"):   # a checkout's top-level folders, mapped at run time
+    if parts and parts[0] in aoti_farm.SIBLINGS:   # a checkout's top-level folders, mapped at run time
         bases.append(pkg.parent.joinpath(*parts))
     return any(b.with_suffix(".py").is_file() or (b / "__init__.py").is_file() for b in bases)
 
