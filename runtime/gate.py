@@ -56,7 +56,7 @@ from aoti_farm.metrics.counters import Counters
 
 from aoti_farm.speedgate.speed import (  # noqa: F401 -- the gate's constants and statistic live in the core
     COMPILE_BUDGET_S, GATE_RATIO, MAX_BATCH, MIN_ROUNDS, MIN_SAVING_US, POLICIES, PROCESS_TRIAL_BUDGET_S, ROUNDS, TRIAL_BUDGET_S, _sync, compile_ratio,
-    min_saving_us, speed_summary, speedup_text, time_against_eager)
+    min_saving_us, speed_summary, speedup_text, time_against_eager, wins_here)
 
 
 class Gate:
@@ -163,8 +163,7 @@ class Gate:
                 with (t[3] if len(t) > 3 else contextlib.nullcontext()):
                     m = self.measure(run_kernel, run_eager, device, budget_s=self.budget_s)
                 calls = m["calls"]
-                saving = m["eager_us"] - m["kernel_us"]
-                ok = m["ratio"] <= self.ratio and saving >= self.min_saving_us
+                ok = wins_here(m["ratio"], m["kernel_us"], m["eager_us"], self.ratio, self.min_saving_us)
                 reason = ("faster here" if ok else "slower here" if m["ratio"] > self.ratio
                           else "faster here by less than a routed call costs")
                 why = {"reason": reason, "compile_ratio": cr, "host_ratio": m["ratio"],

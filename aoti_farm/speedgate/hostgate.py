@@ -190,15 +190,13 @@ def kept_ok(rec: dict, ratio: float | None = None, floor_us: float | None = None
     default :func:`~aoti_farm.speedgate.speed.min_saving_us`), judged from the record's
     measurement: a changed margin or floor applies at once to what was measured before.
     A record without the two times keeps its own verdict."""
-    from aoti_farm.speedgate.speed import GATE_RATIO, min_saving_us
+    from aoti_farm.speedgate.speed import GATE_RATIO, wins_here
 
     try:
-        saving = float(rec["eager_us"]) - float(rec["kernel_us"])
-        host_ratio = float(rec["host_ratio"])
+        host_ratio, kernel_us, eager_us = float(rec["host_ratio"]), float(rec["kernel_us"]), float(rec["eager_us"])
     except (KeyError, TypeError, ValueError):
         return bool(rec.get("ok"))
-    return (host_ratio <= (GATE_RATIO if ratio is None else ratio)
-            and saving >= (min_saving_us() if floor_us is None else floor_us))
+    return wins_here(host_ratio, kernel_us, eager_us, GATE_RATIO if ratio is None else ratio, floor_us)
 
 
 def record(ok: bool, measured: dict, now: float | None = None) -> dict | None:

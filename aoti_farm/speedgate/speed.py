@@ -41,6 +41,16 @@ def min_saving_us() -> float:
     except ValueError:
         return MIN_SAVING_US
 
+
+def wins_here(host_ratio: float, kernel_us: float, eager_us: float, ratio: float = GATE_RATIO,
+              floor_us: float | None = None) -> bool:
+    """The gate's rule for a kernel timed on the serving host: at most ``ratio`` of eager and
+    a saving of at least ``floor_us`` (default :func:`min_saving_us`) a call.  The one rule
+    for a fresh trial (``runtime/gate.py``) and a kept one (``hostgate.kept_ok``)."""
+    floor = min_saving_us() if floor_us is None else floor_us
+    return host_ratio <= ratio and eager_us - kernel_us >= floor
+
+
 #: Policies of :class:`Gate`.
 POLICIES = ("faster", "always")
 #: Seconds the compile-time measurement may take per signature (CPU; about the same on GPU).
