@@ -117,13 +117,16 @@ class Gate:
                     continue
                 ok = hostgate.kept_ok(rec, self.ratio, self.min_saving_us)
                 self._decided[key] = ok
-                reason = ("faster here" if ok else "slower here" if rec["host_ratio"] > self.ratio
-                          else "faster here by less than a routed call costs")
-                self.why[key] = {"reason": reason + " (remembered)",
+                self.why[key] = {"reason": self._reason(ok, rec["host_ratio"]) + " (remembered)",
                                  "host_ratio": rec["host_ratio"], "threads": rec["threads"], "decided_at": rec["at"]}
                 n += 1
         self.counters.inc("remembered", n=n)
         return n
+
+    def _reason(self, ok: bool, host_ratio: float) -> str:
+        """Why an on-host verdict went as it did (a fresh trial's or a kept one's)."""
+        return ("faster here" if ok else "slower here" if host_ratio > self.ratio
+                else "faster here by less than a routed call costs")
 
     def persist(self) -> None:
         """Write the decisions measured since the last call to this host's memo (the gate's
@@ -164,9 +167,7 @@ class Gate:
                     m = self.measure(run_kernel, run_eager, device, budget_s=self.budget_s)
                 calls = m["calls"]
                 ok = wins_here(m["ratio"], m["kernel_us"], m["eager_us"], self.ratio, self.min_saving_us)
-                reason = ("faster here" if ok else "slower here" if m["ratio"] > self.ratio
-                          else "faster here by less than a routed call costs")
-                why = {"reason": reason, "compile_ratio": cr, "host_ratio": m["ratio"],
+                why = {"reason": self._reason(ok, m["ratio"]), "compile_ratio": cr, "host_ratio": m["ratio"],
                        "host_kernel_us": m["kernel_us"], "host_eager_us": m["eager_us"]}
                 # kept for later processes, unless measured on an overloaded host (more runnable
                 # threads than cores: both sides' times are mostly waiting, and a decision

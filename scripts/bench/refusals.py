@@ -34,20 +34,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-MODELS = ("gpt2", "bert", "unet", "mlp")
-
-
-def build(name: str, device: str):
-    """The workload ``name`` on ``device``: ``real_models.py``'s (the U-Net block too)."""
-    from real_models import build as build_model
-
-    return build_model(name, device=device)
+from real_models import MODELS, build  # noqa: E402 -- the workloads real_models.py serves
 
 
 def record_child(name: str, device: str, trace: str) -> None:
     import aoti_farm
 
-    run = build(name, device)
+    run = build(name, device=device)
     run()                                   # first-call set-up (lazy modules) outside the trace
     with aoti_farm.record(trace, devices=(device,)):
         run()
