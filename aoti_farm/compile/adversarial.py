@@ -38,7 +38,7 @@ FINITE = (0.0, -0.0, 1.0, 0.1, -1.0, 5.0, 3.0, 10.0)
 NONFINITE = (INF, -INF, NAN, 0.0, -0.0, 1.0, -1.0, 5.0)
 
 #: Argument names that hold indices into another input (see :func:`index_bound`).
-INDEX_ARGS = ("index", "indices", "target")
+INDEX_ARGS = S.INDEX_ARGS
 
 #: Ops whose integer tensors size an allocation or a loop (never given extremes).
 _SIZE_OPS = ("aten::repeat_interleave", "aten::bincount", "aten::histc", "aten::multinomial",
@@ -149,24 +149,14 @@ def _int_pattern(dtype: torch.dtype, i: int) -> list:
 
 def index_bound(op: str, name: str, j: int | None, values: dict) -> int | None:
     """The exclusive upper bound of the index tensor ``name`` (item ``j`` of a list) of
-    ``op``, from the other arguments' ``values`` (by name); None when unknown."""
-    base = op.split(".")[0]
-    x = values.get("self", values.get("input"))
-    try:
-        if base == "aten::embedding":
-            return int(values["weight"].shape[0])
-        if base in ("aten::index_select", "aten::index_add", "aten::index_copy", "aten::gather",
-                    "aten::scatter", "aten::scatter_add", "aten::scatter_reduce", "aten::index_fill"):
-            d = int(values["dim"])
-            return int(x.shape[d]) if x.dim() else 1
-        if base in ("aten::nll_loss", "aten::nll_loss_forward", "aten::nll_loss2d", "aten::nll_loss2d_forward",
-                    "aten::nll_loss_nd", "aten::cross_entropy_loss"):
-            return int(x.shape[1] if x.dim() >= 2 else x.shape[0])
-        if base in ("aten::index", "aten::_unsafe_index", "aten::index_put") and j is not None:
-            return int(x.shape[j])
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+    ``op``, from the other arguments' ``values`` (by name); None when unknown.  Which size
+    it is: :func:`aoti_farm.signature.index_table`."""
+    ranks = {k: v.dim() for k, v in values.items() if isinstance(v, torch.Tensor)}
+    where = S.index_table(op, j, ranks, values.get("dim"))
+    if where is None:
         return None
-    return None
+    arg, d = where
+    return 1 if d is None else int(values[arg].shape[d])
 
 
 def _values(sig: S.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:

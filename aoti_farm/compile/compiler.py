@@ -46,7 +46,7 @@ from aoti_farm.compile.checks import known_proxy_op, needs_proxy_executor, remem
 from aoti_farm.compile.faults import CompileInfraError, _compile_errors, _first_line, infrastructure_error, own_code_error
 from aoti_farm.compile.runner import flat_tensors
 from aoti_farm.compile.graph import SUBSTITUTED, NotUpcastable, OpModule, output_strides, upcast_dtypes
-from aoti_farm.compile.verify import Verifier, _refuse_class_where_eager_raises, eager_raises_on_adversarial
+from aoti_farm.compile.verify import Verifier, eager_raises_on_adversarial, refuse_class_where_eager_raises
 from aoti_farm.dynamic import dyncompile, stridesym
 from aoti_farm.dynamic import shapes as SH
 from aoti_farm.errors import CompileRefused
@@ -238,7 +238,7 @@ class AOTICompiler(Verifier):
             # a CUDA index op: negative indices mapped out of range, the asserts read back
             cuda_bounds = adversarial.cuda_index_bounds(sig, args, kwargs) if cls is None else None
             if cls is not None:   # before compiling too: verify_class would refuse it
-                _refuse_class_where_eager_raises(dyncompile.verify_points(cls))
+                refuse_class_where_eager_raises(dyncompile.verify_points(cls))
             tensors = flat_tensors(sig, args, kwargs)
             with torch.no_grad():
                 # eager must accept the example inputs, or the signature itself is bad

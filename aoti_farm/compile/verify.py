@@ -71,7 +71,8 @@ class Verifier:
         Returns (one dict per sample: ``at``, the symbol values, and ``speed`` where
         measured; the manifest's ``verification``).  It never runs in the verification
         child: where this process cannot load kernels, or eager raises on an adversarial
-        input, the class is refused and its members are compiled exactly (their
+        input that the class's index guards (:func:`class_index_guards`) do not send to
+        eager, the class is refused and its members are compiled exactly (their
         verification runs those cases in the child)."""
         timing: dict = {}
         self._probe(cls.device, kernel_path, timing)
@@ -79,10 +80,10 @@ class Verifier:
             raise dyncompile.DynamicUnsupported("this process cannot load kernels safely (libstdc++ preload): "
                                                 "exact kernels")
         points = dyncompile.verify_points(cls)
-        _refuse_class_where_eager_raises(points)
+        guards = refuse_class_where_eager_raises(points)
         t0 = time.perf_counter()
         runner = self.load(kernel_path, cls.device)
-        n_cases, notes = self._check(points, runner)
+        n_cases, notes = self._check(points, runner, guards)
         timing["check"] = time.perf_counter() - t0
         samples = [{"at": env} for _sig, _seed, env in points]
         if self.measure_speed:
@@ -92,6 +93,8 @@ class Verifier:
             timing["speed"] = time.perf_counter() - t1
         verification = {"ok": True, "samples": len(samples), "shapes": [s["at"] for s in samples],
                         "adversarial_cases": n_cases, **({"edge_notes": notes} if notes else {}),
+                        # served only where every index is in range, as an exact kernel
+                        **({"index_guards": [list(g) for g in guards]} if guards else {}),
                         "timing": {k: round(v, 4) for k, v in timing.items()}}
         return samples, verification
 
@@ -149,7 +152,7 @@ class Verifier:
         thread count.  CompileRefused on any disagreement; on random inputs where one side
         raises, an exact kernel must raise as eager does (:func:`check_case`), and a class
         kernel is refused (eager and the kernel must both accept every shape of the
-        range).  ``guards`` (an exact kernel's index guards): the adversarial cases they
+        range).  ``guards`` (the kernel's index guards, exact or class): the adversarial cases they
         send to eager are not run on the kernel.  Returns (the number of adversarial cases
         run, the edge notes)."""
         sig0 = points[0][0]
@@ -278,13 +281,35 @@ def eager_raises_on_adversarial(sig: S.Signature, only: tuple[str, ...] = (), gu
     return False
 
 
-def _refuse_class_where_eager_raises(points: list) -> None:
+def class_index_guards(points: list) -> list | None:
+    """The index guards of a class kernel (:func:`adversarial.index_guards`), where they are
+    the same at every sampled point; else None.
+
+    A guard's bound is a size of one of the call's inputs (the table an index selects
+    from).  Where that size is fixed across the class (a vocabulary, a position table: the
+    index's length is what varies), the exact guard holds for every member, and the class
+    kernel is served behind it as an exact kernel is.  Where the bound is a symbol, the
+    samples include both ends of its range, so their guards differ: None, and the class
+    falls back to exact members (:func:`refuse_class_where_eager_raises`)."""
+    first = None
+    for sig, seed, _at in points:
+        g = adversarial.index_guards(sig, *S.materialize(sig, seed=seed))
+        if g is None or (first is not None and g != first):
+            return None
+        first = g
+    return first
+
+
+def refuse_class_where_eager_raises(points: list) -> list | None:
     """A class kernel is never verified in the verification child: where eager raises on an
-    adversarial input of its first sampled shape (an index out of range), its members are
-    compiled exactly (DynamicUnsupported)."""
-    if eager_raises_on_adversarial(points[0][0]):
-        raise dyncompile.DynamicUnsupported("eager raises on an adversarial input (an index out of range): "
-                                            "verified per member")
+    adversarial input of its first sampled shape that the class's index guards
+    (:func:`class_index_guards`) do not send to eager, its members are compiled exactly
+    (DynamicUnsupported).  Returns the guards (None: none)."""
+    guards = class_index_guards(points)
+    if eager_raises_on_adversarial(points[0][0], guards=guards):
+        raise dyncompile.DynamicUnsupported("eager raises on an adversarial input (an index out of range) "
+                                            "that no fixed index guard covers: verified per member")
+    return guards
 
 
 def verify_thread_counts(device: str) -> list[int]:

@@ -404,11 +404,40 @@ def classes(sigs: Iterable[S.Signature]) -> tuple[list[ShapeClass], list[S.Signa
         if g is None:
             loose.append(s)
         else:
-            groups.setdefault(g, []).append(s)
+            groups.setdefault((g, index_pins(s)), []).append(s)
     out = []
-    for (op, gargs), members in groups.items():
+    for ((op, gargs), _pins), members in groups.items():
         out.append(_learn(op, gargs, members))
     return out, loose
+
+
+def index_pins(sig: S.Signature) -> tuple:
+    """``(argument, dim, size)`` of every size of ``sig`` that bounds an index argument
+    (:func:`aoti_farm.signature.index_table`: the table an index selects from).  Members
+    whose pins differ are in different classes, so such a size is never a symbol: a class
+    kernel of an index op is served behind one constant index guard, as an exact kernel
+    is (the verification's ``class_index_guards``).  Serving needs nothing of this: a
+    pinned size is a fixed dim of its class, which :meth:`ShapeClass.bind` checks."""
+    try:
+        info = sig.info()
+    except Exception:  # noqa: BLE001 -- an op this torch lacks: nothing to pin
+        return ()
+    named = dict(zip(info.arg_names, sig.args))
+    ranks = {n: len(a[2]) for n, a in named.items() if a[0] == "T"}
+    dim = named.get("dim")
+    dim = dim[1] if isinstance(dim, tuple) and len(dim) == 2 and dim[0] == "i" else None
+    pins = []
+    for name, a in named.items():
+        if name not in S.INDEX_ARGS:
+            continue
+        items = [(None, a)] if a[0] == "T" else list(enumerate(a[1])) if a[0] == "TL" else []
+        for j, t in items:
+            if t[0] != "T" or t[1] not in S.INT_DTYPES:
+                continue   # an index is an integer tensor (adversarial._is_index)
+            where = S.index_table(sig.op, j, ranks, dim)
+            if where is not None and where[1] is not None:
+                pins.append((where[0], where[1], named[where[0]][2][where[1]]))
+    return tuple(pins)
 
 
 def _learn(op: str, gargs: tuple, members: list[S.Signature]) -> ShapeClass:

@@ -24,12 +24,13 @@ Value ranges of integer tensors are *hints* (not part of the key): they let
 Modules: ``names`` (dtype/layout/memory-format names, int64 limits), ``ops`` (op lookup,
 :class:`OpInfo`), ``encoding`` (a call's arguments), ``jsonform`` (the JSON/msgpack
 form), ``key`` (:class:`Signature`, its key), ``examples`` (example inputs, the human
-form), ``conditions`` (the globals a kernel is served under: default dtype, TF32, cuDNN,
+form), ``indexing`` (which size bounds an index argument), ``conditions`` (the globals a kernel is served under: default dtype, TF32, cuDNN,
 deterministic mode).  Import the names from this package.
 """
 
 from aoti_farm.signature import conditions
 from aoti_farm.signature.encoding import encode_call, encode_tensor, encode_value
+from aoti_farm.signature.indexing import INDEX_ARGS, index_table
 from aoti_farm.signature.examples import (decode_value, describe, make_tensor, materialize, storage_size,
                                           tensor_positions)
 from aoti_farm.signature.jsonform import (arg_from_json, arg_to_json, check_hints, check_range, decode_args,
@@ -43,11 +44,11 @@ from aoti_farm.signature.names import (DTYPE_NAMES, DTYPES, FLOAT_DTYPES, INT64_
 from aoti_farm.signature.ops import NO_DEFAULT, OpInfo, op_info, op_name, resolve_op
 
 __all__ = [
-    "DTYPES", "DTYPE_NAMES", "FLOAT_DTYPES", "INT64_MAX", "INT64_MIN", "INT_DTYPES", "KEY_VERSION",
+    "DTYPES", "DTYPE_NAMES", "FLOAT_DTYPES", "INDEX_ARGS", "INT64_MAX", "INT64_MIN", "INT_DTYPES", "KEY_VERSION",
     "LAYOUTS", "LAYOUT_NAMES", "MAX_NUMEL", "MEMORY_FORMATS", "MEMORY_FORMAT_NAMES", "NO_DEFAULT",
     "OpInfo", "Signature", "arg_from_json", "conditions", "arg_to_json", "canonical_bytes", "check_hints", "check_range",
     "decode_args", "decode_value", "describe", "device_ok", "device_str", "dtype_from_name",
-    "encode_call", "encode_tensor", "encode_value", "exact_float", "from_call", "is_int64", "key_fields", "make_tensor",
+    "encode_call", "encode_tensor", "encode_value", "exact_float", "from_call", "index_table", "is_int64", "key_fields", "make_tensor",
     "materialize", "op_info", "op_name", "parse_signature", "resolve_op", "short_repr", "signature_key",
     "storage_size", "tensor_from_json", "tensor_positions", "to_float",
 ]

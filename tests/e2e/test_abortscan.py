@@ -112,18 +112,24 @@ def test_a_small_index_kernel_without_a_guard_raises_as_eager_does(tmp_path, mon
 
 
 def test_a_class_where_eager_rejects_an_index_is_refused_before_its_build(tmp_path):
-    """A class kernel is never verified in the verification child, so its members are
-    compiled exactly; that is known before the class's compile, which is not run."""
+    """A class kernel is never verified in the verification child, so where eager raises
+    on an index that no constant index guard sends to eager, its members are compiled
+    exactly; that is known before the class's compile, which is not run.  ``gather`` from a
+    table as long as its index: ``classes`` never makes such a class (the table's size is
+    pinned, tests/unit/test_shapes.py), so this one is made by hand, the bound a symbol.
+    (A class whose table is fixed is served behind its guard: tests/e2e/test_index_guards.py.)"""
     from aoti_farm.dynamic import shapes as SH
 
     i64 = torch.int64
     sigs = []
-    for n in (3, 5, 7):
-        sig = S.from_call(torch.ops.aten.index_select.default, (torch.empty(10, 4), 0, torch.empty(n, dtype=i64)), {})
-        sigs.append(S.Signature(sig.op, sig.args, {"index": {"range": [0, 9]}}))
-    (cls,), rest = SH.classes(sigs)
-    assert not rest
+    for n in (8, 16, 24):
+        sig = S.from_call(torch.ops.aten.gather.default, (torch.empty(4, n), 1, torch.empty(4, n, dtype=i64)), {})
+        sigs.append(S.Signature(sig.op, sig.args, {"index": {"range": [0, n - 1]}}))
+    assert all(len(c.members) == 1 for c in SH.classes(sigs)[0])
+    cls = SH._learn(*SH.group_of(sigs[0].op, sigs[0].args), sigs)
+    assert cls.ranges == (("s0", 8, 24),)
     fp, before = fingerprint("cpu"), _built_wrappers()
     out = compile_and_publish(Cache(tmp_path / "c"), AOTICompiler(measure_speed=False), fp, cls, owner="t")
     assert out.status == "failed" and out.error.startswith("eager raises on an adversarial input"), out.error
+    assert "no fixed index guard" in out.error, out.error
     assert _built_wrappers() == before                       # no wrapper was built

@@ -124,3 +124,84 @@ def test_an_index_out_of_range_is_eagers_error_and_in_range_is_served(guarded, n
     assert all(k != "ok" for k in res["high_kinds"]), res   # eager raises on every one
     assert res["negative"] == [True, True, True], res
     assert res["served_after"] == 3, res   # the bad calls were eager's
+
+
+# --- shape classes of index ops ------------------------------------------------------------------
+
+
+def _members(op, make, lengths, hi):
+    """Exact signatures of ``op`` at ``lengths`` (``make(n)``: its example arguments), each
+    index argument hinted in ``[0, hi(n)]``, as the recorder writes them."""
+    out = []
+    for n in lengths:
+        sig = S.from_call(op, make(n), {})
+        out.append(S.Signature(sig.op, sig.args, {"index": {"range": [0, hi(n)]}}))
+    return out
+
+
+SERVE_CLASS = textwrap.dedent("""
+    import json, sys, torch
+    from aoti_farm.runtime import Settings, install
+    cache = sys.argv[1]
+    W = torch.randn(1000, 32)
+    a = torch.ops.aten
+    def outcome(fn):
+        try:
+            return ("ok", fn())
+        except Exception as e:
+            return ("raised", type(e).__name__)
+    res = {"good": [], "bad": []}
+    with install(cache_dir=cache, serve="always", on_miss="ignore", settings=Settings(install_trial=0)) as hook:
+        for n in (12, 20, 24, 9):                       # unseen lengths inside the class's range
+            i = torch.randint(0, 1000, (n,))
+            got = a.index_select.default(W, 0, i)
+            with hook._routes.bypassed():
+                want = a.index_select.default(W, 0, i)
+            res["good"].append(bool(torch.equal(got, want)))
+        res["hits"] = hook.stats()["hits"]
+        for bad in (1000, -1):                          # out of range at an unseen length: eager's error
+            i = torch.randint(0, 1000, (12,))
+            i[5] = bad
+            served = outcome(lambda: a.index_select.default(W, 0, i))
+            with hook._routes.bypassed():
+                eager = outcome(lambda: a.index_select.default(W, 0, i))
+            res["bad"].append([served[0], served[1] if served[0] == "raised" else None,
+                               eager[0], eager[1] if eager[0] == "raised" else None])
+        st = hook.stats()
+        res["hits_after"], res["matched"] = st["hits"], st["shape_classes"]["matched"]
+    print(json.dumps(res))
+""")
+
+
+def test_an_index_class_with_a_fixed_bound_is_served_behind_its_guards(tmp_path):
+    """An embedding lookup recorded at three lengths (the table fixed, the ids' length
+    varying) is one class kernel behind the table's index guard: unseen lengths are hits
+    equal to eager, and an out-of-range id at an unseen length is eager's own error."""
+    from aoti_farm.compile import dynwarm
+    from aoti_farm.dynamic import shapes as SH
+
+    sigs = _members(torch.ops.aten.index_select.default,
+                    lambda n: (torch.empty(1000, 32), 0, torch.empty(n, dtype=L)), (8, 16, 24), lambda n: 999)
+    classes, rest = SH.classes(sigs)
+    assert len(classes) == 1 and not rest
+    cls = classes[0]
+    cache = Cache(tmp_path / "c")
+    comp = AOTICompiler(measure_speed=False)
+    fp = fingerprint("cpu", comp.options())
+    out = dynwarm.compile_class(cache, cls, comp, fp, None, owner="pytest")
+    assert out["status"] == "compiled", out
+    m = cache.open_entry(fp, cls.key).manifest
+    assert m["format"] == GUARDED_FORMAT and m["verification"]["index_guards"] == [[1, 0, 1000]], m["verification"]
+    with pytest.raises(BadEntry) as e:   # upstream's holder cannot enforce guards
+        cache.open_entry(fp, cls.key, guards=False)
+    assert e.value.kind == "guarded"
+
+    r = subprocess.run([sys.executable, "-c", SERVE_CLASS, str(cache.root)], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, f"the serving process ended ({r.returncode}): {r.stderr[-3000:]}"
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["good"] == [True] * 4 and res["hits"] == 4 and res["matched"] >= 4, res
+    for served_kind, served_err, eager_kind, eager_err in res["bad"]:
+        assert served_kind == eager_kind == "raised" and served_err == eager_err, res
+    assert res["hits_after"] == 4, res   # the bad calls were eager's
+

@@ -43,6 +43,40 @@ def test_signatures_differing_only_in_sizes_form_one_class_with_observed_ranges(
     assert c2.ranges == (("s0", 4, 8), ("s1", 8, 32))
 
 
+def _isel(table, n):
+    return S.Signature("aten::index_select", (T(table), ("i", 0), T((n,), dt="int64")))
+
+
+def test_the_size_an_index_selects_from_is_never_a_symbol():
+    """The table an index op selects from is pinned (``index_pins``): one class per table
+    size, the index's length the symbol.  So the class kernel's index guard (the table's
+    size) is one constant for every member."""
+    sigs = [_isel(table, n) for table in ((1000, 128), (2, 128), (256, 128)) for n in (16, 40, 64)]
+    cls, loose = SH.classes(sigs)
+    assert loose == [] and len(cls) == 3
+    assert sorted(c.dims for c in cls) == [((2, 128), ("s0",)), ((256, 128), ("s0",)), ((1000, 128), ("s0",))]
+    assert all(c.ranges == (("s0", 16, 64),) for c in cls)
+    assert SH.index_pins(sigs[0]) == (("self", 0, 1000),)
+    # gather from a table as long as its index: the bound varies with the index, so no class
+    g = [S.Signature("aten::gather", (T((4, n)), ("i", 1), T((4, n), dt="int64"), ("b", False))) for n in (8, 16)]
+    assert [len(c.members) for c in SH.classes(g)[0]] == [1, 1]
+    # a float tensor named like an index is not one; an op with no index argument pins nothing
+    assert SH.index_pins(add(T((4, 16)), T((4, 16)))) == ()
+
+
+def test_index_table_names_the_size_that_bounds_each_index_op():
+    it = S.index_table
+    assert it("aten::embedding", None, {"weight": 2, "indices": 2}, None) == ("weight", 0)
+    assert it("aten::index_select", None, {"self": 2, "index": 1}, -1) == ("self", 1)
+    assert it("aten::gather", None, {"self": 0, "index": 0}, 0) == ("self", None)      # a 0-dim table: bound 1
+    assert it("aten::gather", None, {"self": 2, "index": 2}, 2) is None                  # dim out of range
+    assert it("aten::nll_loss_forward", None, {"self": 2, "target": 1}, None) == ("self", 1)
+    assert it("aten::nll_loss_forward", None, {"self": 1, "target": 0}, None) == ("self", 0)
+    assert it("aten::index.Tensor", 1, {"self": 3}, None) == ("self", 1)
+    assert it("aten::index.Tensor", 3, {"self": 3}, None) is None
+    assert it("aten::add.Tensor", None, {"self": 2, "other": 2}, None) is None
+
+
 @pytest.mark.parametrize("other,why", [
     (add(T((16, 8), (1, 16)), T((16, 8), (1, 16))), "stride order (a transposed layout)"),
     (add(T((8, 16), (0, 1)), T((8, 16))), "a broadcast (stride-0) dim"),
