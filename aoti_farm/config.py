@@ -63,6 +63,8 @@ DEV = {
     "ray_dashboard": ("0", "workers.raysetup: 1 starts the embedded Ray's dashboard"),
     "min_saving_us": ("", "runtime.gate: the least saving, in µs a call on the serving host, for a kernel to be served "
                           "under serve=faster (empty: aoti_farm.speedgate.speed.MIN_SAVING_US); an A/B of that floor"),
+    "native_early": ("1", "workers.warm, aoti_farm.compile.hostprep: 0 leaves the hit path's extension to the first "
+                          "compile's speed measurement (1 builds it from warm's start)"),
     "omp_passive": ("1", "aoti_farm.startup.ompwait: 0 leaves libgomp's default wait policy (spin, then sleep) in the "
                          "compile processes"),
 }

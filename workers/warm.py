@@ -179,6 +179,24 @@ def start_host_prep(cfg: FarmConfig, n_cpu: int, timeline: dict,
     return th
 
 
+def start_native_build(cfg: FarmConfig, n: int, timeline: dict, compiler_factory: Callable | None):
+    """The hit path's extension, built from now where it is not built yet
+    (:func:`aoti_farm.compile.hostprep.start_native_build`: every compile's speed
+    measurement needs it, and the first one would build it while the others wait): for an
+    embedded Ray (the actors run on this host) with ``n`` >= 1 signatures to compile, and
+    the real compiler.  ``AOTI_FARM_DEV=native_early=0``: None (the first compile builds it)."""
+    from aoti_farm import config
+
+    if n < 1 or compiler_factory is not None or cfg.address or config.dev("native_early") == "0":
+        return None
+    from aoti_farm.compile import hostprep
+
+    proc = hostprep.start_native_build()
+    if proc is not None:
+        timeline["native_build_started"] = time.time()
+    return proc
+
+
 def isa_probe_in_child(n_cpu: int, compiler_factory: Callable | None):
     """On a fresh many-core host, the planner's ISA probe in a child
     (:class:`aoti_farm.compile.hostprep.IsaChild`, started here, awaited by
@@ -288,6 +306,7 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
     # the signatures in no namespace are compiled whatever the plan says: prepare the host
     # for them at once (its imports overlap a fresh host's ISA probe in the planner)
     box["prep"] = start_host_prep(cfg, sure["cpu"], timeline, compiler_factory)
+    start_native_build(cfg, sure["cpu"] + sure["gpu"], timeline, compiler_factory)
 
     def run() -> None:
         try:
@@ -295,6 +314,8 @@ def _plan_while_starting(cfg: FarmConfig, sigs: list, cache, sure: dict, timelin
             if box["prep"] is None:
                 box["prep"] = start_host_prep(cfg, sum(t.kind == "cpu" for t in box["plan"].todo), timeline,
                                               compiler_factory)
+            if "native_build_started" not in timeline:
+                start_native_build(cfg, len(box["plan"].todo), timeline, compiler_factory)
         except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
             box["error"] = e
         finally:
@@ -405,6 +426,7 @@ def warm(cfg: FarmConfig, models: list[str], *, report: str | None = None, strea
             await_isa_probe(isa, sigs, timeline)
             p = plan(sigs, cache, cfg.inductor_options, cfg.memory_budget)
             prep = start_host_prep(cfg, sum(t.kind == "cpu" for t in p.todo), timeline, compiler_factory)
+            start_native_build(cfg, len(p.todo) + len(classes.tasks if classes else ()), timeline, compiler_factory)
         timeline["planned"] = time.time()
         results = {r.key: r for r in p.done}
         for r in p.done:

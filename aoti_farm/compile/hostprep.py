@@ -140,6 +140,34 @@ def prepare_in_child(inductor_options: dict | None = None, timeout: float = 900.
     return {"status": "failed", "seconds": time.perf_counter() - t0, "error": why, "child": True}
 
 
+def start_native_build():
+    """Start building the hit path's extension (``runtime/fastpath.cpp``,
+    :mod:`aoti_farm.speedgate.hitpath`) in a detached child, where it is not built yet and
+    not disabled; the child (``python -m aoti_farm.runtime.native build``) or None.
+
+    Every compile times its kernel as the hook serves it, through that extension
+    (:func:`aoti_farm.speedgate.speed.time_served_call`).  On a fresh host the first compile
+    to reach that step builds it (one g++ process: 15 s on the 16-core H200 host), and
+    every other compile waits on its lock meanwhile: the cores stand idle.  Started at
+    ``warm``'s start instead, the build overlaps Ray's start, the actors' imports and the
+    first compiles; they wait on the same lock only for what is left of it.  It changes
+    when the extension is built, never what is built or used (the same command and lock
+    as a first hooked program's build).  The child outlives a ``warm`` that ends first, so
+    the host's extension is never left half-built (the build writes a temporary file and
+    renames it)."""
+    import subprocess
+
+    from aoti_farm.speedgate import hitpath
+
+    if hitpath.disabled() or hitpath.library_path().exists():
+        return None
+    try:
+        return subprocess.Popen(spawn.python("-m", "aoti_farm.runtime.native", "build"), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except (OSError, ValueError):   # the first compile builds it, as before
+        return None
+
+
 #: Marks the child's answer line (anything else it prints is skipped).
 _REPLY = "aoti-farm-hostprep: "
 

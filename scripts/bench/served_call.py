@@ -2,7 +2,7 @@
 """What a served call costs inside a real model, stage by stage, against what it costs alone.
 
     python scripts/bench/served_call.py --out DIR [--model gpt2] [--threads 2] [--rounds 5]
-                                        [--runs 5] [--cache-dir C] [--no-warm]
+                                        [--runs 5] [--cache-dir C] [--no-warm] [--device cuda]
 
 The model is one of scripts/bench/real_models.py's (nobody on the project wrote it: GPT-2
 greedy generation from a small config by default).  Its trace is recorded and warmed with
@@ -36,8 +36,14 @@ Reported (per round, then medians over rounds):
   model is every other stage in the model, plus the run's growth in the model, plus the
   remainder.
 
+``--device cuda`` records, warms and serves the model on the GPU.  Every timed run and every
+hot-loop batch then ends with ``torch.cuda.synchronize()`` (real_models.py's ``timed``), so
+the model's times include the GPU's work; the stages are the host's: ``run`` is
+AOTInductor's container run, which on CUDA launches the kernel (its own GPU time is in the
+model's and the loop's wall, not in the stage).
+
 Output: one line per round, a table, and the raw JSON (machine, date, every round) in
-``--out``/served_call.json.  CPU only for now: the models of real_models.py are CPU models.
+``--out``/served_call.json.
 """
 
 from __future__ import annotations
@@ -81,8 +87,9 @@ def _median_time(run, n: int) -> float:
     return statistics.median(ts)
 
 
-def _hot(fn, inner: int = 200, repeats: int = 7) -> float:
-    """Median over ``repeats`` batches of ``inner`` calls, seconds per call."""
+def _hot(fn, inner: int = 200, repeats: int = 7, sync=None) -> float:
+    """Median over ``repeats`` batches of ``inner`` calls, seconds per call (``sync``: called
+    at the end of each batch, inside its time: the GPU's queue drained)."""
     for _ in range(20):
         fn()
     per = []
@@ -90,16 +97,26 @@ def _hot(fn, inner: int = 200, repeats: int = 7) -> float:
         t0 = time.perf_counter()
         for _ in range(inner):
             fn()
+        if sync is not None:
+            sync()
         per.append((time.perf_counter() - t0) / inner)
     return statistics.median(per)
 
 
-def model_round(run, cache: str, runs: int, mod) -> dict:
+def _sync(device: str):
+    if device != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.synchronize
+
+
+def model_round(run, cache: str, runs: int, mod, device: str = "cpu") -> dict:
     from aoti_farm.runtime import install
 
     run()
     e = _median_time(run, runs)
-    hook = install(cache_dir=cache, serve="always", on_miss="ignore")
+    hook = install(cache_dir=cache, serve="always", on_miss="ignore", devices=(device,))
     try:
         run()
         run()
@@ -117,7 +134,7 @@ def model_round(run, cache: str, runs: int, mod) -> dict:
             "measured_us": (h - e) / served * 1e6 if served else None, "stages_in_model_ns": _per_call(prof)}
 
 
-def isolated(trace_path: str, cache: str, mod) -> dict:
+def isolated(trace_path: str, cache: str, mod, device: str = "cpu") -> dict:
     """Each signature of the trace alone: eager's call in a hot loop (no hook), then the
     served call (the same op, inputs and thread count, through the hook) with its stage
     profile; a signature the hook does not serve has no row."""
@@ -132,10 +149,11 @@ def isolated(trace_path: str, cache: str, mod) -> dict:
         op = S.resolve_op(ent.sig.op)
         args, kwargs = S.materialize(ent.sig, seed=0)
         calls.append((ent, op, args, kwargs))
+    sync = _sync(device)
     with torch.no_grad():
-        eager = [_hot(lambda: op(*args, **kwargs)) for _, op, args, kwargs in calls]
+        eager = [_hot(lambda: op(*args, **kwargs), sync=sync) for _, op, args, kwargs in calls]
         rows = []
-        hook = install(cache_dir=cache, serve="always", on_miss="ignore")
+        hook = install(cache_dir=cache, serve="always", on_miss="ignore", devices=(device,))
         try:
             for (ent, op, args, kwargs), e in zip(calls, eager):
                 before = hook.stats()["summary"]["served"]
@@ -144,7 +162,7 @@ def isolated(trace_path: str, cache: str, mod) -> dict:
                     continue
                 mod.reset_profile()
                 mod.set_profile(True)
-                served = _hot(lambda: op(*args, **kwargs))
+                served = _hot(lambda: op(*args, **kwargs), sync=sync)
                 mod.set_profile(False)
                 prof = _per_call(mod.profile_stats())
                 rows.append({"key": ent.sig.key, "signature": S.describe(ent.sig), "count": ent.count,
@@ -165,13 +183,14 @@ def isolated(trace_path: str, cache: str, mod) -> dict:
             "faster": sum(1 for r in rows if r["served_us"] < r["eager_us"]), "signatures": len(rows)}
 
 
-def prepare(model: str, out: str, cache: str, threads: int) -> str:
-    """Record the workload and warm its trace (real_models.py's record, ``aoti-farm warm``)."""
+def prepare(model: str, out: str, cache: str, threads: int, device: str = "cpu") -> str:
+    """Record the workload on ``device`` and warm its trace (real_models.py's record,
+    ``aoti-farm warm`` with the defaults)."""
     trace = os.path.join(out, f"{model}_trace.json")
     subprocess.run([sys.executable, os.path.join(HERE, "real_models.py"), "--out", out, "--threads", str(threads),
-                    "--record-child", model, trace], check=True)
-    cli = os.path.join(os.path.dirname(sys.executable), "aoti-farm")
-    w = subprocess.run([cli, "warm", "--model", trace, "--cache-dir", cache], stdout=subprocess.DEVNULL)
+                    "--device", device, "--record-child", model, trace], check=True)
+    w = subprocess.run([sys.executable, "-m", "aoti_farm", "warm", "--model", trace, "--cache-dir", cache],
+                       stdout=subprocess.DEVNULL)
     if w.returncode not in (0, 1):
         raise SystemExit(f"served_call: warm of {trace} exited {w.returncode}")
     return trace
@@ -186,8 +205,10 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="timed runs per phase (median)")
     ap.add_argument("--cache-dir", default=None, help="the cache to warm and serve (default: under --out)")
     ap.add_argument("--no-warm", action="store_true", help="serve the cache as it is (the trace must be in --out)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model runs (recorded, warmed and served there; timed runs end synchronized)")
     args = ap.parse_args(argv)
-    from real_models import MODELS, build
+    from real_models import MODELS, build, timed
 
     if args.model not in MODELS:
         print(f"served_call: --model: {args.model!r} is not one of {', '.join(MODELS)}", file=sys.stderr)
@@ -198,8 +219,14 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     cache = args.cache_dir or os.path.join(args.out, "cache")
     trace = os.path.join(args.out, f"{args.model}_trace.json")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("served_call: --device cuda: no CUDA device here; use --device cpu", file=sys.stderr)
+            return 2
     if not args.no_warm:
-        prepare(args.model, args.out, cache, args.threads)
+        prepare(args.model, args.out, cache, args.threads, args.device)
     elif not os.path.exists(trace):
         print(f"served_call: --no-warm: no trace {trace}; run once without --no-warm", file=sys.stderr)
         return 2
@@ -211,17 +238,18 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     mod = _native()
     info = machine()
-    run = build(args.model)
+    info["device"] = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    run = timed(build(args.model, device=args.device), args.device)
     rounds = []
     for r in range(args.rounds):
-        one = model_round(run, cache, args.runs, mod)
+        one = model_round(run, cache, args.runs, mod, args.device)
         rounds.append(one)
         st = one["stages_in_model_ns"]
         print(f"round {r}: eager {one['eager_s'] * 1e3:.2f} ms, served {one['served_s'] * 1e3:.2f} ms "
               f"(ratio {one['ratio']:.3f}), {one['served_per_run']:.0f} served calls a run, "
               f"{one['measured_us'] if one['measured_us'] is None else round(one['measured_us'], 2)} us a served call; "
               f"stages ns " + " ".join(f"{k} {st[k]:.0f}" for k in STAGES), flush=True)
-    alone = isolated(trace, cache, mod)
+    alone = isolated(trace, cache, mod, args.device)
     med = lambda k: statistics.median(x[k] for x in rounds if x[k] is not None)   # noqa: E731
     in_model = {k: statistics.median(x["stages_in_model_ns"][k] for x in rounds) for k in STAGES}
     measured = med("measured_us") if any(x["measured_us"] is not None for x in rounds) else None
@@ -244,7 +272,7 @@ def main(argv=None) -> int:
         json.dump(doc, f, indent=1, default=str)
     s = summary
     print(f"\n{info['date']}  {info['cpu_model']}  cpus={info['cpu_count']}  torch {info['torch']}  "
-          f"threads {args.threads}  model {args.model}")
+          f"device {info['device']}  threads {args.threads}  model {args.model}")
     print(f"model served/eager {s['ratio']:.3f} (median of {args.rounds} rounds), {s['served_per_run']:.0f} served "
           f"calls a run; {alone.get('signatures', 0)} signatures served alone, {alone.get('faster', 0)} faster than eager")
     if measured is not None and alone.get("change_us") is not None:

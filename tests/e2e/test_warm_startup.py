@@ -76,8 +76,18 @@ def test_warm_starts_ray_while_planning_and_compiles_in_a_forked_copy(tmp_path):
     assert tl["loaded"] < tl["ray_started"] and tl["ray_imported"] < tl["planned"], tl
     # a fresh host: the planner's ISA probe ran in an exec'd child, and answered
     assert tl["isa_child"]["status"] == "probed", tl["isa_child"]
+    # ... and the hit path's extension was not built: its build started with the warm, before
+    # the first compile (aoti_farm/compile/hostprep.py: start_native_build), and that compile
+    # timed its kernel through it, as the hook serves it
+    assert tl["loaded"] <= tl["native_build_started"] < tl["first_dispatch"], tl
+    assert list((tmp_path / "xdg" / "aoti-farm-private" / "native").rglob("_aoti_farm_native*.so"))
     assert [r["status"] for r in rep["signatures"]] == ["compiled"]
     assert rep["pool"]["actors_started"] == 1
+    from aoti_farm.cache.store import Cache
+    cache = Cache(tmp_path / "cache")
+    (fp_id,) = cache.fingerprint_ids()
+    m = cache.read_manifest(cache.entry_dir(fp_id, rep["signatures"][0]["key"]))
+    assert m["speed"]["via"] == "hit path", m["speed"]
     # a job without GPU signatures: the embedded Ray's workers saw no GPU (raysetup.start_ray),
     # and the warm's own process kept what it had
     assert [w["cuda_visible_devices"] for w in tl["workers"]] == [""], tl["workers"]

@@ -38,6 +38,7 @@ SITES = {
     ("aoti_farm/compile/verifyserver.py", "_start_locked"): (PY, "CHILD"),
     ("aoti_farm/compile/hostprep.py", "prepare_in_child"): PY,
     ("aoti_farm/compile/hostprep.py", "__init__"): PY,
+    ("aoti_farm/compile/hostprep.py", "start_native_build"): PY,
     ("aoti_farm/startup/isaload.py", "check_call"): PY,
     ("runtime/native.py", "build_in_background"): PY,
     ("runtime/supervisor.py", "_start"): (PY, "command"),
