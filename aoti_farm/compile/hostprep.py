@@ -147,7 +147,7 @@ def start_native_build():
 
     Every compile times its kernel as the hook serves it, through that extension
     (:func:`aoti_farm.speedgate.speed.time_served_call`).  On a fresh host the first compile
-    to reach that step builds it (one g++ process: 15 s on the 16-core H200 host), and
+    to reach that step builds it (one g++ process: 15-25 s on the 16-core H200 hosts), and
     every other compile waits on its lock meanwhile: the cores stand idle.  Started at
     ``warm``'s start instead, the build overlaps Ray's start, the actors' imports and the
     first compiles; they wait on the same lock only for what is left of it.  It changes
