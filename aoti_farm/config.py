@@ -52,6 +52,8 @@ DEV = {
                            "the kernel (1 compiles them side by side)"),
     "model_pch": ("1", "aoti_farm.build.splitbuild: 0 compiles the wrapper's model half with Inductor's precompiled "
                        "device header only (1 adds AOTI's interface headers, precompiled once per host)"),
+    "gold_link": ("1", "aoti_farm.build.splitbuild: 0 links a kernel's library with g++'s default linker (1: gold, "
+                       "where g++ has it)"),
     "abort_scan": ("1", "aoti_farm.build.abortscan: 0 builds and verifies a CPU kernel whose index check would end its "
                         "verification (verification refuses it)"),
     "isa_replay": ("1", "aoti_farm.fingerprint: 0 runs Inductor's own ISA checks in every process"),

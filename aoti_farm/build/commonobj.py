@@ -38,7 +38,7 @@ _lock = threading.Lock()
 _counters = Counters("split", "whole", "common_built", "common_reused", "common_waited", "common_busy",
                      "fallback_no_interface", "fallback_common_failed", "fallback_model_failed",
                      "fallback_join_failed", "fallback_unsupported", "common_damaged", "common_unsafe",
-                     "pch_built", "pch_failed")
+                     "pch_built", "pch_failed", "gold_link", "gold_failed")
 _failed_keys: set[str] = set()
 _pch_started: set[str] = set()
 _pch_threads: list[threading.Thread] = []
