@@ -295,6 +295,9 @@ def _link(builder) -> None:
     links it, as Inductor would, and this process does not try gold again.
     ``AOTI_FARM_DEV=gold_link=0``: the default linker always."""
     global _gold_failed
+    last = getattr(_tls, "last", None)
+    if isinstance(last, dict):
+        last["linker"] = "default"   # the build record (manifest ``build``) says which linked it
     if _gold_failed or _dev(GOLD_DEV) == "0":
         return _orig_build(builder)
     try:
@@ -307,6 +310,8 @@ def _link(builder) -> None:
         finally:
             del builder.get_command_line
         _count("gold_link")
+        if isinstance(last, dict):
+            last["linker"] = "gold"
     except Exception:  # noqa: BLE001 -- the default linker decides
         _gold_failed = True
         _count("gold_failed")
