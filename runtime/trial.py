@@ -60,6 +60,10 @@ def _sides(cache, fp, call, handle, bypassed) -> tuple:
             sig = S.parse_signature(m["signature"])
             if sig.key == call.key:
                 compiled_for.append(sig)
+            elif "shape_class" in m:
+                # a class entry: the call's own shapes, with the value ranges of the class's
+                # members (its example's; an index stays inside the table the class fixes)
+                compiled_for.append(S.Signature(call.sig.op, call.sig.args, sig.hints))
         except Exception:  # noqa: BLE001 -- the call's own signature then (no value ranges)
             pass
         return m.get("speed")

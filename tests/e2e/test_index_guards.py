@@ -143,7 +143,7 @@ SERVE_CLASS = textwrap.dedent("""
     import json, sys, torch
     from aoti_farm.runtime import Settings, install
     cache = sys.argv[1]
-    W = torch.randn(1000, 32)
+    W = torch.randn(10, 32)     # a small table (BERT's token types: 2 rows)
     a = torch.ops.aten
     def outcome(fn):
         try:
@@ -153,14 +153,14 @@ SERVE_CLASS = textwrap.dedent("""
     res = {"good": [], "bad": []}
     with install(cache_dir=cache, serve="always", on_miss="ignore", settings=Settings(install_trial=0)) as hook:
         for n in (12, 20, 24, 9):                       # unseen lengths inside the class's range
-            i = torch.randint(0, 1000, (n,))
+            i = torch.randint(0, 10, (n,))
             got = a.index_select.default(W, 0, i)
             with hook._routes.bypassed():
                 want = a.index_select.default(W, 0, i)
             res["good"].append(bool(torch.equal(got, want)))
         res["hits"] = hook.stats()["hits"]
-        for bad in (1000, -1):                          # out of range at an unseen length: eager's error
-            i = torch.randint(0, 1000, (12,))
+        for bad in (10, -1):                          # out of range at an unseen length: eager's error
+            i = torch.randint(0, 10, (12,))
             i[5] = bad
             served = outcome(lambda: a.index_select.default(W, 0, i))
             with hook._routes.bypassed():
@@ -174,14 +174,14 @@ SERVE_CLASS = textwrap.dedent("""
 
 
 def test_an_index_class_with_a_fixed_bound_is_served_behind_its_guards(tmp_path):
-    """An embedding lookup recorded at three lengths (the table fixed, the ids' length
+    """A lookup in a small table recorded at three lengths (the table fixed, the ids' length
     varying) is one class kernel behind the table's index guard: unseen lengths are hits
     equal to eager, and an out-of-range id at an unseen length is eager's own error."""
     from aoti_farm.compile import dynwarm
     from aoti_farm.dynamic import shapes as SH
 
     sigs = _members(torch.ops.aten.index_select.default,
-                    lambda n: (torch.empty(1000, 32), 0, torch.empty(n, dtype=L)), (8, 16, 24), lambda n: 999)
+                    lambda n: (torch.empty(10, 32), 0, torch.empty(n, dtype=L)), (8, 16, 24), lambda n: 9)
     classes, rest = SH.classes(sigs)
     assert len(classes) == 1 and not rest
     cls = classes[0]
@@ -191,7 +191,7 @@ def test_an_index_class_with_a_fixed_bound_is_served_behind_its_guards(tmp_path)
     out = dynwarm.compile_class(cache, cls, comp, fp, None, owner="pytest")
     assert out["status"] == "compiled", out
     m = cache.open_entry(fp, cls.key).manifest
-    assert m["format"] == GUARDED_FORMAT and m["verification"]["index_guards"] == [[1, 0, 1000]], m["verification"]
+    assert m["format"] == GUARDED_FORMAT and m["verification"]["index_guards"] == [[1, 0, 10]], m["verification"]
     with pytest.raises(BadEntry) as e:   # upstream's holder cannot enforce guards
         cache.open_entry(fp, cls.key, guards=False)
     assert e.value.kind == "guarded"
@@ -204,4 +204,20 @@ def test_an_index_class_with_a_fixed_bound_is_served_behind_its_guards(tmp_path)
     for served_kind, served_err, eager_kind, eager_err in res["bad"]:
         assert served_kind == eager_kind == "raised" and served_err == eager_err, res
     assert res["hits_after"] == 4, res   # the bad calls were eager's
+
+    # the speed gate's trial of a call the class covers (runtime/trial.py) runs eager and the
+    # kernel on inputs of the call's shapes with the class's value ranges: in-range ids, where
+    # the call's own signature (no ranges: ids up to 15) would give ids that eager rejects
+    import contextlib
+    from types import SimpleNamespace
+
+    from aoti_farm.runtime import trial
+
+    unseen = _members(torch.ops.aten.index_select.default,
+                      lambda n: (torch.empty(10, 32), 0, torch.empty(n, dtype=L)), (12,), lambda n: 9)[0]
+    call = SimpleNamespace(key=cls.key, sig=S.Signature(unseen.op, unseen.args), device="cpu")
+    speed, run = trial._sides(cache, fp, call, SimpleNamespace(run=None), contextlib.nullcontext)
+    speed()   # reads the entry (its signature and value ranges)
+    _kernel, eager_side, device, _ctx = run()
+    assert device == "cpu" and eager_side().shape == (12, 32)
 
