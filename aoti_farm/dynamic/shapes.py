@@ -427,16 +427,13 @@ def index_pins(sig: S.Signature) -> tuple:
     dim = named.get("dim")
     dim = dim[1] if isinstance(dim, tuple) and len(dim) == 2 and dim[0] == "i" else None
     pins = []
-    for name, a in named.items():
-        if name not in S.INDEX_ARGS:
-            continue
-        items = [(None, a)] if a[0] == "T" else list(enumerate(a[1])) if a[0] == "TL" else []
-        for j, t in items:
-            if t[0] != "T" or t[1] not in S.INT_DTYPES:
-                continue   # an index is an integer tensor (adversarial._is_index)
-            where = S.index_table(sig.op, j, ranks, dim)
-            if where is not None and where[1] is not None:
-                pins.append((where[0], where[1], named[where[0]][2][where[1]]))
+    for i, j in S.tensor_positions(sig):   # as adversarial._index_bounds walks a call's tensors
+        t = sig.args[i] if j is None else sig.args[i][1][j]
+        if info.arg_names[i] not in S.INDEX_ARGS or t[1] not in S.INT_DTYPES:
+            continue   # an index is an integer tensor (adversarial._is_index)
+        where = S.index_table(sig.op, j, ranks, dim)
+        if where is not None and where[1] is not None:
+            pins.append((where[0], where[1], named[where[0]][2][where[1]]))
     return tuple(pins)
 
 
