@@ -1,14 +1,18 @@
-"""The split build's per-host products (:mod:`aoti_farm.build.splitbuild` says why and how):
+"""The split build's per-host product (:mod:`aoti_farm.build.splitbuild` says why and how):
 the **common object** (the wrapper's model-independent half, ``<key>.o`` with its sha256,
-built once per host and toolchain under a file lock, the model half compiling alongside)
-and the model half's **precompiled prefix** (``<key>.pch.h`` and its ``.gch``, built once
-per host and key after the compile that missed it, at the lowest CPU priority), both in
-this user's private Inductor cache (``aoti_farm_common/``, :func:`common_dir`); and the
+built once per host and toolchain under a file lock, the model half compiling alongside),
+in this user's private Inductor cache (``aoti_farm_common/``, :func:`common_dir`); the text
+both halves add to the wrapper's (:data:`EXPLICIT`, :func:`regex_instantiations`); and the
 compiler processes that build them (:func:`_start`, :func:`_wait`, :func:`_run`).
 
 The split build's counters and per-thread state live here too: :func:`splitbuild.stats`
 reads them, and the patch in :mod:`aoti_farm.build.splitbuild` shares this thread's state
-(``_tls``: the last build, the prefix left to build).
+(``_tls``: the last build).
+
+The model half once included a precompiled prefix of its own (AOTI's interface and
+container headers, a ``.gch`` per host).  Since the model half leaves std::regex and the
+container's header out, that prefix saves nothing (1.229 against 1.246 s a signature on
+the 2-core VM, CUDA 1.679 against 1.674 s on the 16-core host): removed, with its build.
 """
 
 from __future__ import annotations
@@ -27,25 +31,44 @@ import torch
 
 from aoti_farm.config import dev as _dev   # AOTI_FARM_DEV, parsed in one place
 from aoti_farm.metrics.counters import Counters
-from aoti_farm.startup import spawn
 
 EXPLICIT = "template class torch::aot_inductor::AOTInductorModelBase<torch::aot_inductor::AOTInductorModel>;"
 EXTERN = "extern " + EXPLICIT
-PCH_DEV = "model_pch"   # 0: the model half includes Inductor's precompiled device header only
+#: std::regex as AOTI's ``parse_device_str`` (an inline function of ``model_base.h``)
+#: instantiates it.  g++ instantiates every template a parsed inline body names at the end
+#: of each translation unit, called or not: so every model half built the whole regex
+#: compiler again (0.3 s of it; a precompiled header does not keep end-of-unit work).
+#: The model half declares these extern (g++ then instantiates only what it inlines, so
+#: ``run_impl``'s code is unchanged) and the common half, linked into every library,
+#: instantiates them once, so an out-of-line call resolves there.  libstdc++'s internals,
+#: hence the guard: elsewhere both halves leave them implicit, as before.
+REGEX_CLASSES = ("std::basic_regex<char>", "std::regex_traits<char>",
+                 "std::match_results<std::string::const_iterator>", "std::__detail::_Scanner<char>",
+                 "std::__detail::_Compiler<std::regex_traits<char>>", "std::__detail::_NFA<std::regex_traits<char>>")
+
+
+def regex_instantiations(extern: bool) -> str:
+    """The explicit instantiation declarations (``extern``) or definitions of
+    :data:`REGEX_CLASSES`, under libstdc++ only."""
+    kw = "extern template class" if extern else "template class"
+    lines = "".join(f"{kw} {c};\n" for c in REGEX_CLASSES)
+    return f"#include <regex>\n#include <string>\n#if defined(__GLIBCXX__)\n{lines}#endif\n"
+
+
+LEAN_DEV = "lean_model"   # 0: the model half instantiates std::regex and includes the container header
+#: Headers of AOTI's interface the model half does not need: the container's (its inline
+#: members cost a model half 0.25 s of end-of-unit instantiation); the model's code uses
+#: ``model.h``, which the device include brings.  A model half that did need it fails to
+#: compile and its wrapper is built whole (``fallback_model_failed``).
+MODEL_SKIPS = ("#include <torch/csrc/inductor/aoti_runtime/model_container.h>",)
 
 _tls = threading.local()
 _lock = threading.Lock()
 _counters = Counters("split", "whole", "common_built", "common_reused", "common_waited", "common_busy",
                      "fallback_no_interface", "fallback_common_failed", "fallback_model_failed",
                      "fallback_join_failed", "fallback_unsupported", "common_damaged", "common_unsafe",
-                     "pch_built", "pch_failed", "gold_link", "gold_failed")
+                     "gold_link", "gold_failed")
 _failed_keys: set[str] = set()
-_pch_started: set[str] = set()
-_pch_threads: list[threading.Thread] = []
-#: The precompiled prefix is built at the lowest CPU priority (compiles and serving go
-#: first); :mod:`aoti_farm.compile.hostprep`, a child that exists to build such things before the
-#: actors need them, sets this False.
-PCH_IDLE = True
 #: How long a compile waits for another process's build of the common object (its own
 #: model half compiles meanwhile) before it builds its wrapper whole.
 COMMON_WAIT_S = 300.0
@@ -86,10 +109,9 @@ def common_dir() -> str:
     return private.ensure_dir(os.path.join(private.use_inductor_cache(), "aoti_farm_common"))
 
 
-def _start(argv: list[str], cwd: str, idle: bool = False) -> subprocess.Popen | None:
+def _start(argv: list[str], cwd: str) -> subprocess.Popen | None:
     try:
-        return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                preexec_fn=spawn.lowest_priority if idle else None)
+        return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
         return None
 
@@ -152,115 +174,11 @@ def _remove_orphans(d: str, age_s: float = 3600.0) -> None:
 
 def _common_key(common: str, argv: list[str], src_i: int, out_i: int) -> str:
     """The common object's key: its text, the exact compile command, the compiler's version,
-    torch's and the AOTI runtime headers'.  The model half's precompiled prefix, a function
-    of the same text and command, shares it."""
+    torch's and the AOTI runtime headers'."""
     norm = list(argv)
     norm[src_i], norm[out_i] = "<src>", "<obj>"
     return hashlib.sha256("\0".join([common, " ".join(norm), _compiler_version(argv[0]),
                                      _toolchain_digest()]).encode()).hexdigest()[:40]
-
-
-def _model_prefix(model: str) -> str:
-    """The model half's signature-independent prefix (its includes and the ``extern
-    template`` line, :func:`split_wrapper`)."""
-    return model[:model.index(EXTERN) + len(EXTERN)] + "\n"
-
-
-def _pch_header(key: str) -> str | None:
-    """The header ``<key>.pch.h`` (the model half's prefix) where its precompiled form
-    ``<key>.pch.h.gch`` is ready, for the model half's ``-include``; else None (and
-    :func:`start_pch_build` builds it for the compiles after this one).
-
-    Inductor precompiles only the device include (``aoti_include/<device>.h``); the model
-    half also parses AOTI's interface and container headers, a fifth of its compile.  The
-    precompiled file is only this user's, in the private directory of the common object,
-    published by rename; g++ checks it against the command itself and parses the header
-    text instead where it does not match."""
-    if _dev(PCH_DEV) == "0":
-        return None
-    try:
-        d = common_dir()
-    except OSError:
-        return None
-    header = os.path.join(d, f"{key}.pch.h")
-    from aoti_farm.security import private
-
-    try:
-        private.check_file(header)
-        private.check_file(header + ".gch")
-        return header
-    except OSError:
-        return None
-
-
-def _pch_command(model_argv: list[str], src_i: int, out_i: int) -> list[str]:
-    """The model half's own command, compiling its prefix as a header into a ``.gch``
-    (placeholders ``<header>`` and ``<gch>``)."""
-    src, out = model_argv[src_i], model_argv[out_i]
-    a = list(model_argv)
-    i = a.index("-include")
-    del a[i:i + 2]                      # the prefix includes the device header itself
-    return [a[0], "-x", "c++-header", *("<header>" if x == src else "<gch>" if x == out else x
-                                        for x in a[1:] if x != "-c")]
-
-
-def start_pch_build() -> None:
-    """Start building the precompiled prefix this thread's last compile went without (once
-    per process and key, where no other process builds it), in a thread at the lowest CPU
-    priority.  The compiler calls it when a compile is done, verification included: a
-    host's first compiles (and a serving host's first miss) do not share their cores with
-    it; :mod:`aoti_farm.compile.hostprep` builds it ahead of a warm's compiles."""
-    todo, _tls.pch_todo = getattr(_tls, "pch_todo", None), None
-    if todo is None:
-        return
-    key, header, prefix, argv = todo
-    with _lock:
-        if key in _pch_started:
-            return
-        _pch_started.add(key)
-    try:
-        t = threading.Thread(target=_build_pch, args=(header, prefix, argv), name="aoti-farm-pch", daemon=True)
-        t.start()
-        _pch_threads.append(t)
-    except RuntimeError:   # no thread to be had: a later compile here does without it too
-        _count("pch_failed")
-
-
-def wait_pch(timeout: float = 120.0) -> None:
-    """Wait for this process's precompiled-prefix builds (a process that exits right after
-    its compile, :mod:`aoti_farm.compile.hostprep`'s, would otherwise leave them half done)."""
-    deadline = time.monotonic() + timeout
-    for t in list(_pch_threads):
-        t.join(max(0.0, deadline - time.monotonic()))
-
-
-def _build_pch(header: str, prefix: str, argv: list[str]) -> None:
-    cwd = os.path.dirname(header)   # the compile's own build directory is gone by now
-    from filelock import FileLock, Timeout
-
-    lock = FileLock(header + ".lock", timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:      # another process builds it
-        return
-    tmp_h = f"{header}.{os.getpid()}.tmp"
-    tmp_gch = f"{header}.{os.getpid()}.gch.tmp"
-    try:
-        Path(tmp_h).write_text(prefix)
-        os.replace(tmp_h, header)       # the same text for every writer of this key
-        if _wait(_start([header if x == "<header>" else tmp_gch if x == "<gch>" else x for x in argv], cwd,
-                        idle=PCH_IDLE)) and os.path.getsize(tmp_gch) > 0:
-            os.replace(tmp_gch, header + ".gch")
-            _count("pch_built")
-        else:
-            _count("pch_failed")
-    except OSError:
-        _count("pch_failed")
-    finally:
-        for f in (tmp_h, tmp_gch):
-            with contextlib.suppress(OSError):
-                os.unlink(f)
-        lock.release()
 
 
 def _common_object(common: str, argv: list[str], src_i: int, out_i: int, cwd: str,

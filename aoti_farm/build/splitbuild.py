@@ -46,16 +46,17 @@ Two more cuts of the per-signature cost, each behind a developer switch for its 
   the model half and returns, and the link (the first build that reads the wrapper
   object) joins it first.  Where the model half failed, the wrapper is built whole there,
   before the link, as Inductor would have.
-* the model half includes a **precompiled prefix** (``model_pch``): Inductor precompiles
-  only the device header, and the model half parsed AOTI's interface and container headers
-  every time.  ``<key>.pch.h`` (the prefix's text) and its ``.gch`` are built once per
-  host and key, beside the common object and under the same trust rule: by the first
-  process that misses them, once that compile is done, in a thread at the lowest CPU
-  priority (the compiles meanwhile do without; :mod:`aoti_farm.compile.hostprep` builds it ahead
-  of a warm's compiles); g++ checks a ``.gch`` against the command itself and parses the
-  text instead where it does not fit.
-  The model half's code is the same either way (``tests/e2e/test_splitbuild.py``
-  compares the libraries' ``.text``).
+* the model half is **lean** (``lean_model``): g++ instantiates every template that a
+  parsed inline body names at the end of each translation unit, called or not, and no
+  precompiled header keeps that work.  AOTI's ``parse_device_str`` (inline, in
+  ``model_base.h``) names std::regex, so every model half instantiated the regex compiler
+  again (0.3 s), and the container's header, which the model's code does not use, cost
+  0.25 s more.  The model half declares the regex classes ``extern template`` and leaves
+  that header out; the common half instantiates them once
+  (:func:`~aoti_farm.build.commonobj.regex_instantiations`).  g++ still instantiates what
+  it inlines, so ``run_impl``'s code is unchanged; the constructor now calls the base's
+  out of line.  2-core VM: 2.04 -> 1.18 s a signature, a served call the same
+  (``scripts/bench/compile_cost.py --switch lean_model --served 8``, docs/benchmarks.md).
 
 This is the same program, cut into two translation units of one build: every definition
 is seen identically by both, inline and template copies merge at link time like any two
@@ -75,11 +76,10 @@ import shlex
 import time
 from pathlib import Path
 
-# the per-host products (common object, precompiled prefix), the processes that build them
+# the per-host product (the common object), the processes that build it
 # and the state the patch shares with them: aoti_farm/build/commonobj.py
-from aoti_farm.build.commonobj import (EXPLICIT, EXTERN, PCH_DEV, _common_key, _common_object, _count, _counters,
-                                       _dev, _lock, _model_prefix, _pch_command, _pch_header, _run, _start, _tls,
-                                       _wait)
+from aoti_farm.build.commonobj import (EXPLICIT, EXTERN, LEAN_DEV, MODEL_SKIPS, _common_object, _count, _counters,
+                                       _dev, _lock, _run, _start, _tls, _wait, regex_instantiations)
 
 DEV = "split_build"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
 OVERLAP_DEV = "split_overlap"   # 0: the model half is joined at once, not at the link
@@ -145,9 +145,11 @@ def split_wrapper(text: str) -> tuple[str, str] | None:
         return None
     if not head.endswith("\n") and head:
         head += "\n"
-    includes = "\n".join(line for line in want if line.startswith("#include"))
-    common = f"{head}{body}\n\n{EXPLICIT}\n"
-    model = f"{head}{includes}\n{EXTERN}\n{tail}"
+    lean = _dev(LEAN_DEV) != "0"
+    includes = "\n".join(line for line in want if line.startswith("#include") and not (lean and line in MODEL_SKIPS))
+    # the switch's two sides differ in the common text, hence in the common object's key
+    common = f"{head}{body}\n\n{EXPLICIT}\n{regex_instantiations(extern=False) if lean else ''}"
+    model = f"{head}{regex_instantiations(extern=True) if lean else ''}{includes}\n{EXTERN}\n{tail}"
     return common, model
 
 
@@ -159,8 +161,7 @@ class _Pending:
         self.target, self.argv, self.cwd, self.model_obj = target, argv, cwd, model_obj
         self.obj, self.how, self.proc, self.t0, self.t1 = obj, how, proc, t0, t1
         self.builder = None   # Inductor's CppBuilder of the wrapper (its whole build, if needed)
-        self.pch = False      # the model half included the precompiled prefix
-        self.pch_todo = None  # (key, header, prefix, command): the prefix to build after it
+        self.lean = False     # the model half was lean (split_wrapper, LEAN_DEV)
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -187,10 +188,6 @@ def start_wrapper(argv: list[str], src: str, target: str, cwd: str) -> _Pending 
     Path(model_src).write_text(model)
     a = list(argv)
     a[src_i], a[out_i] = model_src, model_obj
-    key = _common_key(common, argv, src_i, out_i)
-    pch = _pch_header(key) if "-include" in a else None
-    if pch is not None:
-        a[a.index("-include") + 1] = pch
     started: list = []
     t0 = time.perf_counter()
     # a first build on this host compiles the common half and this model half side by side
@@ -206,10 +203,7 @@ def start_wrapper(argv: list[str], src: str, target: str, cwd: str) -> _Pending 
     if proc is None:
         return _fallback("fallback_model_failed")
     p = _Pending(target, argv, cwd, model_obj, obj, how, proc, t0, t1)
-    p.pch = pch is not None
-    if pch is None and "-include" in a and _dev(PCH_DEV) != "0":
-        p.pch_todo = (key, os.path.join(os.path.dirname(obj), f"{key}.pch.h"), _model_prefix(model),
-                      _pch_command(a, src_i, out_i))
+    p.lean = regex_instantiations(extern=True) in model
     return p
 
 
@@ -220,8 +214,6 @@ def finish_wrapper(p: _Pending) -> dict | None:
     if not _wait(p.proc):
         return _fallback("fallback_model_failed")
     t3 = time.perf_counter()
-    if p.pch_todo is not None:      # built once this compile is done (start_pch_build)
-        _tls.pch_todo, p.pch_todo = p.pch_todo, None
     if not _run([p.argv[0], "-r", "-nostdlib", p.obj, p.model_obj, "-o", p.target], p.cwd):
         return _fallback("fallback_join_failed")
     _count("split")
@@ -230,7 +222,7 @@ def finish_wrapper(p: _Pending) -> dict | None:
     # is what the link waited for it)
     return {"wrapper": "split", "common": p.how, "common_object": os.path.basename(p.obj),
             "common_s": round(p.t1 - p.t0, 3), "model_s": round(t3 - p.t1, 3), "model_wait_s": round(t3 - t2, 3),
-            "join_s": round(time.perf_counter() - t3, 3), "model_pch": p.pch}
+            "join_s": round(time.perf_counter() - t3, 3), "lean_model": p.lean}
 
 
 def build_wrapper(argv: list[str], src: str, target: str, cwd: str) -> dict | None:

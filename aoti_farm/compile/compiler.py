@@ -38,7 +38,7 @@ from typing import Protocol
 import torch
 
 from aoti_farm import signature as S
-from aoti_farm.build import abortscan, commonobj, serialsmall, splitbuild, tritonscan
+from aoti_farm.build import abortscan, serialsmall, splitbuild, tritonscan
 from aoti_farm.cache import elfstack
 from aoti_farm.cache.failures import PROXY_EXECUTOR_REFUSAL, refusal_class
 from aoti_farm.compile import adversarial, verify
@@ -183,8 +183,6 @@ class AOTICompiler(Verifier):
             return self._compile(job, workdir)
         except CompileRefused as first:
             return self._compile_again(job, workdir, first, t0)
-        finally:   # what this compile went without (its verification done), built now
-            commonobj.start_pch_build()
 
     def _compile_again(self, job, workdir: str, first: CompileRefused, t0: float) -> CompileResult:
         """The precision refusal ``first`` of ``job`` built again in float64, or its stride

@@ -7,8 +7,7 @@ that are the same for every signature and every process of the host:
   builds, recorded so that other processes replay them);
 * Inductor's precompiled headers for the wrapper and the kernels (built under Inductor's
   own file lock into its global header directory);
-* the split build's common object and the model half's precompiled prefix
-  (:mod:`aoti_farm.build.splitbuild`, under their locks);
+* the split build's common object (:mod:`aoti_farm.build.splitbuild`, under its lock);
 * the libstdc++ loader probe (:mod:`aoti_farm.startup.loadenv`).
 
 When 16 actors start together, each one's first compile would queue behind whichever
@@ -96,11 +95,7 @@ def prepare(inductor_options: dict | None = None, compiler_factory=None) -> dict
 
             sig = S.from_call(torch.ops.aten.relu.default, (torch.empty(4),), {})
             with tempfile.TemporaryDirectory(prefix="aoti-farm-hostprep-") as d:
-                from aoti_farm.build import commonobj
-
-                commonobj.PCH_IDLE = False   # this child builds it for the actors: not behind them
                 res = comp.compile(sig, d)
-            commonobj.wait_pch()   # its compile started the model half's precompiled prefix
             out = {"status": "prepared", "seconds": time.perf_counter() - t0, "build": res.build,
                    "phases": res.phases}
             _write_marker(marker, fp.id, res.build)

@@ -103,26 +103,52 @@ def _text(lib: str) -> bytes:
         return f.read()
 
 
-def test_model_half_beside_the_kernel_and_with_its_precompiled_prefix(tmp_path, monkeypatch):
-    """The model half compiles while Inductor compiles the kernel (joined at the link), and,
-    once this host's precompiled prefix exists, includes it: the same code either way (the
-    libraries' ``.text`` is byte for byte the same), verified against eager."""
+def test_model_half_beside_the_kernel(tmp_path, monkeypatch):
+    """The model half compiles while Inductor compiles the kernel (joined at the link): the
+    same code either way (the libraries' ``.text`` is byte for byte the same), verified
+    against eager."""
     comp = AOTICompiler()
-    first = comp.compile(_sig(19), str(tmp_path / "first"))   # starts the prefix's build if missing
-    assert first.verification["ok"]
-    commonobj.wait_pch()
     texts = {}
-    for overlap, pch in (("1", "1"), ("0", "0")):
+    for overlap in ("1", "0"):
         # g++'s default linker: with gold the two libraries' .text differed (the link's
         # layout), and this compares the model half's code
-        monkeypatch.setenv("AOTI_FARM_DEV", f"split_overlap={overlap},model_pch={pch},gold_link=0")
-        r = comp.compile(_sig(23), str(tmp_path / f"o{overlap}p{pch}"))
+        monkeypatch.setenv("AOTI_FARM_DEV", f"split_overlap={overlap},gold_link=0")
+        r = comp.compile(_sig(23), str(tmp_path / f"o{overlap}"))
         assert r.verification["ok"] and r.build["wrapper"] == "split", r.build
-        assert r.build["model_pch"] is (pch == "1"), r.build
         ran_beside = r.build["model_s"] - r.build["model_wait_s"]   # the kernel's compile ran meanwhile
         assert ran_beside > 0.1 if overlap == "1" else ran_beside < 0.05, r.build
         texts[overlap] = _text(r.files["kernel.so"])
     assert texts["1"] == texts["0"]
+
+
+def _run_impl(lib: str) -> list[str]:
+    """``AOTInductorModel::run_impl``'s instructions in ``lib``, addresses left out (the two
+    libraries lay their functions out differently)."""
+    import re
+    import subprocess
+
+    dis = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", lib], capture_output=True, text=True,
+                         check=True).stdout
+    head = re.search(r"^[0-9a-f]+ <torch::aot_inductor::AOTInductorModel::run_impl\(AtenTensorOpaque\*\*[^@>]*>:$",
+                     dis, re.M)
+    body = dis[head.end() + 1:dis.index("\n\n", head.end())]
+    return [re.sub(r"[0-9a-f]{2,}", "X", line.split(":", 1)[1]) for line in body.splitlines() if ":" in line]
+
+
+def test_lean_model_half_leaves_the_served_code_as_it_was(tmp_path, monkeypatch):
+    """``lean_model`` (the default) declares std::regex extern in the model half and leaves
+    the container's header out: the library is verified against eager, and its
+    ``run_impl``, what a served call runs, is the same machine code as the model half's
+    built with both (``lean_model=0``)."""
+    comp = AOTICompiler()
+    code = {}
+    for lean in ("1", "0"):
+        monkeypatch.setenv("AOTI_FARM_DEV", f"lean_model={lean},gold_link=0")
+        r = comp.compile(_sig(31), str(tmp_path / f"lean{lean}"))
+        assert r.verification["ok"] and r.build["wrapper"] == "split", r.build
+        assert r.build["lean_model"] is (lean == "1"), r.build
+        code[lean] = _run_impl(r.files["kernel.so"])
+    assert len(code["1"]) > 20 and code["1"] == code["0"]
 
 
 def _gold(lib: str) -> bool:

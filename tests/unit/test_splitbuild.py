@@ -19,18 +19,41 @@ TAIL = "\nextern \"C\" void cpp_fused_add_0(const float* in_ptr0);\nnamespace to
 def test_split_wrapper_cuts_at_the_interface():
     assert IFACE and "AOTInductorModelContainerRun" in IFACE
     common, model = splitbuild.split_wrapper(HEAD + IFACE + "\n\n" + TAIL)
-    assert IFACE in common and common.rstrip().endswith(splitbuild.EXPLICIT)
+    assert IFACE in common and common.index(IFACE) < common.index(splitbuild.EXPLICIT)
     assert "cpp_fused_add_0" not in common
     assert IFACE not in model and "cpp_fused_add_0" in model and splitbuild.EXTERN in model
-    # the model half sees the same headers as the whole file did, before its own code
-    assert model.index("#include <torch/csrc/inductor/aoti_runtime/model_container.h>") < model.index(splitbuild.EXTERN)
+    # the model half sees the interface's headers but the container's, before its own code,
+    # and instantiates std::regex nowhere: the common half does, once (lean_model)
+    assert "#include <torch/csrc/inductor/aoti_runtime/interface.h>" in model
+    assert "#include <torch/csrc/inductor/aoti_runtime/model_container.h>" not in model
+    assert model.index("extern template class std::basic_regex<char>;") < model.index(splitbuild.EXTERN)
     assert model.index(splitbuild.EXTERN) < model.index("cpp_fused_add_0")
+    assert "\ntemplate class std::basic_regex<char>;" in common and "extern template" not in common
     # whitespace-only lines written as empty ones still match (Inductor's splice does that)
     spaced = IFACE.replace("\n\n", "\n   \n", 1)
     assert splitbuild.split_wrapper(HEAD + spaced + TAIL) is not None
     # the model's own text is cut unchanged: trailing blanks inside a raw string stay
     raw = 'const char* spec = R"(line one   \nline two)";\n'
     assert raw in splitbuild.split_wrapper(HEAD + IFACE + "\n" + raw)[1]
+
+
+def test_lean_model_off_keeps_the_whole_interface_and_instantiates_regex_in_each_half(monkeypatch):
+    monkeypatch.setenv("AOTI_FARM_DEV", "lean_model=0")
+    common, model = splitbuild.split_wrapper(HEAD + IFACE + "\n\n" + TAIL)
+    assert model.index("#include <torch/csrc/inductor/aoti_runtime/model_container.h>") < model.index(splitbuild.EXTERN)
+    assert "std::basic_regex" not in model and "std::basic_regex" not in common
+    # the two sides' common objects differ, so neither links the other's
+    monkeypatch.delenv("AOTI_FARM_DEV")
+    assert splitbuild.split_wrapper(HEAD + IFACE + "\n\n" + TAIL)[0] != common
+
+
+def test_regex_instantiations_are_guarded_to_libstdcxx():
+    for extern in (True, False):
+        text = commonobj.regex_instantiations(extern)
+        lines = text.splitlines()
+        body = lines[lines.index("#if defined(__GLIBCXX__)") + 1:lines.index("#endif")]
+        assert len(body) == len(commonobj.REGEX_CLASSES)
+        assert all(line.startswith("extern template class " if extern else "template class ") for line in body)
 
 
 @pytest.mark.parametrize("text", [
