@@ -40,8 +40,12 @@ EXTERN = "extern " + EXPLICIT
 #: compiler again (0.3 s of it; a precompiled header does not keep end-of-unit work).
 #: The model half declares these extern (g++ then instantiates only what it inlines, so
 #: ``run_impl``'s code is unchanged) and the common half, linked into every library,
-#: instantiates them once, so an out-of-line call resolves there.  libstdc++'s internals,
-#: hence the guard: elsewhere both halves leave them implicit, as before.
+#: instantiates them once, so an out-of-line call resolves there (g++ emits them weak, as
+#: it does implicit instantiations: the library exports what it exported before).
+#: libstdc++'s internals, hence the guard: elsewhere both halves leave them implicit, as
+#: before.  The standard leaves explicit instantiation of its templates over its own types
+#: to the implementation; libstdc++ itself declares ``basic_string<char>`` so, and a
+#: library built this way is verified against eager like any other.
 REGEX_CLASSES = ("std::basic_regex<char>", "std::regex_traits<char>",
                  "std::match_results<std::string::const_iterator>", "std::__detail::_Scanner<char>",
                  "std::__detail::_Compiler<std::regex_traits<char>>", "std::__detail::_NFA<std::regex_traits<char>>")
@@ -162,11 +166,13 @@ def _intact(obj: str) -> bool:
 
 
 def _remove_orphans(d: str, age_s: float = 3600.0) -> None:
-    """Sources and half-written objects of builds that died (kill -9) an hour ago or more."""
+    """Sources and half-written objects of builds that died (kill -9) an hour ago or more,
+    and the model half's precompiled prefixes of earlier versions (``<key>.pch.h`` with its
+    ``.gch``, about 145 MB each, and lock), unused an hour or more."""
     now = time.time()
     with contextlib.suppress(OSError):
         for f in os.scandir(d):
-            if f.name.endswith((".cpp", ".tmp")) or ".o.tmp" in f.name:
+            if f.name.endswith((".cpp", ".tmp", ".pch.h", ".pch.h.gch", ".pch.h.lock")) or ".o.tmp" in f.name:
                 with contextlib.suppress(OSError):
                     if now - f.stat().st_mtime > age_s:
                         os.unlink(f.path)

@@ -67,7 +67,8 @@ def test_split_wrapper_refuses_anything_else(text):
 
 
 def test_orphans_of_dead_builds_are_removed_after_an_hour(tmp_path):
-    names = ["k.123.cpp", "k.123.o.tmp", "k.123.o.tmp.sha256", "k.o", "k.o.sha256", "k.o.lock"]
+    names = ["k.123.cpp", "k.123.o.tmp", "k.123.o.tmp.sha256", "k.o", "k.o.sha256", "k.o.lock",
+             "k.pch.h", "k.pch.h.gch", "k.pch.h.lock"]   # an earlier version's precompiled prefix
     for n in names:
         (tmp_path / n).write_text("x")
     old = time.time() - 7200
