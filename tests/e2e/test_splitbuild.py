@@ -103,22 +103,30 @@ def _text(lib: str) -> bytes:
         return f.read()
 
 
+def _built_both_ways(tmp_path, monkeypatch, switch: str, n: int) -> dict:
+    """``_sig(n)`` compiled with ``AOTI_FARM_DEV=<switch>=1`` and then ``=0``, each verified
+    against eager and split-built: ``{"1": result, "0": result}``.  Both with g++'s default
+    linker: with gold two libraries' ``.text`` differed by the link's layout, and the tests
+    compare the model half's code."""
+    comp = AOTICompiler()
+    out = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("AOTI_FARM_DEV", f"{switch}={on},gold_link=0")
+        r = comp.compile(_sig(n), str(tmp_path / f"{switch}{on}"))
+        assert r.verification["ok"] and r.build["wrapper"] == "split", r.build
+        out[on] = r
+    return out
+
+
 def test_model_half_beside_the_kernel(tmp_path, monkeypatch):
     """The model half compiles while Inductor compiles the kernel (joined at the link): the
     same code either way (the libraries' ``.text`` is byte for byte the same), verified
     against eager."""
-    comp = AOTICompiler()
-    texts = {}
-    for overlap in ("1", "0"):
-        # g++'s default linker: with gold the two libraries' .text differed (the link's
-        # layout), and this compares the model half's code
-        monkeypatch.setenv("AOTI_FARM_DEV", f"split_overlap={overlap},gold_link=0")
-        r = comp.compile(_sig(23), str(tmp_path / f"o{overlap}"))
-        assert r.verification["ok"] and r.build["wrapper"] == "split", r.build
+    built = _built_both_ways(tmp_path, monkeypatch, "split_overlap", 23)
+    for overlap, r in built.items():
         ran_beside = r.build["model_s"] - r.build["model_wait_s"]   # the kernel's compile ran meanwhile
         assert ran_beside > 0.1 if overlap == "1" else ran_beside < 0.05, r.build
-        texts[overlap] = _text(r.files["kernel.so"])
-    assert texts["1"] == texts["0"]
+    assert _text(built["1"].files["kernel.so"]) == _text(built["0"].files["kernel.so"])
 
 
 def _run_impl(lib: str) -> list[str]:
@@ -140,14 +148,10 @@ def test_lean_model_half_leaves_the_served_code_as_it_was(tmp_path, monkeypatch)
     the container's header out: the library is verified against eager, and its
     ``run_impl``, what a served call runs, is the same machine code as the model half's
     built with both (``lean_model=0``)."""
-    comp = AOTICompiler()
-    code = {}
-    for lean in ("1", "0"):
-        monkeypatch.setenv("AOTI_FARM_DEV", f"lean_model={lean},gold_link=0")
-        r = comp.compile(_sig(31), str(tmp_path / f"lean{lean}"))
-        assert r.verification["ok"] and r.build["wrapper"] == "split", r.build
+    built = _built_both_ways(tmp_path, monkeypatch, "lean_model", 31)
+    for lean, r in built.items():
         assert r.build["lean_model"] is (lean == "1"), r.build
-        code[lean] = _run_impl(r.files["kernel.so"])
+    code = {lean: _run_impl(r.files["kernel.so"]) for lean, r in built.items()}
     assert len(code["1"]) > 20 and code["1"] == code["0"]
 
 
