@@ -18,7 +18,8 @@ showed where:
 So the wrapper is compiled as two translation units:
 
 * the **common** one, ``<device include> + interface + template class
-  AOTInductorModelBase<AOTInductorModel>;`` (an explicit instantiation), compiled once per
+  AOTInductorModelBase<AOTInductorModel>;`` (an explicit instantiation) + std::regex's
+  explicit instantiations (the lean model half's, below), compiled once per
   host and toolchain into ``<inductor cache>/aoti_farm_common/<key>.o``, in this user's
   private Inductor cache (:func:`aoti_farm.security.private.use_inductor_cache`: 0700, owner
   checked; a digest beside an object proves nothing where another user could rewrite
@@ -33,10 +34,11 @@ So the wrapper is compiled as two translation units:
   (``common_waited``), building its wrapper whole only if the wait exceeds
   :data:`COMMON_WAIT_S` (``common_busy``).  ``aoti-farm warm`` builds it ahead of the
   actors' first compiles (:mod:`aoti_farm.compile.hostprep`).
-* the **model** one, ``<device include> + the interface's #includes + extern template
-  class AOTInductorModelBase<AOTInductorModel>; + the rest``, compiled per signature
-  (about 2 s instead of 4.5 s), then ``ld -r`` joins both into the ``wrapper.o`` Inductor
-  expects, and Inductor links the library as usual.
+* the **model** one, ``<device include> + std::regex's extern declarations + the
+  interface's #includes but the container's + extern template class
+  AOTInductorModelBase<AOTInductorModel>; + the rest``, compiled per signature (about
+  0.9 s instead of 4.5 s; the lean part below), then ``ld -r`` joins both into the
+  ``wrapper.o`` Inductor expects, and Inductor links the library as usual.
 
 Two more cuts of the per-signature cost, each behind a developer switch for its A/B
 (``scripts/bench/compile_cost.py``):
@@ -55,7 +57,7 @@ Two more cuts of the per-signature cost, each behind a developer switch for its 
   that header out; the common half instantiates them once
   (:func:`~aoti_farm.build.commonobj.regex_instantiations`).  g++ still instantiates what
   it inlines, so ``run_impl``'s code is unchanged; the constructor now calls the base's
-  out of line.  2-core VM: 2.04 -> 1.18 s a signature, a served call the same
+  out of line.  2-core VM: 2.08 -> 1.16 s a signature, a served call the same
   (``scripts/bench/compile_cost.py --switch lean_model --served 8``, docs/benchmarks.md).
 
 This is the same program, cut into two translation units of one build: every definition
