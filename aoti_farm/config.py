@@ -50,7 +50,7 @@ DEV = {
     "split_build": ("1", "aoti_farm.build.splitbuild: 0 builds the AOTI wrapper whole"),
     "split_overlap": ("1", "aoti_farm.build.splitbuild: 0 waits for the wrapper's model half before Inductor compiles "
                            "the kernel (1 compiles them side by side)"),
-    "lean_model": ("1", "aoti_farm.build.commonobj: 0 lets the wrapper's model half instantiate std::regex and "
+    "lean_model": ("1", "aoti_farm.build.splitbuild: 0 lets the wrapper's model half instantiate std::regex and "
                    "include the model container's header (1: neither)"),
     "gold_link": ("1", "aoti_farm.build.splitbuild: 0 links a kernel's library with g++'s default linker (1: gold, "
                        "where g++ has it)"),

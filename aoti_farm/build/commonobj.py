@@ -59,13 +59,6 @@ def regex_instantiations(extern: bool) -> str:
     return f"#include <regex>\n#include <string>\n#if defined(__GLIBCXX__)\n{lines}#endif\n"
 
 
-LEAN_DEV = "lean_model"   # 0: the model half instantiates std::regex and includes the container header
-#: Headers of AOTI's interface the model half does not need: the container's (its inline
-#: members cost a model half 0.25 s of end-of-unit instantiation); the model's code uses
-#: ``model.h``, which the device include brings.  A model half that did need it fails to
-#: compile and its wrapper is built whole (``fallback_model_failed``).
-MODEL_SKIPS = ("#include <torch/csrc/inductor/aoti_runtime/model_container.h>",)
-
 _tls = threading.local()
 _lock = threading.Lock()
 _counters = Counters("split", "whole", "common_built", "common_reused", "common_waited", "common_busy",

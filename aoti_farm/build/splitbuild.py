@@ -80,12 +80,18 @@ from pathlib import Path
 
 # the per-host product (the common object), the processes that build it
 # and the state the patch shares with them: aoti_farm/build/commonobj.py
-from aoti_farm.build.commonobj import (EXPLICIT, EXTERN, LEAN_DEV, MODEL_SKIPS, _common_object, _count, _counters,
-                                       _dev, _lock, _run, _start, _tls, _wait, regex_instantiations)
+from aoti_farm.build.commonobj import (EXPLICIT, EXTERN, _common_object, _count, _counters, _dev, _lock, _run,
+                                       _start, _tls, _wait, regex_instantiations)
 
 DEV = "split_build"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
 OVERLAP_DEV = "split_overlap"   # 0: the model half is joined at once, not at the link
 GOLD_DEV = "gold_link"   # 0: the library is linked by g++'s default linker (GNU ld)
+LEAN_DEV = "lean_model"   # 0: the model half instantiates std::regex and includes the container header
+#: Headers of AOTI's interface the model half does not need: the container's (its inline
+#: members cost a model half 0.25 s of end-of-unit instantiation); the model's code uses
+#: ``model.h``, which the device include brings.  A model half that did need it fails to
+#: compile and its wrapper is built whole (``fallback_model_failed``).
+MODEL_SKIPS = ("#include <torch/csrc/inductor/aoti_runtime/model_container.h>",)
 
 #: Set once a link with gold failed in this process: the default linker from then on.
 _gold_failed = False
