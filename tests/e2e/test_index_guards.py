@@ -159,7 +159,7 @@ SERVE_CLASS = textwrap.dedent("""
                 want = a.index_select.default(W, 0, i)
             res["good"].append(bool(torch.equal(got, want)))
         res["hits"] = hook.stats()["hits"]
-        for bad in (10, -1):                          # out of range at an unseen length: eager's error
+        for bad in (10, -1):                            # out of range at an unseen length: eager's error
             i = torch.randint(0, 10, (12,))
             i[5] = bad
             served = outcome(lambda: a.index_select.default(W, 0, i))
