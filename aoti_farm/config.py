@@ -52,6 +52,8 @@ DEV = {
                            "the kernel (1 compiles them side by side)"),
     "lean_model": ("1", "aoti_farm.build.splitbuild: 0 lets the wrapper's model half instantiate std::regex and "
                    "include the model container's header (1: neither)"),
+    "lean_match": ("1", "aoti_farm.build.splitbuild: 0 lets the lean model half instantiate std::regex_match's "
+                   "matcher (1: declared extern, instantiated once in the common half)"),
     "gold_link": ("1", "aoti_farm.build.splitbuild: 0 links a kernel's library with g++'s default linker (1: gold, "
                        "where g++ has it)"),
     "abort_scan": ("1", "aoti_farm.build.abortscan: 0 builds and verifies a CPU kernel whose index check would end its "

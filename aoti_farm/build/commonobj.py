@@ -51,11 +51,31 @@ REGEX_CLASSES = ("std::basic_regex<char>", "std::regex_traits<char>",
                  "std::__detail::_Compiler<std::regex_traits<char>>", "std::__detail::_NFA<std::regex_traits<char>>")
 
 
-def regex_instantiations(extern: bool) -> str:
+#: std::regex_match's out-of-line worker as ``parse_device_str`` calls it.  It is what
+#: instantiates the matcher (``std::__detail::_Executor``, depth- and breadth-first), and
+#: g++ instantiates and optimizes it in every model half that only calls the base's
+#: constructor (inline: g++ analyzes its body for inlining, and with it all it reaches):
+#: 0.17 s of a 0.94 s model half.  The matcher class itself cannot be instantiated
+#: explicitly (both variants' members are built, and g++ rejects the one that does not
+#: fit), this function can: it instantiates what its implicit instantiation did.  Its
+#: signature is libstdc++'s internal one, checked for releases 12 and 13 (the CPU and the
+#: GPU hosts' g++); elsewhere both halves leave it implicit, as before (a declaration that
+#: matched nothing would fail both halves' compiles).
+REGEX_MATCH = ("bool std::__detail::__regex_algo_impl<std::string::const_iterator, "
+               "std::allocator<std::sub_match<std::string::const_iterator>>, char, std::regex_traits<char>>("
+               "std::string::const_iterator, std::string::const_iterator, "
+               "std::match_results<std::string::const_iterator>&, const std::basic_regex<char>&, "
+               "std::regex_constants::match_flag_type, std::__detail::_RegexExecutorPolicy, bool)")
+REGEX_MATCH_GUARD = "#if _GLIBCXX_RELEASE >= 12 && _GLIBCXX_RELEASE <= 13"
+
+
+def regex_instantiations(extern: bool, match: bool = True) -> str:
     """The explicit instantiation declarations (``extern``) or definitions of
-    :data:`REGEX_CLASSES`, under libstdc++ only."""
-    kw = "extern template class" if extern else "template class"
-    lines = "".join(f"{kw} {c};\n" for c in REGEX_CLASSES)
+    :data:`REGEX_CLASSES` and, where ``match``, :data:`REGEX_MATCH`, under libstdc++ only."""
+    kw = "extern template" if extern else "template"
+    lines = "".join(f"{kw} class {c};\n" for c in REGEX_CLASSES)
+    if match:
+        lines += f"{REGEX_MATCH_GUARD}\n{kw} {REGEX_MATCH};\n#endif\n"
     return f"#include <regex>\n#include <string>\n#if defined(__GLIBCXX__)\n{lines}#endif\n"
 
 
@@ -96,6 +116,20 @@ def _compiler_version(compiler: str) -> str:
         return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+@functools.lru_cache(maxsize=4)
+def regex_match_declared(compiler: str) -> bool:
+    """Whether :data:`REGEX_MATCH_GUARD` holds for ``compiler``'s C++ library (libstdc++
+    12 or 13), so that the declaration takes effect: what the build record's
+    ``lean_match`` says.  Preprocessed once per compiler and process."""
+    probe = f"#include <cstddef>\n#if defined(__GLIBCXX__)\n{REGEX_MATCH_GUARD}\nyes\n#endif\n#endif\n"
+    try:
+        out = subprocess.run([compiler, "-x", "c++", "-E", "-P", "-"], input=probe, capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.split()[-1:] == ["yes"]
 
 
 def common_dir() -> str:

@@ -37,7 +37,7 @@ So the wrapper is compiled as two translation units:
 * the **model** one, ``<device include> + std::regex's extern declarations + the
   interface's #includes but the container's + extern template class
   AOTInductorModelBase<AOTInductorModel>; + the rest``, compiled per signature (about
-  0.9 s instead of 4.5 s; the lean part below), then ``ld -r`` joins both into the
+  0.7 s instead of 4.5 s; the lean part below), then ``ld -r`` joins both into the
   ``wrapper.o`` Inductor expects, and Inductor links the library as usual.
 
 Two more cuts of the per-signature cost, each behind a developer switch for its A/B
@@ -59,6 +59,10 @@ Two more cuts of the per-signature cost, each behind a developer switch for its 
   it inlines, so ``run_impl``'s code is unchanged; the constructor now calls the base's
   out of line.  2-core VM: 2.08 -> 1.16 s a signature, a served call the same
   (``scripts/bench/compile_cost.py --switch lean_model --served 8``, docs/benchmarks.md).
+  Within it (``lean_match``) regex_match's worker is declared extern too
+  (:data:`~aoti_farm.build.commonobj.REGEX_MATCH`): g++ analyzes the base's inline
+  constructor for inlining, and with it everything it reaches, the matcher included.
+  1.24 -> 1.05 s a signature.
 
 This is the same program, cut into two translation units of one build: every definition
 is seen identically by both, inline and template copies merge at link time like any two
@@ -81,12 +85,14 @@ from pathlib import Path
 # the per-host product (the common object), the processes that build it
 # and the state the patch shares with them: aoti_farm/build/commonobj.py
 from aoti_farm.build.commonobj import (EXPLICIT, EXTERN, _common_object, _count, _counters, _dev, _lock, _run,
-                                       _start, _tls, _wait, regex_instantiations)
+                                       REGEX_CLASSES, REGEX_MATCH, _start, _tls, _wait,
+                                       regex_instantiations, regex_match_declared)
 
 DEV = "split_build"   # its key in AOTI_FARM_DEV (aoti_farm/config.py)
 OVERLAP_DEV = "split_overlap"   # 0: the model half is joined at once, not at the link
 GOLD_DEV = "gold_link"   # 0: the library is linked by g++'s default linker (GNU ld)
 LEAN_DEV = "lean_model"   # 0: the model half instantiates std::regex and includes the container header
+MATCH_DEV = "lean_match"   # 0: the lean model half instantiates std::regex_match's matcher (commonobj.REGEX_MATCH)
 #: Headers of AOTI's interface the model half does not need: the container's (its inline
 #: members cost a model half 0.25 s of end-of-unit instantiation); the model's code uses
 #: ``model.h``, which the device include brings.  A model half that did need it fails to
@@ -153,11 +159,11 @@ def split_wrapper(text: str) -> tuple[str, str] | None:
         return None
     if not head.endswith("\n") and head:
         head += "\n"
-    lean = _dev(LEAN_DEV) != "0"
+    lean, match = _dev(LEAN_DEV) != "0", _dev(MATCH_DEV) != "0"
     includes = "\n".join(line for line in want if line.startswith("#include") and not (lean and line in MODEL_SKIPS))
     # the switch's two sides differ in the common text, hence in the common object's key
-    common = f"{head}{body}\n\n{EXPLICIT}\n{regex_instantiations(extern=False) if lean else ''}"
-    model = f"{head}{regex_instantiations(extern=True) if lean else ''}{includes}\n{EXTERN}\n{tail}"
+    common = f"{head}{body}\n\n{EXPLICIT}\n{regex_instantiations(False, match) if lean else ''}"
+    model = f"{head}{regex_instantiations(True, match) if lean else ''}{includes}\n{EXTERN}\n{tail}"
     return common, model
 
 
@@ -170,6 +176,7 @@ class _Pending:
         self.obj, self.how, self.proc, self.t0, self.t1 = obj, how, proc, t0, t1
         self.builder = None   # Inductor's CppBuilder of the wrapper (its whole build, if needed)
         self.lean = False     # the model half was lean (split_wrapper, LEAN_DEV)
+        self.match = False    # ... and declared std::regex_match's worker extern, in effect (MATCH_DEV)
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -211,7 +218,8 @@ def start_wrapper(argv: list[str], src: str, target: str, cwd: str) -> _Pending 
     if proc is None:
         return _fallback("fallback_model_failed")
     p = _Pending(target, argv, cwd, model_obj, obj, how, proc, t0, t1)
-    p.lean = regex_instantiations(extern=True) in model
+    p.lean = f"extern template class {REGEX_CLASSES[0]};" in model
+    p.match = f"extern template {REGEX_MATCH};" in model and regex_match_declared(argv[0])
     return p
 
 
@@ -230,7 +238,7 @@ def finish_wrapper(p: _Pending) -> dict | None:
     # is what the link waited for it)
     return {"wrapper": "split", "common": p.how, "common_object": os.path.basename(p.obj),
             "common_s": round(p.t1 - p.t0, 3), "model_s": round(t3 - p.t1, 3), "model_wait_s": round(t3 - t2, 3),
-            "join_s": round(time.perf_counter() - t3, 3), "lean_model": p.lean}
+            "join_s": round(time.perf_counter() - t3, 3), "lean_model": p.lean, "lean_match": p.match}
 
 
 def build_wrapper(argv: list[str], src: str, target: str, cwd: str) -> dict | None:

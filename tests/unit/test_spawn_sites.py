@@ -47,6 +47,7 @@ SITES = {
     ("workers/forkserver.py", "start"): PY,
     ("workers/raysetup.py", "start_ray"): RAY,
     ("aoti_farm/build/commonobj.py", "_compiler_version"): "the C++ compiler's --version",
+    ("aoti_farm/build/commonobj.py", "regex_match_declared"): "the C++ compiler's preprocessor (-E) on a probe",
     ("aoti_farm/build/commonobj.py", "_start"): "a C++ compiler (Inductor's own command line)",
     ("aoti_farm/speedgate/hitpath.py", "_compiler_version"): "the C++ compiler's --version",
     ("aoti_farm/speedgate/hitpath.py", "build"): "the C++ compiler building the native hit path",
