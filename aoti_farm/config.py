@@ -69,6 +69,8 @@ DEV = {
                           "under serve=faster (empty: aoti_farm.speedgate.speed.MIN_SAVING_US); an A/B of that floor"),
     "native_early": ("1", "workers.warm, aoti_farm.compile.hostprep: 0 leaves the hit path's extension to the first "
                           "compile's speed measurement (1 builds it from warm's start)"),
+    "typed_entry": ("1", "runtime/fastpath.cpp: 0 registers every served op's native kernel boxed (1: unboxed where "
+                         "the op's C++ signature is one the typed entry has, calling eager's kernel unboxed)"),
     "omp_passive": ("1", "aoti_farm.startup.ompwait: 0 leaves libgomp's default wait policy (spin, then sleep) in the "
                          "compile processes"),
 }

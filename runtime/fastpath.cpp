@@ -1,5 +1,6 @@
-// aoti-farm's native hit path: a boxed C++ kernel per served op that serves calls whose
-// exact metadata it has already seen, without entering Python.
+// aoti-farm's native hit path: a C++ kernel per served op that serves calls whose exact
+// metadata it has already seen, without entering Python.  It is boxed (SlotKernel), or
+// unboxed where the op's C++ signature is one the typed entry has (Typed, below).
 //
 // The serving decisions stay in Python (aoti_farm.runtime.hook): signature encoding, the
 // cache index, verification before a kernel is loaded, the miss queue.  This file only
@@ -33,6 +34,8 @@
 // (one relaxed load); the rest happens only when it changed.
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/op_registration/infer_schema.h>
+#include <ATen/core/op_registration/op_registration.h>
 #include <ATen/core/stack.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -45,6 +48,11 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 #include <torch/python.h>
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#else
+#include <torch/version.h>
+#endif
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -58,10 +66,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -83,18 +93,49 @@ constexpr int64_t EAGER_GATED = -4;    // remembered: a cached kernel the speed 
 // shapes must not grow memory without bound) and learns again through Python.
 constexpr size_t KNOWN_LIMIT = 16384;
 
-thread_local bool t_inside = false;    // this thread is inside one of our kernels
-// The speed gate's on-host trial (runtime/trial.py): this thread's calls of a served op
-// run kernel t_force_id of the registration whose state is t_force_state, whatever their
-// key, so a kernel and eager are timed through the same dispatcher path.  Never
-// remembered, never counted as hits.
-thread_local const void* t_force_state = nullptr;
-thread_local int64_t t_force_id = -1;
+// The per-thread state every call reads, in one trivially constructed thread_local: one
+// look-up of this library's thread-local block a call, and no initialization guard (a
+// thread_local with a constructor, such as a std::string, is reached through a wrapper
+// function on every access).
+constexpr size_t KEY_MAX = 1024;       // a longer key is unkeyable (Python decides every time)
+struct ThreadState {
+  bool inside = false;                 // this thread is inside one of our kernels
+  // The speed gate's on-host trial (runtime/trial.py): this thread's calls of a served op
+  // run kernel force_id of the registration whose state is force_state, whatever their
+  // key, so a kernel and eager are timed through the same dispatcher path.  Never
+  // remembered, never counted as hits.
+  const void* force_state = nullptr;
+  int64_t force_id = -1;
+  uint64_t gen = 0;                    // the thread-limit generation this thread last followed
+  // The fast key being built (key_*, key_arg), looked up where it was built (Slot::known
+  // is keyed by views); a key that does not fit is unkeyable.  Every member initialized,
+  // so the thread_local is constant-initialized: no guard on access.
+  struct KeyBuf {
+    size_t n = 0;
+    bool over = false;
+    char b[KEY_MAX] = {};
+    void clear() { n = 0, over = false; }
+    __attribute__((always_inline)) void push_back(char c) {
+      if (n < KEY_MAX) b[n++] = c;
+      else over = true;
+    }
+    __attribute__((always_inline)) void append(const void* p, size_t len) {
+      if (len <= KEY_MAX - n) {
+        std::memcpy(b + n, p, len);
+        n += len;
+      } else {
+        over = true;
+      }
+    }
+    void append(const std::string& s) { append(s.data(), s.size()); }
+  } key;
+};
+thread_local ThreadState t_state;
 
 struct InsideGuard {
   bool prev;
-  InsideGuard() : prev(t_inside) { t_inside = true; }
-  ~InsideGuard() { t_inside = prev; }
+  InsideGuard() : prev(t_state.inside) { t_state.inside = true; }
+  ~InsideGuard() { t_state.inside = prev; }
 };
 
 // --- making room for the compiler (process-wide, shared by every FastPath) --------------------
@@ -102,7 +143,6 @@ struct InsideGuard {
 std::atomic<int> g_limit{0};              // > 0: threads use at most this many intra-op threads
 std::atomic<uint64_t> g_gen{1};           // bumped by every set_thread_limit()
 std::atomic<uint64_t> g_lowered{0}, g_restored{0}, g_thread_errors{0};
-thread_local uint64_t t_gen = 0;          // the generation this thread last followed
 std::mutex g_ymu;
 std::unordered_map<long, std::pair<int, int>> g_saved;  // thread id -> (its count, the count set)
 
@@ -142,11 +182,11 @@ __attribute__((noinline)) void adjust_threads() {
   } catch (...) {
     g_thread_errors++;
   }
-  t_gen = gen;
+  t_state.gen = gen;
 }
 
 inline void follow_thread_limit() {
-  if (t_gen != g_gen.load(std::memory_order_relaxed)) adjust_threads();
+  if (t_state.gen != g_gen.load(std::memory_order_relaxed)) adjust_threads();
 }
 
 void set_thread_limit(int limit) {
@@ -426,9 +466,16 @@ struct Slot {
   std::string name;
   size_t nargs;
   std::vector<int> special;         // per argument: 0 plain, 1 dtype, 2 layout, 3 memory format
-  std::unordered_map<std::string, Decision> known;   // guarded by State::mu
+  // remembered calls, by fast key; a key's bytes live in its entry (never moved), so a call
+  // looks up the key it built in place, without copying it
+  struct Known {
+    std::unique_ptr<char[]> bytes;
+    Decision d;
+  };
+  std::unordered_map<std::string_view, Known> known;   // guarded by State::mu
   Counters c;
   bool cuda = false;                // registered at the CUDA key (key_conditions' fields)
+  bool typed = false;               // registered unboxed (the typed entry)
   Slot(c10::OperatorHandle o, c10::SafeKernelFunction k, std::string n)
       : op(std::move(o)), orig(std::move(k)), name(std::move(n)) {}
 };
@@ -444,7 +491,8 @@ struct State {
   std::atomic<uint64_t> epoch{0};
   std::array<std::atomic<uint64_t>, INELIGIBLE_REASONS> ineligible{};
   std::atomic<uint64_t> slow{0}, wrapped{0}, grad{0}, views{0}, unkeyable{0}, kernel_errors{0},
-      user_errors{0}, callback_errors{0}, remembered{0}, forgotten{0}, gated{0}, trial_calls{0}, guarded{0};
+      user_errors{0}, callback_errors{0}, remembered{0}, forgotten{0}, gated{0}, trial_calls{0}, guarded{0},
+      typed_boxed{0};   // calls the typed entry handed to the boxed kernel (a key not remembered or not keyable)
   ~State() {
     // The dispatcher may outlive the interpreter (static destruction at exit): never touch
     // Python objects then.
@@ -468,10 +516,9 @@ struct State {
 
 enum class Keyed { ok, wrapped, grad, view, unkeyable };
 
-inline void put(std::string& k, const void* p, size_t n) {
-  k.append(static_cast<const char*>(p), n);
-}
-inline void put64(std::string& k, int64_t v) { put(k, &v, sizeof v); }
+using KeyBuf = ThreadState::KeyBuf;
+inline void put(KeyBuf& k, const void* p, size_t n) { k.append(p, n); }
+inline void put64(KeyBuf& k, int64_t v) { put(k, &v, sizeof v); }
 
 // The globals a served result depends on (aoti_farm/signature/conditions.py names them),
 // and this thread's intra-op thread count (a CPU kernel runs at its caller's).  Per device,
@@ -507,7 +554,7 @@ uint64_t conditions_word(bool cuda) {
   return w;
 }
 
-inline void key_conditions(std::string& k, bool cuda) {
+inline void key_conditions(KeyBuf& k, bool cuda) {
   uint64_t w;
   try {
     w = conditions_word(cuda);
@@ -520,7 +567,7 @@ inline void key_conditions(std::string& k, bool cuda) {
   put64(k, static_cast<int64_t>(at::get_num_threads()));
 }
 
-Keyed key_tensor(std::string& k, const at::Tensor& t) {
+Keyed key_tensor(KeyBuf& k, const at::Tensor& t) {
   if (!t.defined()) {
     k.push_back('N');
     return Keyed::ok;
@@ -541,7 +588,7 @@ Keyed key_tensor(std::string& k, const at::Tensor& t) {
   return Keyed::ok;
 }
 
-Keyed key_value(std::string& k, const c10::IValue& v) {
+Keyed key_value(KeyBuf& k, const c10::IValue& v) {
   if (v.isTensor()) return key_tensor(k, v.toTensor());
   if (v.isNone()) {
     k.push_back('N');
@@ -576,25 +623,30 @@ Keyed key_value(std::string& k, const c10::IValue& v) {
     k.push_back(static_cast<char>(d.index()));
     return Keyed::ok;
   }
+  // the lists' elements read in place (toListRef): a typed copy (toIntList) would count a
+  // reference up and down on every call
   if (v.isIntList()) {
-    auto l = v.toIntList();
+    auto l = v.toListRef();
     k.push_back('I');
     put64(k, static_cast<int64_t>(l.size()));
-    for (int64_t x : l) put64(k, x);
+    for (const auto& x : l) put64(k, x.toInt());
     return Keyed::ok;
   }
   if (v.isDoubleList()) {
-    auto l = v.toDoubleList();
+    auto l = v.toListRef();
     k.push_back('F');
     put64(k, static_cast<int64_t>(l.size()));
-    for (double x : l) put(k, &x, sizeof x);
+    for (const auto& x : l) {
+      double d = x.toDouble();
+      put(k, &d, sizeof d);
+    }
     return Keyed::ok;
   }
   if (v.isBoolList()) {
-    auto l = v.toBoolList();
+    auto l = v.toListRef();
     k.push_back('L');
     put64(k, static_cast<int64_t>(l.size()));
-    for (bool x : l) k.push_back(x ? '1' : '0');
+    for (const auto& x : l) k.push_back(x.toBool() ? '1' : '0');
     return Keyed::ok;
   }
   if (v.isTensorList() || v.isList()) {
@@ -732,9 +784,9 @@ struct SlotKernel final : public c10::OperatorKernel {
   }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    if (t_inside || !st->enabled.load(std::memory_order_relaxed)) return eager(op, ks, stack);
-    if (__builtin_expect(t_force_state != nullptr, 0)) {
-      if (t_force_state == st.get()) return forced(op, ks, stack);
+    if (t_state.inside || !st->enabled.load(std::memory_order_relaxed)) return eager(op, ks, stack);
+    if (__builtin_expect(t_state.force_state != nullptr, 0)) {
+      if (t_state.force_state == st.get()) return forced(op, ks, stack);
       return eager(op, ks, stack);   // another registration's trial: never its kernel ids
     }
     follow_thread_limit();
@@ -744,11 +796,13 @@ struct SlotKernel final : public c10::OperatorKernel {
     if (prof) marks[0] = ticks();
     const size_t n = slot->nargs;
     const c10::IValue* args = &*(stack->end() - n);
-    thread_local std::string key;
-    key.clear();
-    key_conditions(key, slot->cuda);
+    KeyBuf& kb = t_state.key;
+    kb.clear();
+    key_conditions(kb, slot->cuda);
     Keyed kd = Keyed::ok;
-    for (size_t i = 0; i < n && kd == Keyed::ok; ++i) kd = key_value(key, args[i]);
+    for (size_t i = 0; i < n && kd == Keyed::ok; ++i) kd = key_value(kb, args[i]);
+    if (kb.over && kd == Keyed::ok) kd = Keyed::unkeyable;
+    const std::string_view key(kb.b, kb.n);
     if (prof) marks[1] = ticks();
     switch (kd) {
       case Keyed::wrapped: st->wrapped++; return eager(op, ks, stack);
@@ -780,7 +834,7 @@ struct SlotKernel final : public c10::OperatorKernel {
       std::shared_lock<std::shared_mutex> lk(st->mu);
       auto it = slot->known.find(key);
       if (it != slot->known.end()) {
-        d = it->second;
+        d = it->second.d;
         found = true;
       }
     }
@@ -838,7 +892,7 @@ struct SlotKernel final : public c10::OperatorKernel {
     std::shared_ptr<Runner> r;
     {
       std::shared_lock<std::shared_mutex> lk(st->mu);
-      auto it = st->runners.find(t_force_id);
+      auto it = st->runners.find(t_state.force_id);
       if (it != st->runners.end()) r = it->second;
     }
     st->trial_calls++;
@@ -857,15 +911,371 @@ struct SlotKernel final : public c10::OperatorKernel {
   }
 
   // caller holds st->mu uniquely
-  void remember(const std::string& key, int64_t code, std::shared_ptr<Runner> r) {
+  void remember(std::string_view key, int64_t code, std::shared_ptr<Runner> r) {
     if (slot->known.size() >= KNOWN_LIMIT) {
       slot->known.clear();
       st->forgotten++;
     }
-    slot->known[key] = Decision{code, std::move(r)};
+    auto it = slot->known.find(key);
+    if (it != slot->known.end()) {
+      it->second.d = Decision{code, std::move(r)};
+    } else {
+      Slot::Known k{std::make_unique<char[]>(key.size() ? key.size() : 1), Decision{code, std::move(r)}};
+      std::memcpy(k.bytes.get(), key.data(), key.size());
+      const std::string_view own(k.bytes.get(), key.size());
+      slot->known.emplace(own, std::move(k));
+    }
     st->remembered++;
   }
 };
+
+// --- the typed entry --------------------------------------------------------------------------
+//
+// A boxed kernel makes the dispatcher box every call: the arguments copied into a stack of
+// IValues (a heap allocation, a reference counted up and down per tensor, a string copied
+// into a new object for a `str` argument), and eager's kernel unboxes them again.  For the
+// ops whose C++ signature is one of TYPED_SIGNATURES below, the registration is an unboxed
+// kernel instead: it builds the same fast key from the typed arguments (key_arg writes
+// exactly the bytes key_value writes for the boxed argument), looks it up, and runs the
+// remembered kernel, or calls eager's kernel unboxed.  Everything else (a call never seen,
+// one the key cannot hold, this thread inside a kernel or in the speed gate's trial) goes
+// through the boxed kernel above, boxed as the dispatcher would have.
+//
+// Calling eager's kernel unboxed needs the KernelFunction torch keeps inside the
+// SafeKernelFunction it hands out (OperatorHandle::getComputedKernelForDispatchKey, added by
+// pytorch/pytorch#158393, can be called boxed only).  That member is private: read here, in
+// this one place, through the explicit-instantiation rule ([temp.spec.general]: access is
+// not checked in an explicit instantiation), for the torch versions whose class layout was
+// read (2.13; 2.11 and 2.12 have the same class).  The token torch invalidates when the
+// original kernel is deregistered is checked on every call, as callBoxed does.  It can go
+// when SafeKernelFunction offers a typed call.  Elsewhere, or with AOTI_FARM_DEV=typed_entry=0,
+// every op is registered boxed (FastPath::add_op).  tests/e2e/test_native_typed.py: the
+// typed and the boxed registrations give identical results and keys.
+
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 13
+#define AOTI_FARM_TYPED_ENTRY 1
+template <typename Tag, typename Tag::type M>
+struct Expose {
+  friend typename Tag::type member(Tag) { return M; }
+};
+struct KernelOf {
+  using type = c10::KernelFunction c10::SafeKernelFunction::*;
+  friend type member(KernelOf);
+};
+struct TokenOf {
+  using type = std::shared_ptr<c10::KernelToken> c10::SafeKernelFunction::*;
+  friend type member(TokenOf);
+};
+template struct Expose<KernelOf, &c10::SafeKernelFunction::kernel_>;
+template struct Expose<TokenOf, &c10::SafeKernelFunction::token_>;
+#else
+#define AOTI_FARM_TYPED_ENTRY 0
+#endif
+
+// key_arg: the bytes key_value writes for the IValue the dispatcher would box the argument
+// into (ivalue.h's constructors: a concrete SymInt list decays to an int list, a Scalar to
+// a double, bool or int, a ScalarType to an int).
+inline Keyed key_arg(KeyBuf& k, const at::Tensor& t) { return key_tensor(k, t); }
+inline Keyed key_arg(KeyBuf& k, const std::optional<at::Tensor>& t) {
+  if (!t.has_value()) {
+    k.push_back('N');
+    return Keyed::ok;
+  }
+  return key_tensor(k, *t);
+}
+inline Keyed key_arg(KeyBuf& k, const c10::Scalar& s) {
+  if (s.isSymbolic() || s.isComplex()) return Keyed::unkeyable;
+  if (s.isFloatingPoint()) {
+    k.push_back('f');
+    double x = s.toDouble();
+    put(k, &x, sizeof x);
+    return Keyed::ok;
+  }
+  if (s.isBoolean()) {
+    k.push_back(s.toBool() ? 'B' : 'b');
+    return Keyed::ok;
+  }
+  if (s.isUnsigned()) {
+    const uint64_t u = s.toUInt64();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return Keyed::unkeyable;
+    k.push_back('i');
+    put64(k, static_cast<int64_t>(u));
+    return Keyed::ok;
+  }
+  k.push_back('i');
+  put64(k, s.toLong());
+  return Keyed::ok;
+}
+inline Keyed key_arg(KeyBuf& k, c10::string_view s) {
+  k.push_back('s');
+  put64(k, static_cast<int64_t>(s.size()));
+  k.append(s.data(), s.size());
+  return Keyed::ok;
+}
+inline Keyed key_arg(KeyBuf& k, int64_t v) {
+  k.push_back('i');
+  put64(k, v);
+  return Keyed::ok;
+}
+inline Keyed key_arg(KeyBuf& k, double v) {
+  k.push_back('f');
+  put(k, &v, sizeof v);
+  return Keyed::ok;
+}
+inline Keyed key_arg(KeyBuf& k, bool v) {
+  k.push_back(v ? 'B' : 'b');
+  return Keyed::ok;
+}
+inline Keyed key_ints(KeyBuf& k, at::IntArrayRef v) {
+  k.push_back('I');
+  put64(k, static_cast<int64_t>(v.size()));
+  put(k, v.data(), v.size() * sizeof(int64_t));
+  return Keyed::ok;
+}
+inline Keyed key_arg(KeyBuf& k, c10::SymIntArrayRef v) {
+  auto ints = c10::asIntArrayRefSlowOpt(v);
+  if (!ints.has_value()) return Keyed::unkeyable;   // symbolic: a SymInt list, unkeyable boxed too
+  return key_ints(k, *ints);
+}
+inline Keyed key_arg(KeyBuf& k, at::OptionalIntArrayRef v) {
+  if (!v.has_value()) {
+    k.push_back('N');
+    return Keyed::ok;
+  }
+  return key_ints(k, *v);
+}
+inline Keyed key_arg(KeyBuf& k, std::optional<at::ScalarType> v) {
+  if (!v.has_value()) {
+    k.push_back('N');
+    return Keyed::ok;
+  }
+  return key_arg(k, static_cast<int64_t>(*v));
+}
+
+// The runner's inputs from typed arguments: runner_inputs' rule (every defined tensor, in
+// schema order).
+inline void add_inputs(std::vector<at::Tensor>& v, const at::Tensor& t) {
+  if (t.defined()) v.push_back(t);
+}
+inline void add_inputs(std::vector<at::Tensor>& v, const std::optional<at::Tensor>& t) {
+  if (t.has_value() && t->defined()) v.push_back(*t);
+}
+template <class T>
+inline void add_inputs(std::vector<at::Tensor>&, const T&) {}
+
+// A kernel's outputs as the op's return type; false where their number differs.
+inline bool as_return(std::vector<at::Tensor>& o, at::Tensor& r) {
+  if (o.size() != 1) return false;
+  r = std::move(o[0]);
+  return true;
+}
+template <class... Ts>
+inline bool as_return(std::vector<at::Tensor>& o, std::tuple<Ts...>& r) {
+  if (o.size() != sizeof...(Ts)) return false;
+  size_t i = 0;
+  std::apply([&](auto&... x) { ((x = std::move(o[i++])), ...); }, r);
+  return true;
+}
+
+template <class Sig>
+struct Typed;
+
+template <class Ret, class... Args>
+struct Typed<Ret(Args...)> {
+  std::shared_ptr<State> st;
+  Slot* slot;
+  SlotKernel helper;               // report_error, shared with the boxed kernel's rules
+  c10::KernelFunction boxed;       // the boxed kernel above, called boxed (the dispatcher's boxing)
+  c10::KernelFunction orig;        // eager's kernel, called unboxed
+  std::shared_ptr<c10::KernelToken> token;
+
+  Typed(std::shared_ptr<State> s, Slot* sl, int64_t index)
+      : st(s), slot(sl), helper(s, sl, index),
+        boxed(c10::KernelFunction::makeFromBoxedKernel(
+            c10::BoxedKernel::makeFromFunctor(std::make_unique<SlotKernel>(s, sl, index)))) {
+#if AOTI_FARM_TYPED_ENTRY
+    orig = slot->orig.*member(KernelOf());
+    token = slot->orig.*member(TokenOf());
+#endif
+  }
+
+  Ret via_boxed(c10::DispatchKeySet ks, Args... args) {
+    return boxed.template call<Ret, Args...>(slot->op, ks, std::forward<Args>(args)...);
+  }
+  Ret eager(c10::DispatchKeySet ks, Args... args) {
+    if (token && !token->isValid()) return via_boxed(ks, std::forward<Args>(args)...);  // raises as torch does
+    return orig.template call<Ret, Args...>(slot->op, ks, std::forward<Args>(args)...);
+  }
+
+  // The speed gate's trial (SlotKernel::forced's rules): kernel force_id, whatever the key.
+  Ret forced(c10::DispatchKeySet ks, Args... args) {
+    std::shared_ptr<Runner> r;
+    {
+      std::shared_lock<std::shared_mutex> lk(st->mu);
+      auto it = st->runners.find(t_state.force_id);
+      if (it != st->runners.end()) r = it->second;
+    }
+    st->trial_calls++;
+    if (!r) return eager(ks, std::forward<Args>(args)...);
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(sizeof...(Args));
+    (add_inputs(inputs, args), ...);
+    if (!r->guards.empty() && !r->guarded_ok(inputs)) return eager(ks, std::forward<Args>(args)...);
+    std::vector<at::Tensor> outputs;
+    {
+      InsideGuard g;
+      outputs = r->run(inputs);   // a failure raises to the trial, which declines the kernel
+    }
+    Ret out;
+    TORCH_CHECK(as_return(outputs, out), "kernel returned another number of outputs");
+    return out;
+  }
+
+  Ret operator()(c10::DispatchKeySet ks, Args... args) {
+    // inside one of our kernels, unregistered, or another registration's trial: eager
+    if (t_state.inside || !st->enabled.load(std::memory_order_relaxed)) return eager(ks, std::forward<Args>(args)...);
+    if (__builtin_expect(t_state.force_state != nullptr, 0)) {
+      if (t_state.force_state == st.get()) return forced(ks, std::forward<Args>(args)...);
+      return eager(ks, std::forward<Args>(args)...);
+    }
+    follow_thread_limit();
+    uint64_t marks[6];
+    const bool prof = g_profile.load(std::memory_order_relaxed);
+    if (prof) marks[0] = ticks();
+    KeyBuf& kb = t_state.key;
+    kb.clear();
+    key_conditions(kb, slot->cuda);
+    Keyed kd = Keyed::ok;
+    ((kd = (kd == Keyed::ok ? key_arg(kb, args) : kd)), ...);
+    if (kd != Keyed::ok || kb.over) {
+      st->typed_boxed++;
+      return via_boxed(ks, std::forward<Args>(args)...);  // its reason counted there
+    }
+    if (prof) marks[1] = ticks();
+    Decision d{EAGER_ONCE, nullptr};
+    {
+      std::shared_lock<std::shared_mutex> lk(st->mu);
+      auto it = slot->known.find(std::string_view(kb.b, kb.n));
+      if (it == slot->known.end()) {
+        lk.unlock();
+        st->typed_boxed++;
+        return via_boxed(ks, std::forward<Args>(args)...);   // Python decides (the boxed kernel)
+      }
+      d = it->second.d;
+    }
+    if (prof) marks[2] = ticks();
+    if (d.code < 0) {
+      if (d.code <= EAGER_INELIGIBLE_BASE) st->ineligible[EAGER_INELIGIBLE_BASE - d.code]++;
+      else if (d.code == EAGER_GATED) st->gated++;
+      else (d.code == EAGER_FAILED ? slot->c.failed : slot->c.misses)++;
+      if (!prof) return eager(ks, std::forward<Args>(args)...);
+      Ret r = eager(ks, std::forward<Args>(args)...);
+      marks[3] = ticks();
+      static const int stages[] = {ST_KEY, ST_LOOKUP, ST_EAGER};
+      account(OC_EAGER, marks, stages, 3);
+      return r;
+    }
+    // a remembered kernel: SlotKernel::run's rules (guards, a failing runner, the caller's errors)
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(sizeof...(Args));
+    (add_inputs(inputs, args), ...);
+    if (!d.runner->guards.empty() && !d.runner->guarded_ok(inputs)) {
+      st->guarded++;
+      return eager(ks, std::forward<Args>(args)...);
+    }
+    std::vector<at::Tensor> outputs;
+    std::string what;
+    try {
+      InsideGuard g;
+      outputs = d.runner->run(inputs, prof ? marks + 3 : nullptr);
+    } catch (const std::exception& e) {
+      what = e.what();
+      if (what.empty()) what = "kernel error";
+    }
+    Ret r;
+    if (what.empty() && !as_return(outputs, r)) what = "kernel returned another number of outputs";
+    if (!what.empty()) {
+      try {
+        r = eager(ks, std::forward<Args>(args)...);
+      } catch (...) {
+        st->user_errors++;
+        throw;
+      }
+      st->kernel_errors++;
+      helper.report_error(d.code, what.c_str());
+      return r;
+    }
+    slot->c.hits++;
+    if (prof) {
+      marks[5] = ticks();
+      static const int stages[] = {ST_KEY, ST_LOOKUP, ST_INPUTS, ST_RUN, ST_OUTPUTS};
+      account(OC_SERVED, marks, stages, 5);
+    }
+    return r;
+  }
+};
+
+// The C++ signatures registered typed (aten's: `Tensor` is `const at::Tensor&`, `str` is
+// c10::string_view, `SymInt[]` is c10::SymIntArrayRef).  An op is registered typed when its
+// schema is one of these (c10's own comparison, findSchemaDifferences) and it mutates nothing.
+using T_ = const at::Tensor&;
+using S_ = const c10::Scalar&;
+using OT_ = const std::optional<at::Tensor>&;
+using TT3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+template <class Sig>
+struct TypedFunctor;
+template <class Ret, class... Args>
+struct TypedFunctor<Ret(Args...)> {
+  std::shared_ptr<Typed<Ret(Args...)>> t;
+  Ret operator()(c10::DispatchKeySet ks, Args... args) const { return (*t)(ks, std::forward<Args>(args)...); }
+};
+
+// Register `slot`'s kernel typed as Sig where the op's schema is Sig's; false (nothing
+// registered) otherwise.
+template <class Sig>
+bool try_typed(torch::Library& lib, const std::string& full, c10::DispatchKey dk, const std::shared_ptr<State>& st,
+               Slot* slot, int64_t index) {
+  const c10::FunctionSchema& schema = slot->op.schema();
+  if (c10::findSchemaDifferences(c10::inferFunctionSchemaFlattenedReturns<Sig>(), schema).has_value())
+    return false;
+  auto t = std::make_shared<Typed<Sig>>(st, slot, index);
+  try {
+    lib.impl(full.c_str(), torch::dispatch(dk, TypedFunctor<Sig>{std::move(t)}));
+  } catch (const c10::Error&) {
+    return false;   // the dispatcher refused it (its C++ signature check): registered boxed instead
+  }
+  return true;
+}
+
+// Register typed if the op's schema is one of the signatures, mutates nothing and the
+// original kernel can be called unboxed; true if registered.
+bool register_typed(torch::Library& lib, const std::string& full, c10::DispatchKey dk, const std::shared_ptr<State>& st,
+                    Slot* slot, int64_t index) {
+#if AOTI_FARM_TYPED_ENTRY
+  const c10::FunctionSchema& schema = slot->op.schema();
+  if (schema.is_mutable()) return false;
+  for (const auto& r : schema.returns())
+    if (r.alias_info()) return false;   // a view or an out= result
+  return try_typed<at::Tensor(T_)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, T_)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, T_, S_)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, S_)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, S_, S_)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, T_, T_)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, T_, T_, S_, S_)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, c10::string_view)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, int64_t, bool)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, int64_t, T_)>(lib, full, dk, st, slot, index) ||
+         try_typed<at::Tensor(T_, at::OptionalIntArrayRef, bool, std::optional<at::ScalarType>)>(lib, full, dk, st,
+                                                                                                 slot, index) ||
+         try_typed<at::Tensor(T_, std::optional<at::ScalarType>)>(lib, full, dk, st, slot, index) ||
+         try_typed<TT3(T_, c10::SymIntArrayRef, OT_, OT_, double)>(lib, full, dk, st, slot, index);
+#else
+  (void)lib, (void)full, (void)dk, (void)st, (void)slot, (void)index;
+  return false;
+#endif
+}
 
 // Drops the warnings of one registration (FastPath::add_op).
 struct QuietHandler : c10::WarningHandler {
@@ -884,7 +1294,8 @@ class FastPath {
   ~FastPath() { destroy(); }
 
   // Register our kernel for `name` (aten::add.Tensor) at `key` (CPU or CUDA); returns its slot.
-  int64_t add_op(const std::string& name, const std::string& overload, const std::string& key) {
+  // `typed`: registered unboxed where the op's signature allows (register_typed).
+  int64_t add_op(const std::string& name, const std::string& overload, const std::string& key, bool typed) {
     if (!lib_)
       lib_ = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", std::nullopt, __FILE__, __LINE__);
     auto dk = c10::parseDispatchKey(key);
@@ -909,8 +1320,12 @@ class FastPath {
       // this registration's purpose, and the warning would reach a program's or a compile
       // worker's stderr (no Python filter sees a c10 warning raised outside a torch binding).
       c10::WarningUtils::WarningHandlerGuard quiet(&quiet_handler);
-      lib_->impl(full.c_str(), torch::dispatch(dk, torch::CppFunction::makeFromBoxedFunctor(
-                                                       std::make_unique<SlotKernel>(st_, raw, index))));
+      if (typed && register_typed(*lib_, full, dk, st_, raw, index)) {
+        raw->typed = true;
+      } else {
+        lib_->impl(full.c_str(), torch::dispatch(dk, torch::CppFunction::makeFromBoxedFunctor(
+                                                         std::make_unique<SlotKernel>(st_, raw, index))));
+      }
     }
     return index;
   }
@@ -941,7 +1356,7 @@ class FastPath {
     }
     for (auto& s : st_->slots)
       for (auto k = s->known.begin(); k != s->known.end();)
-        k = (k->second.code == id) ? s->known.erase(k) : std::next(k);
+        k = (k->second.d.code == id) ? s->known.erase(k) : std::next(k);
   }
 
   // Forget every remembered eager decision (the cache index changed).
@@ -950,15 +1365,15 @@ class FastPath {
     st_->epoch++;
     for (auto& s : st_->slots)
       for (auto k = s->known.begin(); k != s->known.end();)
-        k = (k->second.code < 0) ? s->known.erase(k) : std::next(k);
+        k = (k->second.d.code < 0) ? s->known.erase(k) : std::next(k);
   }
 
   void set_enabled(bool on) { st_->enabled = on; }
 
   // This thread's served calls run kernel `id` (>= 0) of this registration; -1 ends it.
   void force(int64_t id) {
-    t_force_state = id >= 0 ? static_cast<const void*>(st_.get()) : nullptr;
-    t_force_id = id;
+    t_state.force_state = id >= 0 ? static_cast<const void*>(st_.get()) : nullptr;
+    t_state.force_id = id;
   }
 
   py::dict stats() {
@@ -991,6 +1406,11 @@ class FastPath {
     d["callback_errors"] = st_->callback_errors.load();
     d["remembered"] = known;
     d["forgotten_full"] = st_->forgotten.load();
+    py::list typed;
+    for (auto& s : st_->slots)
+      if (s->typed) typed.append(py::str(s->name));
+    d["typed_ops"] = typed;
+    d["typed_boxed"] = st_->typed_boxed.load();
     d["kernels"] = st_->runners.size();
     uint64_t containers = 0;
     for (auto& kv : st_->runners) containers += kv.second->containers();
@@ -1020,8 +1440,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("INELIGIBLE_REASONS") = INELIGIBLE_REASONS;
   // this thread's calls of served ops go straight to eager (the speed gate's background trial)
   m.def("set_inside", [](bool on) {
-    bool prev = t_inside;
-    t_inside = on;
+    bool prev = t_state.inside;
+    t_state.inside = on;
     return prev;
   });
   m.def("set_thread_limit", &set_thread_limit);

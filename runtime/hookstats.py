@@ -98,7 +98,8 @@ def _merged(hook) -> dict:
     reason = {} if routes.nreg is not None else {"reason": routes.error or "no op routed"}
     s["native"] = {"active": routes.nreg is not None, **reason,
                    **{k: n.get(k, 0) for k in ("slow_calls", "remembered", "forgotten_full", "unkeyable",
-                                               "callback_errors", "kernels", "trial_calls")}}
+                                               "callback_errors", "kernels", "trial_calls", "typed_boxed")},
+                   "typed_ops": list(n.get("typed_ops", ()))}
     return metrics_mod.with_miss_reasons(s, hook._metrics)
 
 

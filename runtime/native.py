@@ -21,7 +21,7 @@ import torch
 from aoti_farm.startup import spawn
 from aoti_farm.speedgate.hitpath import (  # noqa: F401 -- re-exported: the hook's and the CLI's names
     BUILD_TIMEOUT, MODULE, SOURCE, build, build_id, command, compiler, disabled, error, library_path, load,
-    native_dir)
+    native_dir, typed_entry)
 from aoti_farm.startup.spawn import lowest_priority
 
 #: The launcher's variables (``runtime/launch.py``): set, a Python child installs the hook.
@@ -71,6 +71,7 @@ class NativeRegistration:
         self.slots: list[tuple] = []
         self.ops: list[str] = []
         t0 = time.perf_counter()
+        typed = typed_entry()
         self.fp = mod.FastPath(self._ask, on_error)
         try:
             with warnings.catch_warnings():
@@ -82,7 +83,7 @@ class NativeRegistration:
                             continue
                         s = op._schema
                         info = S.op_info(op)
-                        slot = self.fp.add_op(s.name, s.overload_name, key)
+                        slot = self.fp.add_op(s.name, s.overload_name, key, typed)
                         assert slot == len(self.slots)
                         self.slots.append((info, device, info.kwarg_only))
                         if info.name not in self.ops:

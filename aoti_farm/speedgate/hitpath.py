@@ -72,6 +72,16 @@ def disabled() -> bool:
     return os.environ.get("AOTI_FARM_NATIVE", "").strip().lower() in ("0", "off", "false", "no")
 
 
+def typed_entry() -> bool:
+    """Whether the extension registers a served op unboxed where its C++ signature allows
+    (``fastpath.cpp``: the typed entry); ``AOTI_FARM_DEV=typed_entry=0`` registers all
+    boxed.  The hook and the compile-time speed measurement read the same switch, so both
+    time the call the hook makes."""
+    from aoti_farm.config import dev
+
+    return dev("typed_entry") != "0"
+
+
 def compiler() -> str:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
 

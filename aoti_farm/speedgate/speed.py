@@ -178,7 +178,7 @@ def time_served_call(sig, kernel_path: str, guards=(), seed: int = 1000, **kw) -
     try:
         # (the dispatcher's "Overriding a previously registered kernel" is a c10 warning,
         # which no Python filter sees: FastPath.add_op drops it)
-        fp.add_op(op._schema.name, op._schema.overload_name, _DISPATCH_KEYS[sig.device])
+        fp.add_op(op._schema.name, op._schema.overload_name, _DISPATCH_KEYS[sig.device], hitpath.typed_entry())
         kid = fp.load(kernel_path, sig.device, [tuple(int(x) for x in g) for g in guards or ()])
         run_kernel, run_eager = through_dispatcher(fp, mod, kid, op, args, kwargs)
         m = time_against_eager(run_kernel, run_eager, "cuda" if sig.device == "cuda" else "cpu", **kw)

@@ -111,11 +111,36 @@ def _sync(device: str):
     return torch.cuda.synchronize
 
 
-def model_round(run, cache: str, runs: int, mod, device: str = "cpu") -> dict:
+def _all_boxed(run, cache: str, runs: int, device: str) -> float:
+    """The served phase again with every op registered boxed (``AOTI_FARM_DEV=typed_entry=0``,
+    read when the hook installs): the typed entry's A/B, without the stage profile."""
+    from aoti_farm.runtime import install
+
+    prev = os.environ.get("AOTI_FARM_DEV")
+    os.environ["AOTI_FARM_DEV"] = "typed_entry=0"
+    try:
+        hook = install(cache_dir=cache, serve="always", on_miss="ignore", devices=(device,))
+    finally:
+        if prev is None:
+            os.environ.pop("AOTI_FARM_DEV", None)
+        else:
+            os.environ["AOTI_FARM_DEV"] = prev
+    try:
+        assert not hook.stats()["native"].get("typed_ops"), "typed_entry=0 registered an op typed"
+        run()
+        run()
+        return _median_time(run, runs)
+    finally:
+        hook.uninstall()
+
+
+def model_round(run, cache: str, runs: int, mod, device: str = "cpu", ab_typed: bool = False,
+                boxed_first: bool = False) -> dict:
     from aoti_farm.runtime import install
 
     run()
     e = _median_time(run, runs)
+    b = _all_boxed(run, cache, runs, device) if ab_typed and boxed_first else None
     hook = install(cache_dir=cache, serve="always", on_miss="ignore", devices=(device,))
     try:
         run()
@@ -130,7 +155,10 @@ def model_round(run, cache: str, runs: int, mod, device: str = "cpu") -> dict:
     finally:
         mod.set_profile(False)
         hook.uninstall()
-    return {"eager_s": e, "served_s": h, "ratio": h / e, "served_per_run": served,
+    if ab_typed and not boxed_first:
+        b = _all_boxed(run, cache, runs, device)
+    extra = {"all_boxed_s": b, "ratio_all_boxed": b / e, "typed_over_all_boxed": h / b} if ab_typed else {}
+    return {**extra, "eager_s": e, "served_s": h, "ratio": h / e, "served_per_run": served,
             "measured_us": (h - e) / served * 1e6 if served else None, "stages_in_model_ns": _per_call(prof)}
 
 
@@ -207,6 +235,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-warm", action="store_true", help="serve the cache as it is (the trace must be in --out)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the model runs (recorded, warmed and served there; timed runs end synchronized)")
+    ap.add_argument("--ab-typed", action="store_true",
+                    help="each round also serves with every op registered boxed (AOTI_FARM_DEV=typed_entry=0), "
+                         "the two served phases in alternating order")
     args = ap.parse_args(argv)
     from real_models import MODELS, build, timed
 
@@ -242,12 +273,14 @@ def main(argv=None) -> int:
     run = timed(build(args.model, device=args.device), args.device)
     rounds = []
     for r in range(args.rounds):
-        one = model_round(run, cache, args.runs, mod, args.device)
+        one = model_round(run, cache, args.runs, mod, args.device, args.ab_typed, boxed_first=r % 2 == 1)
         rounds.append(one)
         st = one["stages_in_model_ns"]
         print(f"round {r}: eager {one['eager_s'] * 1e3:.2f} ms, served {one['served_s'] * 1e3:.2f} ms "
               f"(ratio {one['ratio']:.3f}), {one['served_per_run']:.0f} served calls a run, "
               f"{one['measured_us'] if one['measured_us'] is None else round(one['measured_us'], 2)} us a served call; "
+              + (f"all boxed {one['all_boxed_s'] * 1e3:.2f} ms (ratio {one['ratio_all_boxed']:.3f}, typed/boxed "
+                 f"{one['typed_over_all_boxed']:.3f}); " if args.ab_typed else "") +
               f"stages ns " + " ".join(f"{k} {st[k]:.0f}" for k in STAGES), flush=True)
     alone = isolated(trace, cache, mod, args.device)
     med = lambda k: statistics.median(x[k] for x in rounds if x[k] is not None)   # noqa: E731
@@ -259,6 +292,9 @@ def main(argv=None) -> int:
                alone.get("change_us") is not None else None,
                "stages_in_model_ns": in_model, "stages_alone_ns": alone.get("stages_ns"),
                "remainder_alone_ns": alone.get("remainder_ns")}
+    if args.ab_typed:
+        summary["ratio_all_boxed"] = med("ratio_all_boxed")
+        summary["typed_over_all_boxed"] = med("typed_over_all_boxed")
     if alone.get("stages_ns"):
         run_alone = alone["stages_ns"]["run"]
         summary["overhead_over_kernel_in_model_us"] = (
@@ -275,6 +311,9 @@ def main(argv=None) -> int:
           f"device {info['device']}  threads {args.threads}  model {args.model}")
     print(f"model served/eager {s['ratio']:.3f} (median of {args.rounds} rounds), {s['served_per_run']:.0f} served "
           f"calls a run; {alone.get('signatures', 0)} signatures served alone, {alone.get('faster', 0)} faster than eager")
+    if args.ab_typed:
+        print(f"every op registered boxed: served/eager {s['ratio_all_boxed']:.3f}; typed entry / all boxed "
+              f"{s['typed_over_all_boxed']:.3f} (medians of rounds)")
     if measured is not None and alone.get("change_us") is not None:
         print(f"per served call: measured in the model {measured:+.2f} us, isolated {alone['change_us']:+.2f} us "
               f"(eager {alone['eager_us']:.2f}, served {alone['served_us']:.2f}): in-model overhead "
