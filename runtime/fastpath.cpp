@@ -945,12 +945,14 @@ struct SlotKernel final : public c10::OperatorKernel {
 // SafeKernelFunction it hands out (OperatorHandle::getComputedKernelForDispatchKey, added by
 // pytorch/pytorch#158393, can be called boxed only).  That member is private: read here, in
 // this one place, through the explicit-instantiation rule ([temp.spec.general]: access is
-// not checked in an explicit instantiation), for the torch versions whose class layout was
-// read (2.13; 2.11 and 2.12 have the same class).  The token torch invalidates when the
-// original kernel is deregistered is checked on every call, as callBoxed does.  It can go
-// when SafeKernelFunction offers a typed call.  Elsewhere, or with AOTI_FARM_DEV=typed_entry=0,
-// every op is registered boxed (FastPath::add_op).  tests/e2e/test_native_typed.py: the
-// typed and the boxed registrations give identical results and keys.
+// not checked in an explicit instantiation), for the torch versions whose class was read
+// and built against (2.13 on the VM, 2.11 on the GPU host; 2.12, between them, not built
+// here).  The token torch invalidates when the original kernel is deregistered is checked
+// on every call, as callBoxed does.  Upstream: the boxing cost is pytorch/pytorch#139521
+// (open).  It can go when SafeKernelFunction (or torch.library.get_kernel) offers a typed
+// call.  Elsewhere, or with AOTI_FARM_DEV=typed_entry=0, every op is registered boxed
+// (FastPath::add_op).  tests/e2e/test_native_typed.py is its differential test: typed and
+// boxed registrations give the same bits and the same keys.
 
 #if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 13
 #define AOTI_FARM_TYPED_ENTRY 1
