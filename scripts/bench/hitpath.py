@@ -14,6 +14,9 @@ batch of calls):
 * ``pooled runner``         aoti_farm.compile.runner.PooledRunner.run (single-threaded containers)
 * ``load_runner``           what aoti_farm.compile.compiler.load_runner returns for the device
 * ``hook (native)``         torch.add with the serving hook installed (serve="always")
+* ``hook (native, all boxed)``  (``--ab-typed``) the same with every op registered boxed
+                            (``AOTI_FARM_DEV=typed_entry=0``: fastpath.cpp's typed entry off),
+                            timed beside the hook in each round, the two in alternating order
 """
 
 from __future__ import annotations
@@ -44,7 +47,22 @@ def _batch(fn, n, sync):
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = None, quick: bool = False) -> dict:
+def _with_dev(value: str, fn):
+    import os
+
+    prev = os.environ.get("AOTI_FARM_DEV")
+    os.environ["AOTI_FARM_DEV"] = value
+    try:
+        return fn()
+    finally:
+        if prev is None:
+            os.environ.pop("AOTI_FARM_DEV", None)
+        else:
+            os.environ["AOTI_FARM_DEV"] = prev
+
+
+def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = None, quick: bool = False,
+        ab_typed: bool = False) -> dict:
     from aoti_farm import signature as S
     from aoti_farm.cache.store import Cache
     from aoti_farm.compile.compiler import AOTICompiler, load_runner
@@ -86,9 +104,20 @@ def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = N
         def hooked():
             return torch.add(a, b)
 
+        def _all_boxed():
+            hb = _with_dev("typed_entry=0", lambda: install(cache_dir=cache.root, ops=["aten::add.Tensor"],
+                                                          devices=(device,), on_miss="ignore", route="all", **kw))
+            try:
+                assert not hb.stats()["native"].get("typed_ops")
+                for _ in range(200):
+                    hooked()
+                return _batch(hooked, calls, sync)
+            finally:
+                hb.uninstall()
+
         paths = {"eager": lambda: torch.add(a, b), "container run": lambda: container.run([a, b]),
                  "pooled runner": lambda: pooled.run([a, b]), "load_runner": lambda: lr.run([a, b])}
-        res = {k: [] for k in list(paths) + ["hook (native)"]}
+        res = {k: [] for k in list(paths) + ["hook (native)"] + (["hook (native, all boxed)"] if ab_typed else [])}
         try:
             assert torch.equal(hooked(), exp)
             for _ in range(200):
@@ -102,12 +131,21 @@ def run(device: str, rounds: int = 7, calls: int = 2000, workdir: str | None = N
                     for _ in range(50):
                         paths[k]()
                     res[k].append(_batch(paths[k], calls, sync))
+                if ab_typed and r % 2 == 1:          # the all-boxed hook alone (the other uninstalled)
+                    res["hook (native, all boxed)"].append(_all_boxed())
                 hook = install(cache_dir=cache.root, ops=["aten::add.Tensor"], devices=(device,), on_miss="ignore", route="all", **kw)
                 hook_on[0] = True
                 for _ in range(200):
                     hooked()
                 res["hook (native)"].append(_batch(hooked, calls, sync))
-            st = hook.stats()
+                st = hook.stats()
+                if ab_typed and r % 2 == 0:
+                    hook.uninstall()
+                    hook_on[0] = False
+                    res["hook (native, all boxed)"].append(_all_boxed())
+                    hook = install(cache_dir=cache.root, ops=["aten::add.Tensor"], devices=(device,), on_miss="ignore",
+                                   route="all", **kw)
+                    hook_on[0] = True
         finally:
             if hook_on[0]:
                 hook.uninstall()
@@ -126,8 +164,10 @@ def main(argv=None) -> int:
     common.add_output_args(ap, "hitpath")
     ap.add_argument("--workdir")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ab-typed", action="store_true",
+                    help="also time the hook with every op registered boxed (AOTI_FARM_DEV=typed_entry=0)")
     a = ap.parse_args(argv)
-    res = run(a.device, a.rounds, a.calls, a.workdir, a.quick)
+    res = run(a.device, a.rounds, a.calls, a.workdir, a.quick, a.ab_typed)
     from common import machine
 
     res["machine"] = machine()
