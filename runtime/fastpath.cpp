@@ -127,7 +127,6 @@ struct ThreadState {
         over = true;
       }
     }
-    void append(const std::string& s) { append(s.data(), s.size()); }
   } key;
 };
 thread_local ThreadState t_state;
@@ -567,11 +566,35 @@ inline void key_conditions(KeyBuf& k, bool cuda) {
   put64(k, static_cast<int64_t>(at::get_num_threads()));
 }
 
+// The key's encoding of a value, one writer each, for the boxed kernel's IValues
+// (key_value) and the typed entry's arguments (key_arg) alike.
+inline Keyed key_none(KeyBuf& k) {
+  k.push_back('N');
+  return Keyed::ok;
+}
+inline Keyed key_int(KeyBuf& k, int64_t v) {
+  k.push_back('i');
+  put64(k, v);
+  return Keyed::ok;
+}
+inline Keyed key_double(KeyBuf& k, double v) {
+  k.push_back('f');
+  put(k, &v, sizeof v);
+  return Keyed::ok;
+}
+inline Keyed key_bool(KeyBuf& k, bool v) {
+  k.push_back(v ? 'B' : 'b');
+  return Keyed::ok;
+}
+inline Keyed key_str(KeyBuf& k, const char* p, size_t n) {
+  k.push_back('s');
+  put64(k, static_cast<int64_t>(n));
+  k.append(p, n);
+  return Keyed::ok;
+}
+
 Keyed key_tensor(KeyBuf& k, const at::Tensor& t) {
-  if (!t.defined()) {
-    k.push_back('N');
-    return Keyed::ok;
-  }
+  if (!t.defined()) return key_none(k);
   if (t.unsafeGetTensorImpl()->is_wrapped_number()) return Keyed::wrapped;
   if (t.layout() != c10::kStrided || t.is_nested() || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
     return Keyed::unkeyable;
@@ -590,31 +613,13 @@ Keyed key_tensor(KeyBuf& k, const at::Tensor& t) {
 
 Keyed key_value(KeyBuf& k, const c10::IValue& v) {
   if (v.isTensor()) return key_tensor(k, v.toTensor());
-  if (v.isNone()) {
-    k.push_back('N');
-    return Keyed::ok;
-  }
-  if (v.isInt()) {
-    k.push_back('i');
-    put64(k, v.toInt());
-    return Keyed::ok;
-  }
-  if (v.isDouble()) {
-    k.push_back('f');
-    double x = v.toDouble();
-    put(k, &x, sizeof x);
-    return Keyed::ok;
-  }
-  if (v.isBool()) {
-    k.push_back(v.toBool() ? 'B' : 'b');
-    return Keyed::ok;
-  }
+  if (v.isNone()) return key_none(k);
+  if (v.isInt()) return key_int(k, v.toInt());
+  if (v.isDouble()) return key_double(k, v.toDouble());
+  if (v.isBool()) return key_bool(k, v.toBool());
   if (v.isString()) {
     const auto& s = v.toStringRef();
-    k.push_back('s');
-    put64(k, static_cast<int64_t>(s.size()));
-    k.append(s);
-    return Keyed::ok;
+    return key_str(k, s.data(), s.size());
   }
   if (v.isDevice()) {
     auto d = v.toDevice();
@@ -979,55 +984,26 @@ template struct Expose<TokenOf, &c10::SafeKernelFunction::token_>;
 // a double, bool or int, a ScalarType to an int).
 inline Keyed key_arg(KeyBuf& k, const at::Tensor& t) { return key_tensor(k, t); }
 inline Keyed key_arg(KeyBuf& k, const std::optional<at::Tensor>& t) {
-  if (!t.has_value()) {
-    k.push_back('N');
-    return Keyed::ok;
-  }
-  return key_tensor(k, *t);
+  return t.has_value() ? key_tensor(k, *t) : key_none(k);
 }
 inline Keyed key_arg(KeyBuf& k, const c10::Scalar& s) {
+  // IValue(Scalar): symbolic and complex values get tags key_value cannot hold; an
+  // unsigned value above int64's range a UInt tag (unkeyable too); isUnsigned() is also
+  // true of a non-negative signed value
   if (s.isSymbolic() || s.isComplex()) return Keyed::unkeyable;
-  if (s.isFloatingPoint()) {
-    k.push_back('f');
-    double x = s.toDouble();
-    put(k, &x, sizeof x);
-    return Keyed::ok;
-  }
-  if (s.isBoolean()) {
-    k.push_back(s.toBool() ? 'B' : 'b');
-    return Keyed::ok;
-  }
+  if (s.isFloatingPoint()) return key_double(k, s.toDouble());
+  if (s.isBoolean()) return key_bool(k, s.toBool());
   if (s.isUnsigned()) {
     const uint64_t u = s.toUInt64();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return Keyed::unkeyable;
-    k.push_back('i');
-    put64(k, static_cast<int64_t>(u));
-    return Keyed::ok;
+    return key_int(k, static_cast<int64_t>(u));
   }
-  k.push_back('i');
-  put64(k, s.toLong());
-  return Keyed::ok;
+  return key_int(k, s.toLong());
 }
-inline Keyed key_arg(KeyBuf& k, c10::string_view s) {
-  k.push_back('s');
-  put64(k, static_cast<int64_t>(s.size()));
-  k.append(s.data(), s.size());
-  return Keyed::ok;
-}
-inline Keyed key_arg(KeyBuf& k, int64_t v) {
-  k.push_back('i');
-  put64(k, v);
-  return Keyed::ok;
-}
-inline Keyed key_arg(KeyBuf& k, double v) {
-  k.push_back('f');
-  put(k, &v, sizeof v);
-  return Keyed::ok;
-}
-inline Keyed key_arg(KeyBuf& k, bool v) {
-  k.push_back(v ? 'B' : 'b');
-  return Keyed::ok;
-}
+inline Keyed key_arg(KeyBuf& k, c10::string_view s) { return key_str(k, s.data(), s.size()); }
+inline Keyed key_arg(KeyBuf& k, int64_t v) { return key_int(k, v); }
+inline Keyed key_arg(KeyBuf& k, double v) { return key_double(k, v); }
+inline Keyed key_arg(KeyBuf& k, bool v) { return key_bool(k, v); }
 inline Keyed key_ints(KeyBuf& k, at::IntArrayRef v) {
   k.push_back('I');
   put64(k, static_cast<int64_t>(v.size()));
@@ -1039,19 +1015,9 @@ inline Keyed key_arg(KeyBuf& k, c10::SymIntArrayRef v) {
   if (!ints.has_value()) return Keyed::unkeyable;   // symbolic: a SymInt list, unkeyable boxed too
   return key_ints(k, *ints);
 }
-inline Keyed key_arg(KeyBuf& k, at::OptionalIntArrayRef v) {
-  if (!v.has_value()) {
-    k.push_back('N');
-    return Keyed::ok;
-  }
-  return key_ints(k, *v);
-}
+inline Keyed key_arg(KeyBuf& k, at::OptionalIntArrayRef v) { return v.has_value() ? key_ints(k, *v) : key_none(k); }
 inline Keyed key_arg(KeyBuf& k, std::optional<at::ScalarType> v) {
-  if (!v.has_value()) {
-    k.push_back('N');
-    return Keyed::ok;
-  }
-  return key_arg(k, static_cast<int64_t>(*v));
+  return v.has_value() ? key_int(k, static_cast<int64_t>(*v)) : key_none(k);
 }
 
 // The runner's inputs from typed arguments: runner_inputs' rule (every defined tensor, in
